@@ -1,0 +1,42 @@
+"""Helper function ids (UAPI enum bpf_func_id; same values in the 6.18 BTF)."""
+import enum
+
+
+class Helper(enum.IntEnum):
+    MAP_LOOKUP_ELEM = 1
+    MAP_UPDATE_ELEM = 2
+    MAP_DELETE_ELEM = 3
+    PROBE_READ = 4
+    KTIME_GET_NS = 5
+    TRACE_PRINTK = 6
+    GET_SMP_PROCESSOR_ID = 8
+    GET_CURRENT_PID_TGID = 14
+    GET_CURRENT_UID_GID = 15
+    GET_CURRENT_COMM = 16
+    PERF_EVENT_OUTPUT = 25
+    GET_STACKID = 27
+    GET_CURRENT_TASK = 35
+    PROBE_READ_STR = 45
+    GET_STACK = 67
+    GET_CURRENT_CGROUP_ID = 80
+    PROBE_READ_USER = 112
+    PROBE_READ_KERNEL = 113
+    PROBE_READ_USER_STR = 114
+    KTIME_GET_BOOT_NS = 125
+    RINGBUF_OUTPUT = 130
+    RINGBUF_RESERVE = 131
+    RINGBUF_SUBMIT = 132
+    RINGBUF_DISCARD = 133
+    RINGBUF_QUERY = 134
+    GET_FUNC_IP = 173
+    GET_ATTACH_COOKIE = 174
+
+
+# Flags of ringbuf_submit/discard/output.
+RB_NO_WAKEUP = 1
+RB_FORCE_WAKEUP = 2
+
+# Flags of map_update_elem.
+ANY = 0
+NOEXIST = 1
+EXIST = 2

@@ -1,0 +1,67 @@
+"""Shared fixtures: building small C programs and libraries with gcc, skipping without root."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+NATIVE = Path(__file__).parent / "native"
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
+
+
+@pytest.fixture
+def root():
+    """Skip the test unless running as root."""
+    _need_root()
+
+
+class Builder:
+    """Compiles C sources from tests/native (or inline text) into a per-session folder."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir = outdir
+
+    def _src(self, source) -> Path:
+        path = NATIVE / source
+        if path.exists():
+            return path
+        raise FileNotFoundError(path)
+
+    def shared(self, source: str, name: str, extra=()) -> Path:
+        """Build tests/native/<source> as lib<name>.so; returns its path."""
+        out = self.outdir / name
+        if not out.exists():
+            subprocess.run(["gcc", "-O2", "-g", "-shared", "-fPIC", "-fno-omit-frame-pointer",
+                            "-o", str(out), str(self._src(source)), *extra], check=True)
+        return out
+
+    def executable(self, source: str, name: str, extra=()) -> Path:
+        """Build tests/native/<source> as an executable; `extra` may add -L/-l/-Wl,-rpath flags."""
+        out = self.outdir / name
+        if not out.exists():
+            subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(out),
+                            str(self._src(source)), *extra], check=True)
+        return out
+
+    def from_text(self, text: str, name: str, shared: bool = False, extra=()) -> Path:
+        """Build inline C text; for one-off programs in a single test."""
+        src = self.outdir / (name + ".c")
+        src.write_text(text)
+        out = self.outdir / name
+        flags = ["-shared", "-fPIC"] if shared else []
+        subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", *flags, "-o", str(out),
+                        str(src), *extra], check=True)
+        return out
+
+
+@pytest.fixture(scope="session")
+def cc(tmp_path_factory) -> Builder:
+    """A gcc builder whose outputs live for the whole test session."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    return Builder(tmp_path_factory.mktemp("native"))
