@@ -1,0 +1,613 @@
+"""The kernel interface: `bpf()`, `perf_event_open()` and perf ioctls through ctypes.
+
+Attribute buffers are packed with `struct` at the offsets of the 6.18 uapi (see the layout
+comment above each builder). Every returned file descriptor is wrapped in an `Fd`, which
+closes it on `close()`, on leaving a `with` block, or when garbage-collected.
+Failures raise the typed exceptions of `errors.py`, each with errno and a readable sentence.
+"""
+import ctypes
+import errno as errnos
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from . import arch
+from .errors import KernelError, PrivilegeError, UnsupportedKernelError, VerifierError
+
+# bpf() commands (enum bpf_cmd)
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_MAP_GET_NEXT_KEY = 4
+BPF_PROG_LOAD = 5
+BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_LINK_CREATE = 28
+
+# map types (enum bpf_map_type)
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_PERCPU_HASH = 5
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+BPF_MAP_TYPE_LRU_HASH = 9
+BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
+BPF_MAP_TYPE_RINGBUF = 27
+
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+BPF_PROG_TYPE_KPROBE = 2
+
+# attach and link types
+BPF_PERF_EVENT = 41
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
+BPF_LINK_TYPE_PERF_EVENT = 7
+BPF_LINK_TYPE_UPROBE_MULTI = 12
+BPF_PERF_EVENT_UPROBE = 1
+BPF_PERF_EVENT_URETPROBE = 2
+
+BPF_OBJ_NAME_LEN = 16
+BPF_LOG_LEVEL1 = 1
+
+# perf_event_open
+PERF_ATTR_SIZE = 136  # PERF_ATTR_SIZE_VER8; <72 silently drops config2 (the probe offset)
+PERF_FLAG_FD_CLOEXEC = 8
+PERF_EVENT_IOC_ENABLE = 0x2400
+PERF_EVENT_IOC_DISABLE = 0x2401
+PERF_EVENT_IOC_SET_BPF = 0x40042408
+
+UPROBE_PMU_DIR = "/sys/bus/event_source/devices/uprobe"
+UPROBE_PMU_ENV = "EBPF_CUDA_SYSFS_UPROBE"
+
+_PROG_LOAD_ATTR_SIZE = 144  # through log_true_size (offset 140)
+_LOAD_RETRIES = 5  # EAGAIN retries, as libbpf
+_LOG_START = 1 << 20
+_LOG_MAX = 1 << 30  # the kernel's own cap on log_size (UINT_MAX >> 2)
+
+_PRIVILEGE_HINT = ("needs root or CAP_BPF and CAP_PERFMON (CAP_SYS_ADMIN on kernels before "
+                   "5.8)")
+
+_libc = None
+
+
+def _lib() -> ctypes.CDLL:
+    # Opened lazily so that importing this module has no side effects.
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        lib.ioctl.restype = ctypes.c_int
+        _libc = lib
+    return _libc
+
+
+# ------------------------------------------------------------------------------------------
+# errors
+
+
+def error_name(err: int) -> str:
+    """`Invalid argument (EINVAL)` for errno 22."""
+    return "%s (%s)" % (os.strerror(err), errnos.errorcode.get(err, "errno %d" % err))
+
+
+def kernel_error(what: str, err: int, log: str = "") -> KernelError:
+    """The typed exception for a failed kernel call; `what` says what was being done."""
+    if err in (errnos.EPERM, errnos.EACCES):
+        return PrivilegeError("permission denied while %s: loading eBPF programs and attaching "
+                              "uprobes %s" % (what, _PRIVILEGE_HINT), err, log)
+    return KernelError("%s failed: %s" % (what, error_name(err)), err, log)
+
+
+# ------------------------------------------------------------------------------------------
+# file descriptors
+
+
+class Fd:
+    """Owns one kernel file descriptor; closes it on close(), `with` exit or garbage collection."""
+
+    def __init__(self, fd: int, what: str = "fd") -> None:
+        self._fd = fd
+        self.what = what
+
+    @property
+    def value(self) -> int:
+        """The descriptor number; ValueError once closed."""
+        if self._fd < 0:
+            raise ValueError("%s is closed" % self.what)
+        return self._fd
+
+    def fileno(self) -> int:
+        return self.value
+
+    def __int__(self) -> int:
+        return self.value
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> "Fd":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
+
+    def __repr__(self) -> str:
+        return "Fd(%d, %r)" % (self._fd, self.what)
+
+
+# ------------------------------------------------------------------------------------------
+# raw calls
+
+
+def _addr(buf: Optional[ctypes.Array]) -> int:
+    return ctypes.addressof(buf) if buf is not None else 0
+
+
+def _syscall(nr: int, *args: int) -> Tuple[int, int]:
+    """Returns (result, errno); result -1 means failure."""
+    lib = _lib()
+    ctypes.set_errno(0)
+    res = lib.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return res, (ctypes.get_errno() if res < 0 else 0)
+
+
+def bpf_raw(cmd: int, attr: ctypes.Array) -> Tuple[int, int]:
+    """bpf(cmd, attr, sizeof attr) -> (result, errno). No exception."""
+    return _syscall(arch.current().nr_bpf, cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+
+
+def bpf(cmd: int, attr: ctypes.Array, what: str) -> int:
+    """bpf(cmd, attr); raises the typed KernelError naming `what` on failure."""
+    res, err = bpf_raw(cmd, attr)
+    if res < 0:
+        raise kernel_error(what, err)
+    return res
+
+
+def _ioctl(fd: int, request: int, arg: int, what: str) -> None:
+    ctypes.set_errno(0)
+    res = _lib().ioctl(ctypes.c_int(fd), ctypes.c_ulong(request), ctypes.c_long(arg))
+    if res < 0:
+        raise kernel_error(what, ctypes.get_errno())
+
+
+def _attr(size: int) -> ctypes.Array:
+    return ctypes.create_string_buffer(size)
+
+
+def _c_string(text: str) -> ctypes.Array:
+    return ctypes.create_string_buffer(os.fsencode(text))
+
+
+def check_name(name: str) -> bytes:
+    """Validate a map/program name (<=15 chars of [A-Za-z0-9_.]); ValueError otherwise."""
+    if len(name) >= BPF_OBJ_NAME_LEN or not re.fullmatch(r"[A-Za-z0-9_.]*", name):
+        raise ValueError("bad eBPF object name %r: use at most 15 characters of A-Z a-z 0-9 _ ."
+                         % name)
+    return name.encode()
+
+
+# ------------------------------------------------------------------------------------------
+# maps
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int,
+               flags: int = 0, name: str = "") -> Fd:
+    """BPF_MAP_CREATE; returns the map's fd."""
+    # map_type@0 key_size@4 value_size@8 max_entries@12 map_flags@16 inner_map_fd@20
+    # numa_node@24 map_name[16]@28
+    attr = _attr(48)
+    struct.pack_into("<IIIII", attr, 0, map_type, key_size, value_size, max_entries, flags)
+    struct.pack_into("16s", attr, 28, check_name(name))
+    what = "creating map %r (type %d, key %d B, value %d B, %d entries)" % (
+        name, map_type, key_size, value_size, max_entries)
+    return Fd(bpf(BPF_MAP_CREATE, attr, what), "map %r" % name)
+
+
+def _elem_attr(fd: int, key: Optional[ctypes.Array], value: Optional[ctypes.Array],
+               flags: int = 0) -> ctypes.Array:
+    # map_fd@0 key@8 value/next_key@16 flags@24
+    attr = _attr(32)
+    struct.pack_into("<IxxxxQQQ", attr, 0, fd, _addr(key), _addr(value), flags)
+    return attr
+
+
+def map_lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
+    """The value stored under `key`, or None if absent. `value_size` is the buffer size."""
+    kbuf = ctypes.create_string_buffer(key, len(key))
+    vbuf = ctypes.create_string_buffer(value_size)
+    res, err = bpf_raw(BPF_MAP_LOOKUP_ELEM, _elem_attr(fd, kbuf, vbuf))
+    if res < 0:
+        if err == errnos.ENOENT:
+            return None
+        raise kernel_error("looking up a map element", err)
+    return vbuf.raw
+
+
+def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
+    """Store `value` under `key` (flags: BPF_ANY, BPF_NOEXIST, BPF_EXIST)."""
+    kbuf = ctypes.create_string_buffer(key, len(key))
+    vbuf = ctypes.create_string_buffer(value, len(value))
+    bpf(BPF_MAP_UPDATE_ELEM, _elem_attr(fd, kbuf, vbuf, flags), "updating a map element")
+
+
+def map_delete(fd: int, key: bytes) -> bool:
+    """Delete `key`; False if it was absent."""
+    kbuf = ctypes.create_string_buffer(key, len(key))
+    res, err = bpf_raw(BPF_MAP_DELETE_ELEM, _elem_attr(fd, kbuf, None))
+    if res < 0:
+        if err == errnos.ENOENT:
+            return False
+        raise kernel_error("deleting a map element", err)
+    return True
+
+
+def map_next_key(fd: int, key: Optional[bytes], key_size: int) -> Optional[bytes]:
+    """The key after `key` (the first key when `key` is None), or None at the end."""
+    kbuf = ctypes.create_string_buffer(key, len(key)) if key is not None else None
+    nbuf = ctypes.create_string_buffer(key_size)
+    res, err = bpf_raw(BPF_MAP_GET_NEXT_KEY, _elem_attr(fd, kbuf, nbuf))
+    if res < 0:
+        if err == errnos.ENOENT:
+            return None
+        raise kernel_error("iterating map keys", err)
+    return nbuf.raw
+
+
+# ------------------------------------------------------------------------------------------
+# programs
+
+
+def _prog_load_attr(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_level: int,
+                    log: Optional[ctypes.Array], name: bytes,
+                    expected_attach_type: int) -> ctypes.Array:
+    # prog_type@0 insn_cnt@4 insns@8 license@16 log_level@24 log_size@28 log_buf@32
+    # kern_version@40 prog_flags@44 prog_name[16]@48 prog_ifindex@64 expected_attach_type@68
+    # ... log_true_size@140 (out)
+    attr = _attr(_PROG_LOAD_ATTR_SIZE)
+    struct.pack_into("<IIQQIIQ", attr, 0, prog_type, len(insns) // 8, _addr(insns),
+                     _addr(license), log_level, len(log) if log is not None else 0, _addr(log))
+    struct.pack_into("16s", attr, 48, name)
+    struct.pack_into("<I", attr, 68, expected_attach_type)
+    return attr
+
+
+def _load_once(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_level: int,
+               log: Optional[ctypes.Array], name: bytes,
+               expected_attach_type: int) -> Tuple[int, int, int]:
+    """One load with EAGAIN retries -> (fd or -1, errno, log_true_size)."""
+    for _ in range(_LOAD_RETRIES):
+        attr = _prog_load_attr(prog_type, insns, license, log_level, log, name,
+                               expected_attach_type)
+        res, err = bpf_raw(BPF_PROG_LOAD, attr)
+        if not (res < 0 and err == errnos.EAGAIN):
+            break
+    true_size = struct.unpack_from("<I", attr, 140)[0]
+    return res, err, true_size
+
+
+def _load_with_log(prog_type: int, insns: ctypes.Array, license: ctypes.Array, name: bytes,
+                   expected_attach_type: int, size: int) -> Tuple[int, int, str]:
+    """Load with log_level 1, growing the buffer on ENOSPC -> (fd or -1, errno, log)."""
+    while True:
+        log = ctypes.create_string_buffer(size)
+        res, err, true_size = _load_once(prog_type, insns, license, BPF_LOG_LEVEL1, log, name,
+                                         expected_attach_type)
+        if res >= 0 or err != errnos.ENOSPC or size >= _LOG_MAX:
+            return res, err, log.value.decode(errors="replace")
+        size = min(_LOG_MAX, max(size * 4, true_size + 1))
+
+
+def verifier_reason(log: str) -> str:
+    """The line of a verifier log that says why it refused (the one before `processed ...`)."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("processed ") and i > 0:
+            return lines[i - 1]
+    return lines[-1] if lines else ""
+
+
+def prog_load(insns: bytes, prog_type: int = BPF_PROG_TYPE_KPROBE, license: str = "GPL",
+              name: str = "", expected_attach_type: int = 0,
+              log_level: int = 0) -> Tuple[Fd, str]:
+    """BPF_PROG_LOAD -> (program fd, verifier log).
+
+    The first attempt runs without a log (fast). On failure the load is repeated with
+    log_level 1 so that a rejection raises VerifierError carrying the log. Pass log_level=1 to
+    get the log of a successful load too.
+    """
+    if len(insns) % 8 or not insns:
+        raise ValueError("program bytes must be a non-empty multiple of 8, got %d" % len(insns))
+    ibuf = ctypes.create_string_buffer(insns, len(insns))
+    lbuf = ctypes.create_string_buffer(license.encode())
+    bname = check_name(name)
+    log = ""
+    if log_level:
+        res, err, log = _load_with_log(prog_type, ibuf, lbuf, bname, expected_attach_type,
+                                       _LOG_START)
+    else:
+        res, err, _ = _load_once(prog_type, ibuf, lbuf, 0, None, bname, expected_attach_type)
+        if res < 0 and err != errnos.EPERM:
+            res, err, log = _load_with_log(prog_type, ibuf, lbuf, bname, expected_attach_type,
+                                           _LOG_START)
+    if res >= 0:
+        return Fd(res, "program %r" % name), log
+    raise _load_error(name, err, log)
+
+
+def _load_error(name: str, err: int, log: str) -> KernelError:
+    what = "loading eBPF program %r" % name
+    if not log.strip():
+        return kernel_error(what, err)
+    return VerifierError("the verifier rejected eBPF program %r: %s (%s)"
+                         % (name, verifier_reason(log), error_name(err)), err, log)
+
+
+# ------------------------------------------------------------------------------------------
+# object info
+
+
+def obj_info(fd: int, size: int, what: str, fill=None) -> bytes:
+    """BPF_OBJ_GET_INFO_BY_FD into a zeroed `size`-byte info struct (optionally pre-filled)."""
+    info = ctypes.create_string_buffer(size)
+    if fill is not None:
+        fill(info)
+    attr = _attr(16)
+    struct.pack_into("<IIQ", attr, 0, fd, size, ctypes.addressof(info))
+    bpf(BPF_OBJ_GET_INFO_BY_FD, attr, "reading info of " + what)
+    return info.raw
+
+
+def _name(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+@dataclass
+class MapInfo:
+    type: int
+    id: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    map_flags: int
+    name: str
+
+
+def map_info(fd: int) -> MapInfo:
+    """struct bpf_map_info of a map fd."""
+    raw = obj_info(fd, 104, "a map")
+    fields = struct.unpack_from("<IIIIII", raw, 0)
+    return MapInfo(*fields, name=_name(raw[24:40]))
+
+
+@dataclass
+class ProgInfo:
+    type: int
+    id: int
+    tag: bytes
+    name: str
+    run_time_ns: int
+    run_cnt: int
+    verified_insns: int
+
+
+def prog_info(fd: int) -> ProgInfo:
+    """struct bpf_prog_info of a program fd."""
+    raw = obj_info(fd, 232, "a program")
+    ptype, pid = struct.unpack_from("<II", raw, 0)
+    run_time, run_cnt = struct.unpack_from("<QQ", raw, 192)
+    verified = struct.unpack_from("<I", raw, 216)[0]
+    return ProgInfo(ptype, pid, raw[8:16], _name(raw[64:80]), run_time, run_cnt, verified)
+
+
+@dataclass
+class LinkInfo:
+    """struct bpf_link_info; the uprobe fields are filled for perf-event and uprobe_multi links."""
+
+    type: int
+    id: int
+    prog_id: int
+    path: str = ""
+    offsets: List[int] = field(default_factory=list)
+    cookies: List[int] = field(default_factory=list)
+    retprobe: bool = False
+    pid: int = 0
+
+
+_LINK_INFO_SIZE = 64
+
+
+def link_info(fd: int) -> LinkInfo:
+    """Link type and ids; for uprobe links also the file, offsets, cookies and direction."""
+    raw = obj_info(fd, _LINK_INFO_SIZE, "a link")
+    ltype, lid, prog_id = struct.unpack_from("<III", raw, 0)
+    info = LinkInfo(ltype, lid, prog_id)
+    if ltype == BPF_LINK_TYPE_PERF_EVENT:
+        _perf_link_info(fd, info)
+    elif ltype == BPF_LINK_TYPE_UPROBE_MULTI:
+        _uprobe_multi_link_info(fd, info)
+    return info
+
+
+def _perf_link_info(fd: int, info: LinkInfo) -> None:
+    # perf_event.type@16; uprobe: file_name@24 name_len@32 offset@36 cookie@40
+    path = ctypes.create_string_buffer(4096)
+
+    def fill(buf: ctypes.Array) -> None:
+        struct.pack_into("<QI", buf, 24, ctypes.addressof(path), len(path))
+
+    raw = obj_info(fd, _LINK_INFO_SIZE, "a perf-event link", fill)
+    ptype = struct.unpack_from("<I", raw, 16)[0]
+    if ptype not in (BPF_PERF_EVENT_UPROBE, BPF_PERF_EVENT_URETPROBE):
+        return
+    offset, cookie = struct.unpack_from("<IxxxxQ", raw, 36)
+    info.path = os.fsdecode(path.value)
+    info.offsets, info.cookies = [offset], [cookie]
+    info.retprobe = ptype == BPF_PERF_EVENT_URETPROBE
+
+
+def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
+    # uprobe_multi: path@16 offsets@24 ref_ctr_offsets@32 cookies@40 path_size@48 count@52
+    # flags@56 pid@60. A first call without arrays returns the count.
+    raw = obj_info(fd, _LINK_INFO_SIZE, "a uprobe_multi link")
+    count = struct.unpack_from("<I", raw, 52)[0]
+    path = ctypes.create_string_buffer(4096)
+    offsets = (ctypes.c_uint64 * max(count, 1))()
+    cookies = (ctypes.c_uint64 * max(count, 1))()
+
+    def fill(buf: ctypes.Array) -> None:
+        struct.pack_into("<QQQQII", buf, 16, ctypes.addressof(path), ctypes.addressof(offsets),
+                         0, ctypes.addressof(cookies), len(path), count)
+
+    raw = obj_info(fd, _LINK_INFO_SIZE, "a uprobe_multi link", fill) if count else raw
+    flags, pid = struct.unpack_from("<II", raw, 56)
+    info.path = os.fsdecode(path.value)
+    info.offsets, info.cookies = list(offsets[:count]), list(cookies[:count])
+    info.retprobe = bool(flags & BPF_F_UPROBE_MULTI_RETURN)
+    info.pid = pid
+
+
+# ------------------------------------------------------------------------------------------
+# links
+
+
+def link_create_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0,
+                           what: str = "") -> Fd:
+    """BPF_LINK_CREATE(BPF_PERF_EVENT): run the program on the perf event, with a cookie."""
+    # prog_fd@0 target_fd@4 attach_type@8 flags@12 perf_event.bpf_cookie@16
+    attr = _attr(24)
+    struct.pack_into("<IIIIQ", attr, 0, prog_fd, perf_fd, BPF_PERF_EVENT, 0, cookie)
+    fd = bpf(BPF_LINK_CREATE, attr, "linking a program to a perf event" + what)
+    return Fd(fd, "perf-event link")
+
+
+def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
+                             cookies: Optional[Sequence[int]] = None, flags: int = 0,
+                             pid: int = 0, what: str = "") -> Fd:
+    """BPF_LINK_CREATE(BPF_TRACE_UPROBE_MULTI): one link, many offsets of one file."""
+    if not offsets:
+        raise ValueError("uprobe_multi needs at least one offset")
+    if cookies is not None and len(cookies) != len(offsets):
+        raise ValueError("got %d cookies for %d offsets" % (len(cookies), len(offsets)))
+    cpath = _c_string(path)
+    coffsets = (ctypes.c_uint64 * len(offsets))(*offsets)
+    ccookies = (ctypes.c_uint64 * len(offsets))(*cookies) if cookies is not None else None
+    # prog_fd@0 target_fd@4 attach_type@8 flags@12 path@16 offsets@24 ref_ctr_offsets@32
+    # cookies@40 cnt@48 flags@52 pid@56
+    attr = _attr(64)
+    struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, BPF_TRACE_UPROBE_MULTI, 0,
+                     ctypes.addressof(cpath), ctypes.addressof(coffsets), 0, _addr(ccookies),
+                     len(offsets), flags, pid)
+    fd = bpf(BPF_LINK_CREATE, attr, "creating a uprobe_multi link" + what)
+    return Fd(fd, "uprobe_multi link")
+
+
+# ------------------------------------------------------------------------------------------
+# perf events
+
+
+@dataclass(frozen=True)
+class UprobePmu:
+    """The dynamic uprobe PMU: its perf type and the config bits of its format fields."""
+
+    type: int
+    retprobe_bit: Optional[int]
+    ref_ctr_shift: Optional[int]
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _config_bit(text: Optional[str]) -> Optional[int]:
+    """First bit of a sysfs format line such as `config:0` or `config:32-63`."""
+    m = re.match(r"config:(\d+)", text or "")
+    return int(m.group(1)) if m else None
+
+
+def uprobe_pmu(sysfs_dir: Optional[str] = None) -> UprobePmu:
+    """Read the uprobe PMU from sysfs (`sysfs_dir`, else $EBPF_CUDA_SYSFS_UPROBE, else
+    /sys/bus/event_source/devices/uprobe); UnsupportedKernelError if it is missing."""
+    root = sysfs_dir or os.environ.get(UPROBE_PMU_ENV) or UPROBE_PMU_DIR
+    type_text = _read_text(os.path.join(root, "type"))
+    if type_text is None or not type_text.isdigit():
+        raise UnsupportedKernelError(
+            "this kernel has no uprobe perf PMU (%s/type is missing): uprobes need Linux 4.17 "
+            "or newer built with CONFIG_UPROBE_EVENTS" % root, errnos.ENOENT)
+    fmt = os.path.join(root, "format")
+    return UprobePmu(int(type_text), _config_bit(_read_text(os.path.join(fmt, "retprobe"))),
+                     _config_bit(_read_text(os.path.join(fmt, "ref_ctr_offset"))))
+
+
+def uprobe_attr(pmu: UprobePmu, path: ctypes.Array, offset: int, retprobe: bool,
+                ref_ctr_offset: int = 0) -> ctypes.Array:
+    """A 136-byte perf_event_attr for a uprobe at file `offset` of the file named by `path`."""
+    config = 0
+    if retprobe:
+        if pmu.retprobe_bit is None:
+            raise UnsupportedKernelError("this kernel's uprobe PMU has no retprobe format bit: "
+                                         "return probes are not supported")
+        config |= 1 << pmu.retprobe_bit
+    if ref_ctr_offset:
+        if pmu.ref_ctr_shift is None:
+            raise UnsupportedKernelError("this kernel's uprobe PMU has no ref_ctr_offset field")
+        config |= ref_ctr_offset << pmu.ref_ctr_shift
+    # type@0 size@4 config@8 ... flags@40 (all 0: enabled later by ioctl) config1@56 config2@64
+    attr = _attr(PERF_ATTR_SIZE)
+    struct.pack_into("<IIQ", attr, 0, pmu.type, PERF_ATTR_SIZE, config)
+    struct.pack_into("<QQ", attr, 56, ctypes.addressof(path), offset)
+    return attr
+
+
+def perf_event_open_uprobe(path: str, offset: int, retprobe: bool = False,
+                           pid: Optional[int] = None, ref_ctr_offset: int = 0,
+                           sysfs_dir: Optional[str] = None) -> Fd:
+    """perf_event_open for a uprobe (disabled until `perf_event_enable`).
+
+    pid None traces every process (pid -1 on cpu 0, like libbpf; the program still runs on
+    every CPU), else only that process.
+    """
+    pmu = uprobe_pmu(sysfs_dir)
+    cpath = _c_string(path)
+    attr = uprobe_attr(pmu, cpath, offset, retprobe, ref_ctr_offset)
+    target, cpu = (-1, 0) if pid is None else (pid, -1)
+    res, err = _syscall(arch.current().nr_perf_event_open, ctypes.addressof(attr), target, cpu,
+                        -1, PERF_FLAG_FD_CLOEXEC)
+    if res < 0:
+        kind = "uretprobe" if retprobe else "uprobe"
+        raise kernel_error("opening a %s perf event at %s:0x%x" % (kind, path, offset), err)
+    return Fd(res, "uprobe perf event")
+
+
+def perf_event_enable(fd: int) -> None:
+    _ioctl(fd, PERF_EVENT_IOC_ENABLE, 0, "enabling a perf event")
+
+
+def perf_event_disable(fd: int) -> None:
+    _ioctl(fd, PERF_EVENT_IOC_DISABLE, 0, "disabling a perf event")
+
+
+def perf_event_set_bpf(fd: int, prog_fd: int) -> None:
+    """Attach a program to a perf event the pre-5.15 way (no cookie)."""
+    _ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd, "attaching a program to a perf event")
