@@ -457,7 +457,7 @@ def _perf_link_info(fd: int, info: LinkInfo) -> None:
     ptype = struct.unpack_from("<I", raw, 16)[0]
     if ptype not in (BPF_PERF_EVENT_UPROBE, BPF_PERF_EVENT_URETPROBE):
         return
-    offset, cookie = struct.unpack_from("<IxxxxQ", raw, 36)
+    offset, cookie = struct.unpack_from("<IQ", raw, 36)  # packed: cookie@40
     info.path = os.fsdecode(path.value)
     info.offsets, info.cookies = [offset], [cookie]
     info.retprobe = ptype == BPF_PERF_EVENT_URETPROBE

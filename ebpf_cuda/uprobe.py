@@ -1,0 +1,218 @@
+"""Attach loaded programs to user-space functions: (file, offset), entry or return, any pid.
+
+Two ways, both ending in an fd-owning `Link` whose close() detaches:
+- `attach_uprobe`: one perf event from the uprobe PMU per probe, joined to the program by a
+  BPF_PERF_EVENT link (with a cookie), or by the older PERF_EVENT_IOC_SET_BPF ioctl;
+- `attach_uprobe_multi`: one BPF_TRACE_UPROBE_MULTI link for many offsets of one file
+  (Linux 6.6+, see `uprobe_multi_supported`).
+"""
+import errno as errnos
+import os
+from typing import List, Optional, Sequence, Union
+
+from . import syscalls
+from .errors import AttachError, KernelError, UnsupportedKernelError
+from .programs import EXPECTED_UPROBE_MULTI, Program
+from .syscalls import Fd, LinkInfo
+
+ProgramRef = Union[Program, int]
+
+_TRIVIAL_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0,  # r0 = 0
+                          0x95, 0, 0, 0, 0, 0, 0, 0])  # exit
+
+_perf_links_missing = False  # set once BPF_LINK_CREATE(BPF_PERF_EVENT) proved unsupported
+_multi_supported: Optional[bool] = None
+
+
+class Link:
+    """An attached probe; close() (or leaving `with`, or garbage collection) detaches it."""
+
+    def __init__(self, fds: List[Fd], path: str, offsets: Sequence[int], retprobe: bool,
+                 pid: Optional[int], what: str = "", has_bpf_link: bool = True) -> None:
+        self._fds = fds  # closed in order: the BPF link first, then the perf event
+        self.path = path
+        self.offsets = list(offsets)
+        self.retprobe = retprobe
+        self.pid = pid
+        self.what = what
+        self.has_bpf_link = has_bpf_link
+
+    @property
+    def fd(self) -> int:
+        """The BPF link fd (or the perf event fd when attached by ioctl)."""
+        return self._fds[0].value
+
+    @property
+    def closed(self) -> bool:
+        return all(fd.closed for fd in self._fds)
+
+    def info(self) -> LinkInfo:
+        """What the kernel recorded for the link: file, offsets, cookies, direction."""
+        if not self.has_bpf_link:
+            raise ValueError("probe was attached by ioctl: it has no BPF link to query")
+        return syscalls.link_info(self.fd)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            fd.close()
+
+    def __enter__(self) -> "Link":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = "uretprobe" if self.retprobe else "uprobe"
+        return "Link(%s %s %s, offsets=%s)" % (kind, self.what or "", self.path,
+                                               [hex(o) for o in self.offsets])
+
+
+def _prog_fd(program: ProgramRef) -> int:
+    return program.fd if isinstance(program, Program) else int(program)
+
+
+def _place(path: str, offsets: Sequence[int], what: str) -> str:
+    label = "%s in " % what if what else ""
+    where = ", ".join("0x%x" % o for o in offsets)
+    return "%s%s at offset%s %s" % (label, path, "s" if len(offsets) > 1 else "", where)
+
+
+def _attach_error(err: KernelError, kind: str, path: str, offsets: Sequence[int],
+                  what: str) -> KernelError:
+    """Name the probe site; privilege and kernel-feature errors keep their own class."""
+    if isinstance(err, (AttachError, UnsupportedKernelError)) or type(err) is not KernelError:
+        return err
+    reason = syscalls.error_name(err.errno)
+    if err.errno == errnos.ESRCH:
+        reason = "no such process"
+    return AttachError("cannot attach %s to %s: %s" % (kind, _place(path, offsets, what), reason),
+                       err.errno, err.log)
+
+
+def resolve_path(path: str, what: str = "") -> str:
+    """The real file behind `path` (uprobes are keyed by inode), AttachError if missing.
+
+    A symlink is replaced by its target only when both name the same inode: paths through
+    /proc/PID/root must stay as given, because readlink resolves them in our own namespace.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise AttachError("cannot attach uprobe to %s%s: %s"
+                          % ("%s in " % what if what else "", path, exc.strerror),
+                          exc.errno or 0) from None
+    real = os.path.realpath(path)
+    try:
+        same = os.stat(real)
+        if (same.st_dev, same.st_ino) == (st.st_dev, st.st_ino):
+            return real
+    except OSError:
+        pass
+    return os.path.abspath(path)
+
+
+def _check_offsets(offsets: Sequence[int]) -> None:
+    for off in offsets:
+        if off < 0 or off >= 1 << 64:
+            raise ValueError("bad uprobe file offset %r" % off)
+
+
+def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = False,
+                  pid: Optional[int] = None, cookie: int = 0, what: str = "") -> Link:
+    """Run `program` when the instruction at file `offset` of `path` executes (entry probe),
+    or when the function starting there returns (`retprobe=True`).
+
+    `pid` limits the probe to one process; `cookie` is what get_attach_cookie returns;
+    `what` is a human label (the function name) for error messages.
+    """
+    _check_offsets([offset])
+    kind = "uretprobe" if retprobe else "uprobe"
+    real = resolve_path(path, what)
+    try:
+        pfd = syscalls.perf_event_open_uprobe(real, offset, retprobe, pid)
+    except KernelError as err:
+        raise _attach_error(err, kind, real, [offset], what) from None
+    try:
+        fds = _bind_program(pfd, _prog_fd(program), cookie)
+        syscalls.perf_event_enable(pfd.value)
+    except KernelError as err:
+        pfd.close()
+        raise _attach_error(err, kind, real, [offset], what) from None
+    return Link(fds, real, [offset], retprobe, pid, what, has_bpf_link=len(fds) == 2)
+
+
+def _bind_program(pfd: Fd, prog_fd: int, cookie: int) -> List[Fd]:
+    """Join program and perf event: a BPF link (5.15+), else the SET_BPF ioctl (no cookie)."""
+    global _perf_links_missing
+    if not _perf_links_missing:
+        try:
+            return [syscalls.link_create_perf_event(prog_fd, pfd.value, cookie), pfd]
+        except KernelError as err:
+            # Kernels before 5.15 reject the attach type with EINVAL.
+            if err.errno != errnos.EINVAL or type(err) is not KernelError:
+                raise
+            _perf_links_missing = True
+    if cookie:
+        raise UnsupportedKernelError("uprobe cookies need BPF perf-event links (Linux 5.15+)")
+    syscalls.perf_event_set_bpf(pfd.value, prog_fd)
+    return [pfd]
+
+
+def attach_uprobe_multi(program: ProgramRef, path: str, offsets: Sequence[int],
+                        cookies: Optional[Sequence[int]] = None, retprobe: bool = False,
+                        pid: Optional[int] = None, what: str = "") -> Link:
+    """Attach `program` at many offsets of one file with one uprobe_multi link (Linux 6.6+).
+
+    The program must have been loaded with expected_attach_type=48 (EXPECTED_UPROBE_MULTI).
+    `cookies[i]` is what get_attach_cookie returns when `offsets[i]` fires.
+    """
+    _check_offsets(offsets)
+    if isinstance(program, Program) and program.expected_attach_type != EXPECTED_UPROBE_MULTI:
+        raise ValueError("program %r must be loaded with expected_attach_type=%d for "
+                         "uprobe_multi" % (program.name, EXPECTED_UPROBE_MULTI))
+    kind = "uretprobe_multi" if retprobe else "uprobe_multi"
+    real = resolve_path(path, what)
+    flags = syscalls.BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
+    try:
+        fd = syscalls.link_create_uprobe_multi(_prog_fd(program), real, offsets, cookies, flags,
+                                               pid or 0)
+    except KernelError as err:
+        raise _attach_error(err, kind, real, offsets, what) from None
+    return Link([fd], real, offsets, retprobe, pid, what)
+
+
+def uprobe_multi_supported() -> bool:
+    """Whether this kernel has uprobe_multi links with a working pid filter (probed once).
+
+    Same probe as libbpf's `probe_uprobe_multi_link`: nothing gets attached. A link on the
+    directory "/" fails with EBADF when the link type exists; then pid -1 must fail with
+    EINVAL (kernels whose pid filter matched threads instead of processes say ESRCH).
+    """
+    global _multi_supported
+    if _multi_supported is None:
+        _multi_supported = _probe_uprobe_multi()
+    return _multi_supported
+
+
+def _probe_uprobe_multi() -> bool:
+    prog = Program.from_bytes(_TRIVIAL_PROGRAM, name="probe_multi",
+                              expected_attach_type=EXPECTED_UPROBE_MULTI)
+    try:
+        prog.load()
+    except KernelError as err:
+        if type(err) is not KernelError:
+            raise  # privilege errors are not a "no"
+        return False  # an older kernel rejects the attach type
+    with prog:
+        if _link_errno(prog.fd, 0) != errnos.EBADF:
+            return False
+        return _link_errno(prog.fd, -1 & 0xFFFFFFFF) == errnos.EINVAL
+
+
+def _link_errno(prog_fd: int, pid: int) -> int:
+    try:
+        syscalls.link_create_uprobe_multi(prog_fd, "/", [0], pid=pid).close()
+    except KernelError as err:
+        return err.errno
+    return 0

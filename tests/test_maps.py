@@ -1,0 +1,163 @@
+"""Map CRUD and iteration against the real kernel, for every map type."""
+import errno
+import gc
+import os
+import struct
+
+import pytest
+
+from ebpf_cuda import maps, syscalls
+from ebpf_cuda.errors import KernelError
+
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+
+
+def open_fds():
+    """This process's bpf/perf fds (anon inodes), by number."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + name).startswith("anon_inode:"):
+                fds.add(name)
+        except OSError:
+            pass  # the fd listdir itself used
+    return fds
+
+
+def test_parse_cpu_list():
+    assert maps.parse_cpu_list("0-1\n") == 2
+    assert maps.parse_cpu_list("0") == 1
+    assert maps.parse_cpu_list("0-3,5,8-9") == 10
+
+
+def test_possible_cpus_from_sysfs():
+    with open(maps.POSSIBLE_CPUS) as f:
+        assert maps.possible_cpus() == maps.parse_cpu_list(f.read())
+
+
+def test_hash_map_bytes_crud_and_iteration(root):
+    with maps.HashMap(8, 16, 8, name="h.bytes") as m:
+        assert m.info().name == "h.bytes" and m.info().type == syscalls.BPF_MAP_TYPE_HASH
+        keys = [bytes([i]) * 8 for i in range(3)]
+        for i, k in enumerate(keys):
+            m[k] = bytes([i + 10]) * 16
+        assert m[keys[1]] == bytes([11]) * 16
+        assert sorted(m.keys()) == keys and len(m) == 3
+        assert dict(m.items())[keys[2]] == bytes([12]) * 16
+        assert sorted(m.values())[0] == bytes([10]) * 16
+        assert keys[0] in m and b"z" * 8 not in m
+        del m[keys[0]]
+        assert m.get(keys[0]) is None and m.get(keys[0], b"d") == b"d"
+        with pytest.raises(KeyError):
+            m[keys[0]]
+        with pytest.raises(KeyError):
+            del m[keys[0]]
+        assert m.delete(keys[1]) and not m.delete(keys[1])
+        m.clear()
+        assert list(m.keys()) == []
+
+
+def test_hash_map_flags_and_full(root):
+    with maps.HashMap(4, 8, 1, key_struct=U32, value_struct=U64) as m:
+        m[1] = 5
+        with pytest.raises(KernelError) as info:
+            m.set(1, 6, syscalls.BPF_NOEXIST)
+        assert info.value.errno == errno.EEXIST
+        with pytest.raises(KernelError) as info:
+            m[2] = 1  # full (non-LRU hash)
+        assert info.value.errno == errno.E2BIG
+        m.set(1, 7, syscalls.BPF_EXIST)
+        assert m[1] == 7
+
+
+def test_struct_keys_and_tuple_values(root):
+    pair = struct.Struct("<IQ")
+    with maps.HashMap(4, pair.size, 4, key_struct=U32, value_struct=pair) as m:
+        m[3] = (1, 2)
+        assert m[3] == (1, 2)
+        assert list(m.items()) == [(3, (1, 2))]
+
+
+def test_size_checks():
+    with pytest.raises(ValueError, match="key struct"):
+        maps.HashMap(8, 8, 1, key_struct=U32)
+
+
+def test_wrong_length_bytes(root):
+    with maps.HashMap(4, 4, 1) as m:
+        with pytest.raises(ValueError, match="key must be 4 bytes"):
+            m[b"abc"] = b"abcd"
+
+
+def test_lru_hash_evicts(root):
+    with maps.LruHashMap(4, 4, 4, key_struct=U32, value_struct=U32) as m:
+        for i in range(64):
+            m[i] = i * 2
+        items = dict(m.items())
+        assert 0 < len(items) <= 4  # preallocated: never more than max_entries, never E2BIG
+        assert m[63] == 126
+        assert all(v == k * 2 for k, v in items.items())
+
+
+def test_array_map(root):
+    with maps.ArrayMap(8, 4, name="arr", value_struct=U64) as m:
+        assert list(m.items()) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+        m[2] = 99
+        assert m[2] == 99 and len(m) == 4
+        with pytest.raises(KeyError):
+            m[4]
+        m.clear()  # zeroes: array elements cannot be deleted
+        assert m[2] == 0
+
+
+def test_percpu_array_map(root):
+    ncpu = maps.possible_cpus()
+    with maps.PerCpuArrayMap(4, 2, value_struct=U32) as m:
+        assert m[0] == [0] * ncpu
+        m[1] = list(range(1, ncpu + 1))
+        assert m[1] == list(range(1, ncpu + 1))
+        m[0] = 7  # one value: copied to every CPU
+        assert m[0] == [7] * ncpu
+        with pytest.raises(ValueError, match="per-CPU values"):
+            m[0] = [1] * (ncpu + 1)
+        assert dict(m.items())[1] == list(range(1, ncpu + 1))
+
+
+def test_percpu_array_bytes_are_padded_per_cpu(root):
+    ncpu = maps.possible_cpus()
+    with maps.PerCpuArrayMap(3, 1) as m:  # 3-byte values sit in 8-byte slots
+        m[0] = [bytes([i, i, i]) for i in range(ncpu)]
+        assert m[0] == [bytes([i, i, i]) for i in range(ncpu)]
+
+
+def test_ringbuf_map(root):
+    with maps.RingBufMap(1 << 14, name="events") as rb:
+        assert rb.size == 1 << 14 and rb.fd >= 0
+        info = rb.info()
+        assert (info.type, info.max_entries, info.name) == (27, 1 << 14, "events")
+    for bad in (1000, 12288, 0):
+        with pytest.raises(ValueError, match="power of two"):
+            maps.RingBufMap(bad)
+
+
+def test_map_name_validation():
+    with pytest.raises(ValueError, match="bad eBPF object name"):
+        maps.HashMap(4, 4, 1, name="cuda-launch")
+    with pytest.raises(ValueError):
+        maps.ArrayMap(4, 1, name="a_name_that_is_16")
+
+
+def test_maps_close_their_fds(root):
+    before = open_fds()
+    m = maps.HashMap(4, 4, 1)
+    fd = m.fd
+    assert str(fd) in open_fds()
+    m.close()
+    assert m.closed and open_fds() == before
+    with pytest.raises(ValueError):
+        m.fd
+    maps.ArrayMap(4, 1)
+    maps.RingBufMap(4096)
+    gc.collect()
+    assert open_fds() == before
