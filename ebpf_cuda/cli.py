@@ -1,0 +1,166 @@
+"""The `ebpf-cuda` command: click options → a `Tracer` and an output. Only this module prints,
+exits or installs signal handlers."""
+import os
+import signal
+import sys
+from typing import IO, List, Optional, Tuple
+
+import click
+
+from . import apis
+from .errors import TracerError, UsageError, VerifierError
+from .output.jsonl import JsonWriter
+from .output.text import TextWriter
+from .tracer import DEFAULT_RING_SIZE, Tracer
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """`8M` → 8388608; plain numbers are bytes."""
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    number = text[:-1] if unit else text
+    if not number.isdigit():
+        raise UsageError("bad size %r (examples: 65536, 256K, 8M)" % text)
+    return int(number) * _UNITS[unit]
+
+
+def _split_functions(value: Optional[str]) -> Optional[List[str]]:
+    if not value:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def _open_output(path: Optional[str]) -> IO[str]:
+    if path is None:
+        return sys.stdout
+    try:
+        return open(path, "w", buffering=1 << 16)
+    except OSError as err:
+        raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
+
+
+def _log(verbose: int):
+    def log(message: str) -> None:
+        if verbose:
+            click.echo(message, err=True)
+    return log
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True,
+              help="Say which files and offsets are probed (-vv: also the programs).")
+@click.option("-t", "--no-timestamps", is_flag=True, help="Leave the time column out.")
+@click.option("-r", "--no-returns", is_flag=True,
+              help="Entry probes only: no return probes are attached, no [EXIT] lines.")
+@click.option("-p", "--path", "paths", multiple=True, metavar="PATH",
+              help="Library or executable to probe (repeatable). Default: found automatically.")
+@click.option("-d", "--pid", type=int, help="Trace only this process (filtered in the kernel).")
+@click.option("--functions", metavar="NAME,...",
+              help="Functions to trace, by name or glob (default: all in the table).")
+@click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
+@click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
+@click.option("--ring-size", default=str(DEFAULT_RING_SIZE), show_default=True,
+              help="Ring buffer size (power of two, e.g. 256K, 8M).")
+@click.option("--entries", is_flag=True,
+              help="Also emit each call's entry as it happens (for calls that block).")
+@click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
+          pid: Optional[int], functions: Optional[str], as_json: bool, output: Optional[str],
+          ring_size: str, entries: bool, list_functions: bool, command: Tuple[str, ...]) -> None:
+    """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
+    if list_functions:
+        for api in apis.TABLE:
+            click.echo("%-32s %s" % (api.name, api.library))
+        return
+    if no_returns and entries:
+        raise UsageError("--entries needs return probes; it cannot go with -r")
+    tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
+                    command=list(command), return_probes=not no_returns, entries=entries,
+                    ring_size=parse_size(ring_size), log=_log(verbose))
+    stream = _open_output(output)
+    writer = (JsonWriter(stream) if as_json
+              else TextWriter(stream, timestamps=not no_timestamps))
+    with tracer:
+        _report_start(tracer, verbose)
+        _install_signals(tracer)
+        writer.header()
+        stream.flush()
+        for batch in _batches(tracer):
+            writer.write(batch)
+            if stream is sys.stdout:
+                stream.flush()
+        stream.flush()
+        stats = tracer.stats()
+    if stats["lost"]:
+        click.echo("ebpf-cuda: %d events lost: the ring buffer was full (try --ring-size)"
+                   % stats["lost"], err=True)
+    if stream is not sys.stdout:
+        stream.close()
+    if tracer.exit_status is not None:
+        sys.exit(tracer.exit_status)
+
+
+def _report_start(tracer: Tracer, verbose: int) -> None:
+    files = sorted({a.path for a in tracer.attachments})
+    click.echo("ebpf-cuda: probing %d functions in %s" % (
+        len({a.api for a in tracer.attachments}), ", ".join(files)), err=True)
+    for failure in tracer.failures:
+        click.echo("ebpf-cuda: warning: %s" % failure, err=True)
+    if verbose >= 2:
+        for (name, retprobe), program in tracer.programs.items():
+            click.echo("-- %s %s --\n%s" % (name, "return" if retprobe else "entry",
+                                            program.disassembly()), err=True)
+
+
+def _batches(tracer: Tracer):
+    """Events grouped as they come off the ring buffer, so that writes are large."""
+    batch: list = []
+    for event in tracer.events():
+        batch.append(event)
+        if len(batch) >= 4096:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _install_signals(tracer: Tracer) -> None:
+    """SIGINT/SIGTERM: stop after draining; with a command, pass the signal on to it and keep
+    reading until it ends, so its last events are seen."""
+    def handler(signum, frame):
+        child = tracer.child_pid
+        if child is not None and tracer.exit_status is None:
+            try:
+                os.kill(child, signum)
+                return
+            except ProcessLookupError:
+                pass
+        tracer.stop()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Entry point of the console script: errors become one line and an exit code."""
+    try:
+        trace.main(args=argv, prog_name="ebpf-cuda", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(UsageError.exit_code)
+    except VerifierError as err:
+        click.echo("ebpf-cuda: %s" % err, err=True)
+        if "-v" in (argv or sys.argv) or "--verbose" in (argv or sys.argv):
+            lines = [line for line in err.log.splitlines() if line.strip()][-15:]
+            click.echo("\n".join(lines), err=True)
+        sys.exit(err.exit_code)
+    except TracerError as err:
+        click.echo("ebpf-cuda: %s" % err, err=True)
+        sys.exit(err.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)

@@ -1,0 +1,147 @@
+"""Record bytes → typed events.
+
+A complete-call record becomes two events, `enter` and `exit`, so that consumers see the
+seed tool's two lines per call; the exit event carries the return value, out-parameters and
+duration. Enter records (return probes off, or --entries) become one `enter` event.
+Field names are the JSON keys (see `Event.to_json`).
+"""
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from . import record
+from .apis import TABLE, Api, Kind, arg_cells
+from .cuda_enums import error_name, memcpy_kind_name
+from .errors import DecodeError
+
+ENTER = "enter"
+EXIT = "exit"
+
+_FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))  # header + payload
+_FLOAT = struct.Struct("<f")
+
+
+@dataclass
+class Event:
+    """One CUDA call seen at entry or exit. `ts` is wall-clock seconds, `ts_ns` the kernel's
+    CLOCK_MONOTONIC time; `args` are the entry arguments by name; at exit `ret`/`ret_name`,
+    `duration_ns` and the out-parameters (`outs`) are set."""
+
+    ts: float
+    ts_ns: int
+    pid: int
+    tid: int
+    comm: str
+    api: str
+    phase: str
+    args: Dict[str, Any]
+    ret: Optional[int] = None
+    ret_name: Optional[str] = None
+    duration_ns: Optional[int] = None
+    outs: Dict[str, Any] = field(default_factory=dict)
+    faults: Tuple[str, ...] = ()  # out-parameters whose read failed (bad or NULL pointer)
+
+    def to_json(self) -> Dict[str, Any]:
+        """The JSON object of this event: out-parameters become top-level keys."""
+        obj = {"ts": self.ts, "pid": self.pid, "tid": self.tid, "comm": self.comm,
+               "api": self.api, "phase": self.phase, "args": _jsonable(self.args)}
+        if self.phase == EXIT:
+            obj.update(ret=self.ret, ret_name=self.ret_name, duration_ns=self.duration_ns)
+            obj.update(_jsonable(self.outs))
+            if self.faults:
+                obj["faults"] = list(self.faults)
+        return obj
+
+
+def _jsonable(values: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def decode_value(kind: str, cells: Sequence[int]) -> Any:
+    """The Python value of an argument or out-parameter from its u64 cell(s)."""
+    raw = cells[0]
+    if kind == Kind.DIM3:
+        return (raw & 0xFFFFFFFF, raw >> 32, cells[1] & 0xFFFFFFFF)
+    if kind == Kind.INT:
+        low = raw & 0xFFFFFFFF
+        return low - (1 << 32) if low >= 1 << 31 else low
+    if kind == Kind.UINT:
+        return raw & 0xFFFFFFFF
+    if kind == Kind.MEMCPY_KIND:
+        return memcpy_kind_name(raw & 0xFFFFFFFF)
+    if kind == Kind.FLOAT:
+        return _FLOAT.unpack(struct.pack("<I", raw & 0xFFFFFFFF))[0]
+    return raw
+
+
+class _RowDecoder:
+    """Precomputed per-row decoding: (name, kind, first cell) of each shown argument."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.args = [(arg.name, arg.kind, cell) for arg, cell in arg_cells(api) if arg.show]
+        self.outs = [(out.name, out.kind) for out in api.outs]
+
+    def decode_args(self, cells: Sequence[int]) -> Dict[str, Any]:
+        return {name: decode_value(kind, cells[cell:cell + 2]) for name, kind, cell in self.args}
+
+    def decode_outs(self, cells: Sequence[int], ret: int, flags: int) -> Tuple[dict, tuple]:
+        if ret != 0 or not self.outs:
+            return {}, ()
+        outs, faults = {}, []
+        for j, (name, kind) in enumerate(self.outs):
+            if flags & (record.FLAG_OUT0_FAULT << j):
+                faults.append(name)
+            else:
+                outs[name] = decode_value(kind, cells[j:j + 1])
+        return outs, tuple(faults)
+
+
+class Decoder:
+    """Turns ring-buffer records into events. `clock_offset_ns` is wall-clock minus
+    CLOCK_MONOTONIC, measured once when tracing starts."""
+
+    def __init__(self, table: Sequence[Api] = TABLE,
+                 clock_offset_ns: Optional[int] = None) -> None:
+        if clock_offset_ns is None:
+            clock_offset_ns = time.time_ns() - time.monotonic_ns()
+        self.clock_offset_ns = clock_offset_ns
+        self.rows = [_RowDecoder(api) for api in table]
+        self._comms: Dict[bytes, str] = {}
+
+    def _comm(self, raw: bytes) -> str:
+        name = self._comms.get(raw)
+        if name is None:
+            name = self._comms[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        return name
+
+    def decode_frames(self, frames: bytes) -> Iterator[Event]:
+        """Events of a batch of ring frames (8-byte header + record, back to back)."""
+        if len(frames) % _FRAME.size:
+            raise DecodeError("a batch of %d bytes is not a whole number of %d-byte frames"
+                              % (len(frames), _FRAME.size))
+        for fields in _FRAME.iter_unpack(frames):
+            yield from self._events(fields)
+
+    def decode_record(self, payload: bytes) -> List[Event]:
+        """Events of one record (payload only)."""
+        if len(payload) != record.SIZE:
+            raise DecodeError("a record has %d bytes, expected %d" % (len(payload), record.SIZE))
+        return list(self._events(record.LAYOUT.unpack(payload)))
+
+    def _events(self, fields: tuple) -> Iterator[Event]:
+        ts_enter, ts_exit, tid, pid, fn_id, phase, flags, _cpu, comm = fields[:9]
+        if fn_id >= len(self.rows) or phase not in (record.PHASE_ENTER, record.PHASE_CALL):
+            raise DecodeError("record with unknown function id %d or phase %d" % (fn_id, phase))
+        cells = fields[9:9 + record.ARG_CELLS]
+        row = self.rows[fn_id]
+        name, comm_s, args = row.api.name, self._comm(comm), row.decode_args(cells)
+        offset = self.clock_offset_ns
+        yield Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, name, ENTER, args)
+        if phase == record.PHASE_CALL:
+            ret = fields[9 + record.ARG_CELLS] & 0xFFFFFFFF
+            outs, faults = row.decode_outs(fields[10 + record.ARG_CELLS:], ret, flags)
+            yield Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, name, EXIT, args,
+                        ret, error_name(ret, row.api.driver), ts_exit - ts_enter, outs, faults)
+

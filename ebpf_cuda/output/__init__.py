@@ -1,0 +1,1 @@
+"""Ways to present events: text lines in the seed tool's layout, JSON Lines, ..."""

@@ -1,0 +1,96 @@
+"""Text lines in the seed tool's layout: time, process, pid, function, [ENTER]/[EXIT], details.
+
+    TIME            PROCESS          PID     EVENT                TYPE     DETAILS
+    16:40:01.123456 basic02          4242    cudaMalloc            [ENTER] size=4000 bytes
+    16:40:01.123470 basic02          4242    cudaMalloc             [EXIT] returned=cudaSuccess ptr=0x7f2a00000000 (12.3 us)
+"""
+import time
+from typing import IO, Any, Callable, Dict, Iterable, Optional
+
+from ..apis import BY_NAME, Kind
+from ..events import ENTER, Event
+
+HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",
+                                                      "DETAILS")
+HEADER_NO_TIME = "%-16s %-7s %-20s %8s %s" % ("PROCESS", "PID", "EVENT", "TYPE", "DETAILS")
+
+Namer = Callable[[Event, int], Optional[str]]  # (event, address) -> kernel name
+
+
+def format_value(kind: str, value: Any) -> str:
+    """A value as shown in the details column."""
+    if kind == Kind.SIZE:
+        return "%d bytes" % value
+    if kind in (Kind.PTR, Kind.HANDLE):
+        return "0x%x" % value
+    if kind == Kind.DIM3:
+        return "(%d,%d,%d)" % value
+    if kind == Kind.FLOAT:
+        return "%g" % value
+    return str(value)
+
+
+def _kinds(api: str) -> Dict[str, str]:
+    row = BY_NAME[api]
+    kinds = {arg.name: arg.kind for arg in row.args}
+    kinds.update((out.name, out.kind) for out in row.outs)
+    return kinds
+
+
+_KINDS_CACHE: Dict[str, Dict[str, str]] = {}
+
+
+def details(event: Event, kernel_name: Optional[str] = None) -> str:
+    """The details column: arguments at entry; return name, out-parameters and duration at exit."""
+    kinds = _KINDS_CACHE.get(event.api)
+    if kinds is None:
+        kinds = _KINDS_CACHE[event.api] = _kinds(event.api)
+    if event.phase == ENTER:
+        parts = []
+        for name, value in event.args.items():
+            shown = format_value(kinds[name], value)
+            if name == "func" and kernel_name:
+                shown = kernel_name
+            parts.append("%s=%s" % (name, shown))
+        return " ".join(parts)
+    parts = ["returned=%s" % event.ret_name]
+    parts += ["%s=%s" % (name, format_value(kinds[name], v)) for name, v in event.outs.items()]
+    parts += ["%s=<unreadable>" % name for name in event.faults]
+    parts.append("(%.1f us)" % (event.duration_ns / 1000.0))
+    return " ".join(parts)
+
+
+def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[str] = None) -> str:
+    """One line for one event (no newline)."""
+    tag = "[ENTER]" if event.phase == ENTER else "[EXIT]"
+    text = details(event, kernel_name)
+    if event.tid != event.pid:
+        text += " tid=%d" % event.tid
+    line = "%-16s %-7d %-20s %8s %s" % (event.comm, event.pid, event.api, tag, text)
+    if timestamps:
+        clock = time.strftime("%H:%M:%S", time.localtime(event.ts))
+        line = "%s.%06d %s" % (clock, int(event.ts * 1e6) % 1000000, line)
+    return line
+
+
+class TextWriter:
+    """Writes events as lines to a stream, in batches."""
+
+    def __init__(self, stream: IO[str], timestamps: bool = True,
+                 namer: Optional[Namer] = None) -> None:
+        self.stream = stream
+        self.timestamps = timestamps
+        self.namer = namer
+
+    def header(self) -> None:
+        self.stream.write((HEADER_WITH_TIME if self.timestamps else HEADER_NO_TIME) + "\n")
+
+    def write(self, events: Iterable[Event]) -> None:
+        lines = []
+        for ev in events:
+            name = None
+            if self.namer is not None and "func" in ev.args:
+                name = self.namer(ev, ev.args["func"])
+            lines.append(format_event(ev, self.timestamps, name))
+        if lines:
+            self.stream.write("\n".join(lines) + "\n")

@@ -1,0 +1,221 @@
+"""Generate the eBPF programs for a row of the function table.
+
+For each traced function, with return probes on (the default):
+- the entry program saves the entry time, the argument cells and the out-parameter pointers
+  in the `inflight` map, keyed by (pid_tgid, entry stack pointer);
+- the return program looks that up, reserves one record in the `events` ring buffer, fills
+  it (times, ids, comm, arguments, return value, out-parameters read with probe_read_user
+  when the call succeeded) and submits it.
+With return probes off, or `emit_entry=True`, the entry program writes a record itself.
+Lost records and unpaired returns are counted in the per-CPU `stats` array.
+"""
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from . import asm, record
+from .apis import Api, Kind, arg_cells
+from .arch import Arch
+from .asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, B, Helper
+
+EVENTS_MAP = "events"
+INFLIGHT_MAP = "inflight"
+STATS_MAP = "stats"
+
+_KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
+_VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
+_STAT_KEY = _VALUE - 8  # a u32 stats index: fp-128
+
+Items = List[object]
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """What the generated programs do beyond the basics."""
+
+    stash: bool = True  # entry saves state for a return probe
+    emit_entry: bool = False  # entry also writes an enter record
+    wakeup_flags: int = 0  # ringbuf_submit flags (0 = adaptive wakeup)
+
+
+def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+    """Instructions of the entry probe of `api`."""
+    prog: Items = [asm.mov(R6, R1)]
+    if options.emit_entry or not options.stash:
+        prog += _emit_enter_record(api, fn_id, arch, options)
+    if options.stash:
+        prog += _stash_entry(api, arch)
+    return prog + [asm.mov(R0, 0), asm.exit()]
+
+
+def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+    """Instructions of the return probe of `api` (one complete-call record)."""
+    # On return the callee has popped what `call` pushed: x86-64's return address.
+    prog: Items = [asm.mov(R6, R1)] + _inflight_key(arch, arch.stack_args_start)
+    prog += [
+        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "no_entry"),
+        asm.mov(R7, R0),
+    ]
+    prog += _reserve("ring_full")
+    prog += [
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_EXIT, R0),
+        asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.stx(DW, R8, record.TS_ENTER, R1),
+        asm.ldx(DW, R1, FP, _KEY), asm.stx(DW, R8, record.PID_TGID, R1),
+        asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_CALL << 16),
+        asm.st(W, R8, record.CPU, 0),
+    ]
+    prog += _comm()
+    used = sum(arg.cells for arg in api.args)
+    for cell in range(record.ARG_CELLS):
+        if cell < used:
+            prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
+                     asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
+        else:
+            prog.append(asm.st(DW, R8, record.ARGS + 8 * cell, 0))
+    prog += [asm.ldx(DW, R1, R6, arch.ret), asm.stx(DW, R8, record.RET, R1)]
+    prog += _read_outs(api, arch)
+    prog += [
+        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.call(Helper.MAP_DELETE_ELEM),
+    ]
+    prog += _submit(options)
+    prog += [asm.ja("done"), asm.Label("ring_full")]
+    prog += _count(record.STAT_RING_FULL)
+    prog += [asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+             asm.call(Helper.MAP_DELETE_ELEM), asm.ja("done"), asm.Label("no_entry")]
+    prog += _count(record.STAT_NO_ENTRY)
+    return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
+
+
+def _inflight_key(arch: Arch, sp_adjust: int) -> Items:
+    """fp-16 = pid_tgid, fp-8 = the stack pointer as it was at function entry."""
+    prog: Items = [asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, FP, _KEY, R0),
+                   asm.ldx(DW, R1, R6, arch.sp)]
+    if sp_adjust:
+        prog.append(asm.sub(R1, sp_adjust))
+    return prog + [asm.stx(DW, FP, _KEY + 8, R1)]
+
+
+def _stash_entry(api: Api, arch: Arch) -> Items:
+    """Save entry time, argument cells and out-parameter pointers in the inflight map."""
+    prog: Items = [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, _VALUE, R0)]
+    prog += _load_args(api, arch, R6, FP, _VALUE + record.INFLIGHT_ARGS)
+    for j in range(record.OUT_CELLS):
+        where = _VALUE + record.INFLIGHT_OUTPTRS + 8 * j
+        if j < len(api.outs):
+            prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, FP, where, R1)]
+        else:
+            prog.append(asm.st(DW, FP, where, 0))
+    prog += _inflight_key(arch, 0)
+    return prog + [
+        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.mov(R3, FP), asm.add(R3, _VALUE), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+    ]
+
+
+def _emit_enter_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+    """Write an enter record straight into the ring buffer."""
+    prog = _reserve("enter_lost")
+    prog += [
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
+        asm.st(DW, R8, record.TS_EXIT, 0),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
+        asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_ENTER << 16),
+        asm.st(W, R8, record.CPU, 0),
+    ]
+    prog += _comm()
+    prog += _load_args(api, arch, R6, R8, record.ARGS)
+    prog += [asm.st(DW, R8, record.RET, 0)]
+    prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
+    prog += _submit(options)
+    prog += [asm.ja("enter_done"), asm.Label("enter_lost")]
+    prog += _count(record.STAT_RING_FULL)
+    return prog + [asm.Label("enter_done")]
+
+
+def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
+    """Copy every argument cell to base+offset+8*cell; registers by load, stack slots by
+    one probe_read_user per run of consecutive slots; unused cells are zeroed."""
+    prog: Items = []
+    stack_runs: List[Tuple[int, int, int]] = []  # (first stack slot, first cell, count)
+    used = 0
+    for arg, first in arg_cells(api):
+        for c in range(arg.cells):
+            slot, cell = arg.slot + c, first + c
+            used = max(used, cell + 1)
+            if slot < len(arch.args):
+                prog += [asm.ldx(DW, R1, ctx, arch.arg(slot)),
+                         asm.stx(DW, base, offset + 8 * cell, R1)]
+            elif stack_runs and stack_runs[-1][0] + stack_runs[-1][2] == slot - len(arch.args) \
+                    and stack_runs[-1][1] + stack_runs[-1][2] == cell:
+                k, first_cell, n = stack_runs[-1]
+                stack_runs[-1] = (k, first_cell, n + 1)
+            else:
+                stack_runs.append((slot - len(arch.args), cell, 1))
+    for cell in range(used, record.ARG_CELLS):
+        prog.append(asm.st(DW, base, offset + 8 * cell, 0))
+    for k, cell, n in stack_runs:
+        prog += [
+            asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, 8 * n),
+            asm.ldx(DW, R3, ctx, arch.sp), asm.add(R3, arch.stack_arg(k)),
+            asm.call(Helper.PROBE_READ_USER),
+        ]
+    return prog
+
+
+def _read_outs(api: Api, arch: Arch) -> Items:
+    """Out-parameters, read only when the call returned success (0); faults flagged."""
+    prog: Items = [asm.mov(R9, 0)]
+    prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
+    if api.outs:
+        prog += [asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "outs_done")]
+        for j, out in enumerate(api.outs):
+            prog += [
+                asm.mov(R1, R8), asm.add(R1, record.OUTS + 8 * j), asm.mov(R2, out.size),
+                asm.ldx(DW, R3, R7, record.INFLIGHT_OUTPTRS + 8 * j),
+                asm.call(Helper.PROBE_READ_USER),
+                asm.jeq(R0, 0, "out%d_ok" % j),
+                asm.or_(R9, record.FLAG_OUT0_FAULT << j),
+                asm.Label("out%d_ok" % j),
+            ]
+        prog.append(asm.Label("outs_done"))
+    return prog + [asm.stx(B, R8, record.FLAGS, R9)]
+
+
+def _reserve(fail_label: str) -> Items:
+    """R8 = a new record in the ring buffer, or jump to fail_label."""
+    return [
+        asm.ld_map(R1, EVENTS_MAP), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
+        asm.call(Helper.RINGBUF_RESERVE),
+        asm.jeq(R0, 0, fail_label),
+        asm.mov(R8, R0),
+    ]
+
+
+def _comm() -> Items:
+    return [asm.mov(R1, R8), asm.add(R1, record.COMM), asm.mov(R2, record.COMM_LEN),
+            asm.call(Helper.GET_CURRENT_COMM)]
+
+
+def _submit(options: ProbeOptions) -> Items:
+    return [asm.mov(R1, R8), asm.mov(R2, options.wakeup_flags), asm.call(Helper.RINGBUF_SUBMIT)]
+
+
+def _count(stat: int) -> Items:
+    """stats[stat] += 1 on this CPU (a per-CPU slot needs no atomic)."""
+    label = "counted_%d" % stat
+    return [
+        asm.st(W, FP, _STAT_KEY, stat),
+        asm.ld_map(R1, STATS_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, label),
+        asm.ldx(DW, R1, R0, 0), asm.add(R1, 1), asm.stx(DW, R0, 0, R1),
+        asm.Label(label),
+    ]
+
+
+def program_name(fn_id: int, retprobe: bool) -> str:
+    """A kernel-visible program name (at most 15 characters of [A-Za-z0-9_])."""
+    return "cuda%d_%s" % (fn_id, "ret" if retprobe else "ent")

@@ -1,0 +1,50 @@
+"""The binary layout of one event record, shared by the probe generator and the decoder.
+
+Every record has the same size, so a batch of them decodes with one `struct.iter_unpack`.
+A complete call is one record written by the return probe; the entry probe's timestamp and
+arguments travel to it through the `inflight` map. With return probes off (or `--entries`)
+the entry probe writes a record too, with PHASE_ENTER and no exit fields.
+"""
+import struct
+
+ARG_CELLS = 10  # u64 cells for entry arguments (cuLaunchKernel needs 9)
+OUT_CELLS = 2  # u64 cells for out-parameters read at return
+COMM_LEN = 16
+
+# Offsets (bytes) of the fields, in the order the struct below packs them.
+TS_ENTER = 0
+TS_EXIT = 8
+PID_TGID = 16  # low half tid, high half pid (tgid), as bpf_get_current_pid_tgid returns it
+FN_ID = 24  # u16 index of the function in apis.TABLE
+PHASE = 26  # u8
+FLAGS = 27  # u8, FLAG_* bits
+CPU = 28  # u32 reserved (zero)
+COMM = 32
+ARGS = COMM + COMM_LEN
+RET = ARGS + 8 * ARG_CELLS
+OUTS = RET + 8
+SIZE = OUTS + 8 * OUT_CELLS
+
+PHASE_ENTER = 0  # an entry record (return probes off, or --entries)
+PHASE_CALL = 1  # a complete call: entry arguments, return value, out-parameters, both times
+
+FLAG_OUT0_FAULT = 1 << 0  # probe_read_user of out-parameter 0 failed
+FLAG_OUT1_FAULT = 1 << 1
+FLAG_ARG_FAULT = 1 << 2  # probe_read_user of a stack or pointed-to argument failed
+
+# The inflight map: key (pid_tgid, entry stack pointer), value (entry time, argument cells,
+# out-parameter pointers). Keying on the stack pointer pairs nested and recursive calls.
+INFLIGHT_KEY = struct.Struct("<QQ")
+INFLIGHT_TS = 0
+INFLIGHT_ARGS = 8
+INFLIGHT_OUTPTRS = INFLIGHT_ARGS + 8 * ARG_CELLS
+INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
+
+# Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
+STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
+STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignored
+STAT_INFLIGHT_FULL = 2  # the entry could not be stored: the call is lost
+STAT_COUNT = 3
+
+LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
+assert LAYOUT.size == SIZE, (LAYOUT.size, SIZE)

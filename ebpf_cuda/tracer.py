@@ -1,0 +1,385 @@
+"""The public `Tracer`: finds the files, loads the probes, attaches them, reads events.
+
+    with Tracer(command=["./app"]) as tracer:
+        for event in tracer.events():
+            print(event.api, event.phase, event.args)
+
+It never prints, exits or installs signal handlers; progress notes go to `log` if given.
+"""
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import apis, discovery, probes, record
+from .apis import Api
+from .arch import current as current_arch
+from .elf import open_elf
+from .errors import AttachError, TracerError, UsageError
+from .events import Decoder, Event
+from .maps import LruHashMap, PerCpuArrayMap, RingBufMap
+from .programs import EXPECTED_UPROBE_MULTI, Program
+from .ringbuf import RingBuffer
+from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
+
+DEFAULT_RING_SIZE = 8 << 20
+INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
+POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
+
+
+@dataclass
+class Attachment:
+    """One function probed in one file."""
+
+    path: str
+    api: str
+    symbol: str
+    offset: int
+    retprobe: bool
+
+
+@dataclass
+class Target:
+    """A file to probe and the (api, symbol, offset) entries found in it."""
+
+    path: str
+    functions: List[Tuple[Api, str, int]] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+
+
+class Tracer:
+    """Traces CUDA calls of one process (`pid`), of a command it starts (`command`), or of
+    every process using the probed files.
+
+    `functions`: glob patterns of function names (default: every row of the table);
+    `library`: files to probe (default: found from the pid, the command or the usual places);
+    `return_probes=False` attaches entry probes only (enter events, no durations);
+    `entries=True` also emits an enter record at entry (for calls that block for long).
+    """
+
+    def __init__(self, functions: Optional[Sequence[str]] = None,
+                 library: Optional[Sequence[str]] = None, pid: Optional[int] = None,
+                 command: Optional[Sequence[str]] = None, return_probes: bool = True,
+                 entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
+                 log: Optional[Callable[[str], None]] = None) -> None:
+        if pid is not None and command:
+            raise UsageError("give either a PID or a command, not both")
+        self.apis = _select(functions)
+        self.library = list(library or [])
+        self.pid = pid
+        self.command = list(command or [])
+        self.return_probes = return_probes
+        self.entries = entries
+        self.ring_size = ring_size
+        self.log = log or (lambda message: None)
+        self.targets: List[Target] = []
+        self.attachments: List[Attachment] = []
+        self.failures: List[str] = []
+        self.programs: Dict[Tuple[str, bool], Program] = {}
+        self.exit_status: Optional[int] = None
+        self._links: List[Link] = []
+        self._maps: Dict[str, object] = {}
+        self._ring: Optional[RingBuffer] = None
+        self._decoder: Optional[Decoder] = None
+        self._child: Optional[int] = None
+        self._release_fd: Optional[int] = None
+        self._stopping = False
+        self._started = False
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def start(self) -> "Tracer":
+        """Find files, load and attach every probe; a command is started but held until
+        `run()` (or the first `events()` call), so that its first call is seen."""
+        if self._started:
+            return self
+        self._started = True
+        try:
+            if self.pid is not None:
+                discovery.process_mappings(self.pid)  # ProcessError for a dead PID
+            self.targets = self._find_targets()
+            self._create_maps()
+            self._load_programs()
+            if self.command:
+                self._fork_command()
+            self._attach_all()
+            self._ring = RingBuffer(self._maps[probes.EVENTS_MAP].fd, self.ring_size)
+            self._decoder = Decoder(self.apis_table)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def apis_table(self) -> Sequence[Api]:
+        return apis.TABLE
+
+    def _find_targets(self) -> List[Target]:
+        paths = self._target_paths()
+        targets = []
+        for path in paths:
+            elf = open_elf(path)
+            symbols = [s for api in self.apis for s in api.symbols]
+            if self.library:
+                elf.require_any(symbols)
+            target = Target(os.path.realpath(path))
+            defined = elf.has_any(symbols)
+            for api in self.apis:
+                found = [s for s in api.symbols if s in defined]
+                if not found:
+                    target.missing.append(api.name)
+                for symbol in found:
+                    target.functions.append((api, symbol, elf.symbol_offset(symbol)))
+            if target.functions:
+                targets.append(target)
+            else:
+                self.log("%s: none of the selected functions, skipped" % path)
+        if not targets:
+            raise TracerError("none of the selected functions is defined in %s"
+                              % ", ".join(paths))
+        return targets
+
+    def _target_paths(self) -> List[str]:
+        if self.library:
+            return self.library
+        if self.pid is not None:
+            found = discovery.libraries_in_process(self.pid)
+            where = "process %d" % self.pid
+        elif self.command:
+            found = discovery.libraries_for_command(self.command)
+            where = "command %s" % self.command[0]
+        else:
+            found = discovery.find_library("libcudart")
+            where = "the usual places"
+        if not found:
+            raise TracerError("no CUDA runtime (libcudart) found in %s; name one with -p PATH"
+                              % where)
+        return found
+
+    def _create_maps(self) -> None:
+        self._maps[probes.EVENTS_MAP] = RingBufMap(self.ring_size, name="events")
+        self._maps[probes.INFLIGHT_MAP] = LruHashMap(
+            record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE, INFLIGHT_ENTRIES,
+            name="inflight")
+        self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
+                                                         value_struct=struct.Struct("<Q"))
+
+    def _load_programs(self) -> None:
+        options = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries)
+        arch = current_arch()
+        attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
+        wanted = {api.name for target in self.targets for api, _, _ in target.functions}
+        for fn_id, api in enumerate(apis.TABLE):
+            if api.name not in wanted:
+                continue
+            kinds = [(False, probes.entry_program)]
+            if self.return_probes:
+                kinds.append((True, probes.return_program))
+            for retprobe, generate in kinds:
+                program = Program(generate(api, fn_id, arch, options), self._maps,
+                                  name=probes.program_name(fn_id, retprobe),
+                                  expected_attach_type=attach_type)
+                self.programs[(api.name, retprobe)] = program.load()
+
+    def _attach_all(self) -> None:
+        pid = self._child if self._child is not None else self.pid
+        multi = uprobe_multi_supported()
+        for target in self.targets:
+            self.log("probing %s (%d functions%s)" % (
+                target.path, len({a.name for a, _, _ in target.functions}),
+                ", %d not in it: %s" % (len(target.missing), " ".join(target.missing))
+                if target.missing else ""))
+            for (api_name, retprobe), program in self.programs.items():
+                sites = [(s, off) for api, s, off in target.functions if api.name == api_name]
+                if sites:
+                    self._attach(program, target.path, api_name, sites, retprobe, pid, multi)
+        if not self._links:
+            raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
+
+    def _attach(self, program: Program, path: str, api_name: str,
+                sites: List[Tuple[str, int]], retprobe: bool, pid: Optional[int],
+                multi: bool) -> None:
+        try:
+            if multi:
+                self._links.append(attach_uprobe_multi(
+                    program, path, [off for _, off in sites], retprobe=retprobe, pid=pid,
+                    what=api_name))
+            else:
+                for symbol, offset in sites:
+                    self._links.append(attach_uprobe(program, path, offset, retprobe=retprobe,
+                                                     pid=pid, what=symbol))
+        except AttachError as err:
+            self.failures.append(str(err))
+            self.log("not traced: %s" % err)
+            return
+        for symbol, offset in sites:
+            self.attachments.append(Attachment(path, api_name, symbol, offset, retprobe))
+            self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
+                                           offset))
+
+    def _fork_command(self) -> None:
+        """Start the command in a child that waits until the probes are attached."""
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: wait for the go, then exec
+            try:
+                os.close(write_fd)
+                if os.read(read_fd, 1) != b"g":
+                    os._exit(125)
+                os.close(read_fd)
+                os.execvp(self.command[0], self.command)
+            except OSError as err:
+                os.write(2, ("ebpf-cuda: cannot run %s: %s\n"
+                             % (self.command[0], err.strerror)).encode())
+            finally:
+                os._exit(127)
+        os.close(read_fd)
+        self._child, self._release_fd = pid, write_fd
+
+    def run(self) -> None:
+        """Let a held command run (once)."""
+        if self._release_fd is not None:
+            os.write(self._release_fd, b"g")
+            os.close(self._release_fd)
+            self._release_fd = None
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def child_pid(self) -> Optional[int]:
+        """The PID of the started command."""
+        return self._child
+
+    def stop(self) -> None:
+        """Ask `events()` to finish after draining what is already in the ring buffer.
+        Safe to call from a signal handler."""
+        self._stopping = True
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
+        """Events until the target ends, `stop()` is called or `timeout` seconds pass.
+        Everything produced before the end is drained and yielded."""
+        self.start()
+        self.run()
+        assert self._ring is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stopping and not self._target_gone():
+            wait = POLL_INTERVAL_S
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+            try:
+                ready = self._ring.poll(wait)
+            except InterruptedError:
+                ready = True
+            if ready:
+                yield from self.drain()
+        yield from self.drain()
+
+    def drain(self) -> Iterator[Event]:
+        """Events already in the ring buffer, without waiting."""
+        assert self._ring is not None and self._decoder is not None
+        while True:
+            frames = self._ring.drain_frames(record.SIZE)
+            if not frames:
+                return
+            yield from self._decoder.decode_frames(frames)
+
+    def drain_raw(self) -> bytes:
+        """Frames already in the ring buffer, undecoded (8-byte header + record each)."""
+        assert self._ring is not None
+        return self._ring.drain_frames(record.SIZE)
+
+    def _target_gone(self) -> bool:
+        if self._child is not None:
+            if self.exit_status is None:
+                pid, status = os.waitpid(self._child, os.WNOHANG)
+                if pid == 0:
+                    return False
+                self.exit_status = _exit_code(status)
+            return True
+        if self.pid is not None:
+            return not _alive(self.pid)
+        return False
+
+    def wait_command(self) -> Optional[int]:
+        """Wait for a started command to end; its exit code (128+N when killed by signal N)."""
+        if self._child is not None and self.exit_status is None:
+            _, status = os.waitpid(self._child, 0)
+            self.exit_status = _exit_code(status)
+        return self.exit_status
+
+    def stats(self) -> Dict[str, int]:
+        """Counters kept by the probes, summed over CPUs: `lost` records (ring buffer full),
+        `unpaired` returns (no entry seen)."""
+        stats_map = self._maps.get(probes.STATS_MAP)
+        if stats_map is None:
+            return {"lost": 0, "unpaired": 0}
+        def total(index: int) -> int:
+            return sum(stats_map[index])  # type: ignore[index]
+
+        return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY)}
+
+    @property
+    def lost(self) -> int:
+        """Records lost because the ring buffer was full."""
+        return self.stats()["lost"]
+
+    # -- tear-down -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach every probe and free every kernel object (idempotent)."""
+        for link in self._links:
+            link.close()
+        self._links = []
+        if self._ring is not None:
+            self._ring.close(drain=False)
+            self._ring = None
+        for program in self.programs.values():
+            program.close()
+        self.programs = {}
+        for m in self._maps.values():
+            m.close()  # type: ignore[attr-defined]
+        self._maps = {}
+        if self._release_fd is not None:  # a held command that never ran: let it go
+            os.close(self._release_fd)
+            self._release_fd = None
+
+    def __enter__(self) -> "Tracer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _select(functions: Optional[Sequence[str]]) -> List[Api]:
+    try:
+        return apis.select(functions)
+    except KeyError as err:
+        raise UsageError("unknown function %s (known: %s)"
+                         % (err.args[0], ", ".join(a.name for a in apis.TABLE))) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return os.path.exists("/proc/%d" % pid) and not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
