@@ -145,7 +145,7 @@ class Fd:
     def __del__(self) -> None:
         try:
             self.close()
-        except OSError:
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (e.g. at shutdown)
             pass
 
     def __repr__(self) -> str:
@@ -381,6 +381,8 @@ def _name(raw: bytes) -> str:
 
 @dataclass
 class MapInfo:
+    """struct bpf_map_info (the fields used here)."""
+
     type: int
     id: int
     key_size: int
@@ -399,6 +401,8 @@ def map_info(fd: int) -> MapInfo:
 
 @dataclass
 class ProgInfo:
+    """struct bpf_prog_info (run statistics need kernel.bpf_stats_enabled=1)."""
+
     type: int
     id: int
     tag: bytes
@@ -488,19 +492,18 @@ def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
 # links
 
 
-def link_create_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0,
-                           what: str = "") -> Fd:
+def link_create_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0) -> Fd:
     """BPF_LINK_CREATE(BPF_PERF_EVENT): run the program on the perf event, with a cookie."""
     # prog_fd@0 target_fd@4 attach_type@8 flags@12 perf_event.bpf_cookie@16
     attr = _attr(24)
     struct.pack_into("<IIIIQ", attr, 0, prog_fd, perf_fd, BPF_PERF_EVENT, 0, cookie)
-    fd = bpf(BPF_LINK_CREATE, attr, "linking a program to a perf event" + what)
+    fd = bpf(BPF_LINK_CREATE, attr, "linking a program to a perf event")
     return Fd(fd, "perf-event link")
 
 
 def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
                              cookies: Optional[Sequence[int]] = None, flags: int = 0,
-                             pid: int = 0, what: str = "") -> Fd:
+                             pid: int = 0) -> Fd:
     """BPF_LINK_CREATE(BPF_TRACE_UPROBE_MULTI): one link, many offsets of one file."""
     if not offsets:
         raise ValueError("uprobe_multi needs at least one offset")
@@ -515,7 +518,7 @@ def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
     struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, BPF_TRACE_UPROBE_MULTI, 0,
                      ctypes.addressof(cpath), ctypes.addressof(coffsets), 0, _addr(ccookies),
                      len(offsets), flags, pid)
-    fd = bpf(BPF_LINK_CREATE, attr, "creating a uprobe_multi link" + what)
+    fd = bpf(BPF_LINK_CREATE, attr, "creating a uprobe_multi link")
     return Fd(fd, "uprobe_multi link")
 
 

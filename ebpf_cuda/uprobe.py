@@ -20,7 +20,7 @@ ProgramRef = Union[Program, int]
 _TRIVIAL_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0,  # r0 = 0
                           0x95, 0, 0, 0, 0, 0, 0, 0])  # exit
 
-_perf_links_missing = False  # set once BPF_LINK_CREATE(BPF_PERF_EVENT) proved unsupported
+_perf_links_supported: Optional[bool] = None
 _multi_supported: Optional[bool] = None
 
 
@@ -70,6 +70,11 @@ class Link:
 
 def _prog_fd(program: ProgramRef) -> int:
     return program.fd if isinstance(program, Program) else int(program)
+
+
+def _is_multi_type(program: ProgramRef) -> bool:
+    return isinstance(program, Program) and \
+        program.expected_attach_type == EXPECTED_UPROBE_MULTI
 
 
 def _place(path: str, offsets: Sequence[int], what: str) -> str:
@@ -124,9 +129,11 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
     or when the function starting there returns (`retprobe=True`).
 
     `pid` limits the probe to one process; `cookie` is what get_attach_cookie returns;
-    `what` is a human label (the function name) for error messages.
+    `what` is a human label (the function name) for error messages. A program loaded for
+    uprobe_multi is attached by ioctl (no cookie possible).
     """
     _check_offsets([offset])
+    prog_fd = _prog_fd(program)
     kind = "uretprobe" if retprobe else "uprobe"
     real = resolve_path(path, what)
     try:
@@ -134,7 +141,7 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
     except KernelError as err:
         raise _attach_error(err, kind, real, [offset], what) from None
     try:
-        fds = _bind_program(pfd, _prog_fd(program), cookie)
+        fds = _bind_program(pfd, prog_fd, cookie, _is_multi_type(program))
         syscalls.perf_event_enable(pfd.value)
     except KernelError as err:
         pfd.close()
@@ -142,21 +149,35 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
     return Link(fds, real, [offset], retprobe, pid, what, has_bpf_link=len(fds) == 2)
 
 
-def _bind_program(pfd: Fd, prog_fd: int, cookie: int) -> List[Fd]:
-    """Join program and perf event: a BPF link (5.15+), else the SET_BPF ioctl (no cookie)."""
-    global _perf_links_missing
-    if not _perf_links_missing:
-        try:
-            return [syscalls.link_create_perf_event(prog_fd, pfd.value, cookie), pfd]
-        except KernelError as err:
-            # Kernels before 5.15 reject the attach type with EINVAL.
-            if err.errno != errnos.EINVAL or type(err) is not KernelError:
-                raise
-            _perf_links_missing = True
+def _bind_program(pfd: Fd, prog_fd: int, cookie: int, multi_type: bool) -> List[Fd]:
+    """Join program and perf event: a BPF link (5.15+), else the SET_BPF ioctl (no cookie).
+
+    A program loaded for uprobe_multi (expected_attach_type 48) is refused by perf links
+    (EINVAL, observed on 6.18) but accepted by the ioctl, so it takes the ioctl path.
+    """
+    if not multi_type and perf_links_supported():
+        return [syscalls.link_create_perf_event(prog_fd, pfd.value, cookie), pfd]
     if cookie:
-        raise UnsupportedKernelError("uprobe cookies need BPF perf-event links (Linux 5.15+)")
+        raise UnsupportedKernelError(
+            "uprobe cookies need a BPF perf-event link (Linux 5.15+) and a program loaded "
+            "with expected_attach_type 0")
     syscalls.perf_event_set_bpf(pfd.value, prog_fd)
     return [pfd]
+
+
+def perf_links_supported() -> bool:
+    """Whether BPF_LINK_CREATE(BPF_PERF_EVENT) exists (Linux 5.15+), probed once like libbpf:
+    a link to the invalid fd -1 fails with EBADF only when the attach type is known."""
+    global _perf_links_supported
+    if _perf_links_supported is None:
+        prog = Program.from_bytes(_TRIVIAL_PROGRAM, name="probe_perf_link").load()
+        with prog:
+            try:
+                syscalls.link_create_perf_event(prog.fd, 0xFFFFFFFF).close()
+                _perf_links_supported = True
+            except KernelError as err:
+                _perf_links_supported = err.errno == errnos.EBADF
+    return _perf_links_supported
 
 
 def attach_uprobe_multi(program: ProgramRef, path: str, offsets: Sequence[int],
@@ -171,12 +192,12 @@ def attach_uprobe_multi(program: ProgramRef, path: str, offsets: Sequence[int],
     if isinstance(program, Program) and program.expected_attach_type != EXPECTED_UPROBE_MULTI:
         raise ValueError("program %r must be loaded with expected_attach_type=%d for "
                          "uprobe_multi" % (program.name, EXPECTED_UPROBE_MULTI))
+    prog_fd = _prog_fd(program)
     kind = "uretprobe_multi" if retprobe else "uprobe_multi"
     real = resolve_path(path, what)
     flags = syscalls.BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
     try:
-        fd = syscalls.link_create_uprobe_multi(_prog_fd(program), real, offsets, cookies, flags,
-                                               pid or 0)
+        fd = syscalls.link_create_uprobe_multi(prog_fd, real, offsets, cookies, flags, pid or 0)
     except KernelError as err:
         raise _attach_error(err, kind, real, offsets, what) from None
     return Link([fd], real, offsets, retprobe, pid, what)

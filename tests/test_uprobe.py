@@ -335,3 +335,36 @@ def test_links_close_their_fds(root, target):
                 multi = uprobe.attach_uprobe_multi(multi_prog, lib, [file_offset(lib, "pt_one")])
                 multi.close()
             assert bpf_fds() == before
+
+
+def test_ioctl_fallback_without_perf_links(root, target, monkeypatch):
+    # Force the pre-5.15 path (PERF_EVENT_IOC_SET_BPF): real ioctl, real probe.
+    lib, exe = target
+    monkeypatch.setattr(uprobe, "_perf_links_supported", False)
+    with maps.ArrayMap(8, 1, value_struct=U64) as counts, counting_program(counts) as prog:
+        with uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick")) as link:
+            assert not link.has_bpf_link
+            with pytest.raises(ValueError, match="ioctl"):
+                link.info()
+            run_caller(exe, 4)
+        assert counts[0] == 4
+        with pytest.raises(UnsupportedKernelError, match="cookies"):
+            uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick"), cookie=1)
+
+
+def test_perf_links_probed(root):
+    assert uprobe.perf_links_supported() is True  # 6.18 has them (5.15+)
+
+
+def test_uprobe_multi_program_attaches_per_offset_by_ioctl(root, target):
+    # Perf links refuse programs loaded with expected_attach_type 48; the ioctl takes them,
+    # so a tracer can fall back from uprobe_multi without reloading.
+    lib, exe = target
+    with maps.ArrayMap(8, 1, value_struct=U64) as counts, \
+            counting_program(counts, expected_attach_type=EXPECTED_UPROBE_MULTI) as prog:
+        with uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick")) as link:
+            assert not link.has_bpf_link
+            run_caller(exe, 6)
+        assert counts[0] == 6
+        with pytest.raises(UnsupportedKernelError, match="expected_attach_type 0"):
+            uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick"), cookie=5)
