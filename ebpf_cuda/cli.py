@@ -9,6 +9,7 @@ import click
 
 from . import apis
 from .errors import TracerError, UsageError, VerifierError
+from .output import Sink
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
@@ -80,27 +81,40 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), return_probes=not no_returns, entries=entries,
                     ring_size=parse_size(ring_size), log=_log(verbose))
-    stream = _open_output(output)
-    writer = (JsonWriter(stream) if as_json
-              else TextWriter(stream, timestamps=not no_timestamps))
+    sinks = _event_sinks(output, as_json, no_timestamps)
     with tracer:
         _report_start(tracer, verbose)
         _install_signals(tracer)
-        writer.header()
-        stream.flush()
-        for batch in _batches(tracer):
-            writer.write(batch)
-            if stream is sys.stdout:
-                stream.flush()
-        stream.flush()
+        _run(tracer, sinks)
         stats = tracer.stats()
     if stats["lost"]:
         click.echo("ebpf-cuda: %d events lost: the ring buffer was full (try --ring-size)"
                    % stats["lost"], err=True)
-    if stream is not sys.stdout:
-        stream.close()
     if tracer.exit_status is not None:
         sys.exit(tracer.exit_status)
+
+
+def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool) -> List[Sink]:
+    """Where decoded events go: text or JSON lines. Analyses and files add sinks here."""
+    stream = _open_output(output)
+    writer = JsonWriter(stream) if as_json else TextWriter(stream, timestamps=not no_timestamps)
+    return [writer]
+
+
+def _run(tracer: Tracer, sinks: List[Sink]) -> None:
+    """Read until the end, decoding each batch once and handing it to every sink."""
+    for sink in sinks:
+        sink.header()
+    decode = tracer.decoder.decode_frames
+    try:
+        for frames in tracer.frames():
+            events = list(decode(frames))
+            for sink in sinks:
+                sink.write(events)
+            sys.stdout.flush()  # a person watching sees each batch as it comes
+    finally:
+        for sink in sinks:
+            sink.close()
 
 
 def _report_start(tracer: Tracer, verbose: int) -> None:
@@ -113,18 +127,6 @@ def _report_start(tracer: Tracer, verbose: int) -> None:
         for (name, retprobe), program in tracer.programs.items():
             click.echo("-- %s %s --\n%s" % (name, "return" if retprobe else "entry",
                                             program.disassembly()), err=True)
-
-
-def _batches(tracer: Tracer):
-    """Events grouped as they come off the ring buffer, so that writes are large."""
-    batch: list = []
-    for event in tracer.events():
-        batch.append(event)
-        if len(batch) >= 4096:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _install_signals(tracer: Tracer) -> None:

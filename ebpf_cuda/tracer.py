@@ -259,6 +259,12 @@ class Tracer:
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Events until the target ends, `stop()` is called or `timeout` seconds pass.
         Everything produced before the end is drained and yielded."""
+        for frames in self.frames(timeout):
+            yield from self.decoder.decode_frames(frames)
+
+    def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
+        """Like `events()`, but batches of raw ring frames (8-byte header + record each),
+        for callers that save or count records without decoding them."""
         self.start()
         self.run()
         assert self._ring is not None
@@ -274,22 +280,23 @@ class Tracer:
             except InterruptedError:
                 ready = True
             if ready:
-                yield from self.drain()
-        yield from self.drain()
+                yield from self._drain_frames()
+        yield from self._drain_frames()
 
-    def drain(self) -> Iterator[Event]:
-        """Events already in the ring buffer, without waiting."""
-        assert self._ring is not None and self._decoder is not None
+    def _drain_frames(self) -> Iterator[bytes]:
+        assert self._ring is not None
         while True:
             frames = self._ring.drain_frames(record.SIZE)
             if not frames:
                 return
-            yield from self._decoder.decode_frames(frames)
+            yield frames
 
-    def drain_raw(self) -> bytes:
-        """Frames already in the ring buffer, undecoded (8-byte header + record each)."""
-        assert self._ring is not None
-        return self._ring.drain_frames(record.SIZE)
+    @property
+    def decoder(self) -> Decoder:
+        """The decoder for this tracer's records (clock offset measured at start)."""
+        self.start()
+        assert self._decoder is not None
+        return self._decoder
 
     def _target_gone(self) -> bool:
         if self._child is not None:

@@ -19,3 +19,12 @@ class JsonWriter:
         lines = [self._encode(ev.to_json()) for ev in events]
         if lines:
             self.stream.write("\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        """Flush; close the stream unless it is stdout or stderr."""
+        import sys
+
+        if self.stream in (sys.stdout, sys.stderr):
+            self.stream.flush()
+        else:
+            self.stream.close()

@@ -94,3 +94,12 @@ class TextWriter:
             lines.append(format_event(ev, self.timestamps, name))
         if lines:
             self.stream.write("\n".join(lines) + "\n")
+
+    def close(self) -> None:
+        """Flush; close the stream unless it is stdout or stderr."""
+        import sys
+
+        if self.stream in (sys.stdout, sys.stderr):
+            self.stream.flush()
+        else:
+            self.stream.close()
