@@ -168,13 +168,37 @@ class RingBuffer:
         return out
 
     def records(self, timeout_s: Optional[float] = None) -> Iterator[bytes]:
-        """Yield records as they arrive; ends once none arrives for `timeout_s` seconds."""
+        """Yield records as they arrive; ends once none arrives for `timeout_s` seconds.
+
+        Each record is marked consumed as it is yielded, so leaving the loop early loses
+        nothing: the next read starts with the record after the last one yielded.
+        """
         while True:
-            batch = self.read_batch()
-            if batch:
-                yield from batch
-            elif not self.poll(timeout_s):
+            got = False
+            for record in self._each_ready():
+                got = True
+                yield record
+            if not got and not self.poll(timeout_s):
                 return
+
+    def _each_ready(self) -> Iterator[bytes]:
+        """Committed records one by one, publishing consumer_pos before each yield."""
+        if self._closed:
+            raise ValueError("ring buffer is closed")
+        data, words = self._data_map, self._data_words
+        producer, consumer = self._data_qwords, self._consumer_words
+        mask, base = self._mask, self.page_size
+        while True:
+            cons = consumer[0]  # re-read: other reads may have run while we were suspended
+            if cons >= producer[0]:
+                return
+            off = base + (cons & mask)
+            hdr = words[off >> 2]
+            if hdr & BUSY_BIT:
+                return
+            consumer[0] = cons + (((hdr & LEN_MASK) + 15) & ~7)
+            if not hdr & DISCARD_BIT:
+                yield data[off + 8:off + 8 + hdr]
 
     def _drain(self, sink: Callback, limit: int) -> int:
         if self._closed:

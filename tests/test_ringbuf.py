@@ -323,6 +323,19 @@ def test_records_iterator_ends_after_quiet_timeout(rig):
         assert seqs(list(rb.records(timeout_s=0.05))) == list(range(10))
 
 
+def test_leaving_the_records_iterator_early_loses_nothing(rig):
+    r = rig()
+    r.lib.rb_emit_many(0, 10, 4)
+    with r.reader() as rb:
+        taken = []  # type: List[bytes]
+        for record in rb.records(timeout_s=0.05):
+            taken.append(record)
+            if len(taken) == 3:
+                break
+        assert seqs(taken) == [1, 2, 3]
+        assert seqs(rb.read_batch()) == [5, 6, 7, 9]
+
+
 def test_consume_limits_and_default_callback(rig):
     r = rig()
     r.lib.rb_emit_many(0, 10, 0)
