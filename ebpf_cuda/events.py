@@ -41,6 +41,7 @@ class Event:
     duration_ns: Optional[int] = None
     outs: Dict[str, Any] = field(default_factory=dict)
     faults: Tuple[str, ...] = ()  # out-parameters whose read failed (bad or NULL pointer)
+    stack_id: int = 0  # with --stacks: 1 + the id of the caller's user stack, else 0
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""
@@ -131,7 +132,7 @@ class Decoder:
         return list(self._events(record.LAYOUT.unpack(payload)))
 
     def _events(self, fields: tuple) -> Iterator[Event]:
-        ts_enter, ts_exit, tid, pid, fn_id, phase, flags, _cpu, comm = fields[:9]
+        ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
         if fn_id >= len(self.rows) or phase not in (record.PHASE_ENTER, record.PHASE_CALL):
             raise DecodeError("record with unknown function id %d or phase %d" % (fn_id, phase))
         cells = fields[9:9 + record.ARG_CELLS]
@@ -143,5 +144,6 @@ class Decoder:
             ret = fields[9 + record.ARG_CELLS] & 0xFFFFFFFF
             outs, faults = row.decode_outs(fields[10 + record.ARG_CELLS:], ret, flags)
             yield Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, name, EXIT, args,
-                        ret, error_name(ret, row.api.driver), ts_exit - ts_enter, outs, faults)
+                        ret, error_name(ret, row.api.driver), ts_exit - ts_enter, outs, faults,
+                        stack_id)
 

@@ -281,3 +281,22 @@ class RingBufMap(Map):
     def size(self) -> int:
         """Data bytes of the ring."""
         return self.max_entries
+
+
+class StackTraceMap(_ElementMap):
+    """BPF_MAP_TYPE_STACK_TRACE: stack id (u32) → up to `depth` return addresses (u64).
+
+    Filled by the get_stackid helper; `addresses(stack_id)` reads one stack back."""
+
+    map_type = syscalls.BPF_MAP_TYPE_STACK_TRACE
+
+    def __init__(self, max_entries: int, depth: int = 127, name: str = "") -> None:
+        super().__init__(4, 8 * depth, max_entries, name, key_struct=struct.Struct("<I"))
+
+    def addresses(self, stack_id: int) -> List[int]:
+        """The return addresses of a stack, innermost first ([] if unknown)."""
+        raw = self.get(stack_id)
+        if raw is None:
+            return []
+        words = struct.unpack("<%dQ" % (len(raw) // 8), raw)
+        return [w for w in words if w]

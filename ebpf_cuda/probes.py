@@ -20,6 +20,8 @@ from .asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, B, Helper
 EVENTS_MAP = "events"
 INFLIGHT_MAP = "inflight"
 STATS_MAP = "stats"
+STACKS_MAP = "stacks"
+BPF_F_USER_STACK = 1 << 8
 
 _KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
 _VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
@@ -35,6 +37,7 @@ class ProbeOptions:
     stash: bool = True  # entry saves state for a return probe
     emit_entry: bool = False  # entry also writes an enter record
     wakeup_flags: int = 0  # ringbuf_submit flags (0 = adaptive wakeup)
+    stacks: bool = False  # return records carry the caller's user stack id (`stacks` map)
 
 
 def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
@@ -63,8 +66,8 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
         asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.stx(DW, R8, record.TS_ENTER, R1),
         asm.ldx(DW, R1, FP, _KEY), asm.stx(DW, R8, record.PID_TGID, R1),
         asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_CALL << 16),
-        asm.st(W, R8, record.CPU, 0),
     ]
+    prog += _stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
     prog += _comm()
     used = sum(arg.cells for arg in api.args)
     for cell in range(record.ARG_CELLS):
@@ -123,7 +126,7 @@ def _emit_enter_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) 
         asm.st(DW, R8, record.TS_EXIT, 0),
         asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
         asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_ENTER << 16),
-        asm.st(W, R8, record.CPU, 0),
+        asm.st(W, R8, record.STACK_ID, 0),
     ]
     prog += _comm()
     prog += _load_args(api, arch, R6, R8, record.ARGS)
@@ -191,6 +194,20 @@ def _reserve(fail_label: str) -> Items:
         asm.call(Helper.RINGBUF_RESERVE),
         asm.jeq(R0, 0, fail_label),
         asm.mov(R8, R0),
+    ]
+
+
+def _stack_id() -> Items:
+    """record.STACK_ID = 1 + get_stackid(user stack), or 0 (counted) when it fails."""
+    return [
+        asm.mov(R1, R6), asm.ld_map(R2, STACKS_MAP), asm.mov(R3, BPF_F_USER_STACK),
+        asm.call(Helper.GET_STACKID),
+        asm.jsge(R0, 0, "stack_ok"),
+    ] + _count(record.STAT_STACK_LOST) + [
+        asm.mov(R0, -1),
+        asm.Label("stack_ok"),
+        asm.add(R0, 1),
+        asm.stx(W, R8, record.STACK_ID, R0),
     ]
 
 

@@ -18,7 +18,7 @@ PID_TGID = 16  # low half tid, high half pid (tgid), as bpf_get_current_pid_tgid
 FN_ID = 24  # u16 index of the function in apis.TABLE
 PHASE = 26  # u8
 FLAGS = 27  # u8, FLAG_* bits
-CPU = 28  # u32 reserved (zero)
+STACK_ID = 28  # u32: user stack id + 1 in the `stacks` map, 0 when not captured
 COMM = 32
 ARGS = COMM + COMM_LEN
 RET = ARGS + 8 * ARG_CELLS
@@ -44,7 +44,8 @@ INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
 STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignored
 STAT_INFLIGHT_FULL = 2  # the entry could not be stored: the call is lost
-STAT_COUNT = 3
+STAT_STACK_LOST = 3  # a user stack could not be captured
+STAT_COUNT = 4
 
 LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
 assert LAYOUT.size == SIZE, (LAYOUT.size, SIZE)

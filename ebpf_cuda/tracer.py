@@ -18,13 +18,14 @@ from .arch import current as current_arch
 from .elf import open_elf
 from .errors import AttachError, TracerError, UsageError
 from .events import Decoder, Event
-from .maps import LruHashMap, PerCpuArrayMap, RingBufMap
+from .maps import LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
 DEFAULT_RING_SIZE = 8 << 20
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
+STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
 
 
@@ -55,14 +56,15 @@ class Tracer:
     `functions`: glob patterns of function names (default: every row of the table);
     `library`: files to probe (default: found from the pid, the command or the usual places);
     `return_probes=False` attaches entry probes only (enter events, no durations);
-    `entries=True` also emits an enter record at entry (for calls that block for long).
+    `entries=True` also emits an enter record at entry (for calls that block for long);
+    `stacks=True` captures the user call stack of memory calls (see `stack()`).
     """
 
     def __init__(self, functions: Optional[Sequence[str]] = None,
                  library: Optional[Sequence[str]] = None, pid: Optional[int] = None,
                  command: Optional[Sequence[str]] = None, return_probes: bool = True,
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 stacks: bool = False, log: Optional[Callable[[str], None]] = None) -> None:
         if pid is not None and command:
             raise UsageError("give either a PID or a command, not both")
         self.apis = _select(functions)
@@ -72,6 +74,7 @@ class Tracer:
         self.return_probes = return_probes
         self.entries = entries
         self.ring_size = ring_size
+        self.stacks = stacks
         self.log = log or (lambda message: None)
         self.targets: List[Target] = []
         self.attachments: List[Attachment] = []
@@ -162,11 +165,15 @@ class Tracer:
         self._maps[probes.INFLIGHT_MAP] = LruHashMap(
             record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE, INFLIGHT_ENTRIES,
             name="inflight")
+        if self.stacks:
+            self._maps[probes.STACKS_MAP] = StackTraceMap(STACK_ENTRIES, name="stacks")
         self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
                                                          value_struct=struct.Struct("<Q"))
 
     def _load_programs(self) -> None:
-        options = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries)
+        plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries)
+        with_stack = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
+                                         stacks=True)
         arch = current_arch()
         attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
         wanted = {api.name for target in self.targets for api, _, _ in target.functions}
@@ -176,6 +183,7 @@ class Tracer:
             kinds = [(False, probes.entry_program)]
             if self.return_probes:
                 kinds.append((True, probes.return_program))
+            options = with_stack if self.stacks and api.category == "memory" else plain
             for retprobe, generate in kinds:
                 program = Program(generate(api, fn_id, arch, options), self._maps,
                                   name=probes.program_name(fn_id, retprobe),
@@ -327,6 +335,14 @@ class Tracer:
             return sum(stats_map[index])  # type: ignore[index]
 
         return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY)}
+
+    def stack(self, stack_id: int) -> List[int]:
+        """Return addresses (innermost first) of an event's `stack_id` (1 + map id); [] when
+        there is none or stacks were not captured."""
+        stacks = self._maps.get(probes.STACKS_MAP)
+        if not stack_id or stacks is None:
+            return []
+        return stacks.addresses(stack_id - 1)  # type: ignore[attr-defined]
 
     @property
     def lost(self) -> int:
