@@ -1,0 +1,485 @@
+/*
+ * fakecudart.c: a stand-in for NVIDIA's libcudart, for end-to-end tests without a GPU.
+ *
+ * Built by tests (tests/fakecuda.py) as `libcudart.so.12` (soname libcudart.so.12) with
+ *   gcc -O2 -g -shared -fPIC -fno-omit-frame-pointer -fcf-protection=none -fno-shrink-wrap
+ *       -fno-ipa-icf -fno-optimize-sibling-calls -Wl,-soname,libcudart.so.12
+ * so every exported function begins with `push %rbp` (a uprobe on it is emulated, not
+ * single-stepped) and no two exported functions share an address.
+ *
+ * Every function has the real CUDA signature and a deterministic result. Nothing touches
+ * memory except the documented out-parameters: the returned "pointers" are NOT backed by memory.
+ *
+ * Counters are process-wide, atomic, and start at 0 ("k" below is the value before the call):
+ *   device allocations  cudaMalloc, cudaMallocManaged, cudaMallocAsync, cudaMallocPitch
+ *                       *ptr = 0x7f0000000000 + k * 0x100000   (k counts successful calls only)
+ *   host allocations    cudaMallocHost, cudaHostAlloc
+ *                       *ptr = 0x7e0000000000 + k * 0x100000
+ *   streams             cudaStreamCreate, ...WithFlags, ...WithPriority   *stream = 0x5000 + k
+ *   events              cudaEventCreate, cudaEventCreateWithFlags          *event  = 0xe000 + k
+ *   graphs              cudaStreamEndCapture                               *graph  = 0x6000 + k
+ *   graph execs         cudaGraphInstantiate                               *exec   = 0x7000 + k
+ * The current device is per thread (as in CUDA) and starts at 0; there are 2 devices.
+ * Every non-zero result is also stored as the thread's last error (see cudaGetLastError).
+ *
+ * Results (first matching rule wins; otherwise 0 = cudaSuccess):
+ *   cudaMalloc(p, size)                  1 if p NULL; 2 if size > 1<<40 (*p untouched);
+ *                                        size 0: *p = NULL, 0, no counter used
+ *   cudaMallocManaged(p, size, flags)    1 if p NULL or flags not 1 (Global) / 2 (Host); then as cudaMalloc
+ *   cudaMallocAsync(p, size, stream)     as cudaMalloc
+ *   cudaMallocPitch(p, pitch, w, h)      1 if p or pitch NULL; 2 if pitch*h > 1<<40 (nothing
+ *                                        written); else *pitch = w rounded up to 512 and *p as
+ *                                        cudaMalloc(pitch*h) (NULL when pitch*h is 0)
+ *   cudaMallocHost(p, size)              1 if p NULL; 2 if size > 1<<40; else host pointer
+ *   cudaHostAlloc(p, size, flags)        1 if flags > 15; then as cudaMallocHost
+ *   cudaFree, cudaFreeHost, cudaFreeAsync   0 (freeing NULL is success, as in CUDA)
+ *   cudaMemcpy(dst, src, n, kind)        21 (InvalidMemcpyDirection) if kind > 4; copies nothing
+ *   cudaMemcpyAsync(..., stream)         as cudaMemcpy; cudaMemcpy_ptds, cudaMemcpyAsync_ptsz too
+ *   cudaMemcpy2D(dst, dp, src, sp, w, h, kind)   21 if kind > 4; 12 (InvalidPitchValue) if w > dp
+ *                                        or w > sp; cudaMemcpy2DAsync likewise
+ *   cudaMemcpyPeer(dst, dd, src, sd, n)  101 (InvalidDevice) if dd or sd not in [0, 2)
+ *   cudaMemset, cudaMemsetAsync(_ptsz)   0
+ *   cudaDeviceSynchronize, cudaDeviceReset   0
+ *   cudaGetDeviceCount(n)                1 if n NULL; *n = 2
+ *   cudaGetDevice(d)                     1 if d NULL; *d = current device of the thread
+ *   cudaSetDevice(d)                     101 if d < 0 or d >= 2; else sets the current device
+ *   cudaMemGetInfo(free, total)          1 if either NULL; *free = 76 GiB (81604378624),
+ *                                        *total = 80 GiB (85899345920)
+ *   cudaStreamCreate(s)                  1 if s NULL; *s = next stream handle
+ *   cudaStreamCreateWithFlags(s, f)      1 if s NULL or f > 1; *s = next stream handle
+ *   cudaStreamCreateWithPriority(s,f,p)  1 if s NULL or f > 1 or p not in [-5, 0]; *s = next handle
+ *   cudaStreamDestroy(s)                 400 (InvalidResourceHandle) if s NULL
+ *   cudaStreamSynchronize(s) (+_ptsz)    0
+ *   cudaStreamQuery(s)                   600 (NotReady) if the handle is odd, else 0
+ *   cudaStreamWaitEvent(s, e, flags)     400 if e NULL
+ *   cudaEventCreate(e)                   1 if e NULL; *e = next event handle
+ *   cudaEventCreateWithFlags(e, f)       1 if e NULL or f > 15; *e = next event handle
+ *   cudaEventRecord(e, s) (+_ptsz)       400 if e NULL
+ *   cudaEventSynchronize(e)              400 if e NULL
+ *   cudaEventQuery(e)                    400 if e NULL; 600 if the handle is odd; else 0
+ *   cudaEventDestroy(e)                  400 if e NULL
+ *   cudaEventElapsedTime(ms, a, b)       1 if ms NULL; 400 if a or b NULL; *ms = 1.5f
+ *   cudaLaunchKernel(f, grid, block, args, smem, stream) (+_ptsz), cudaLaunchCooperativeKernel
+ *                                        98 (InvalidDeviceFunction) if f NULL; 9 (InvalidConfiguration)
+ *                                        if any grid/block dimension is 0 or x*y*z of block > 1024
+ *   cudaLaunchKernelExC(config, f, args) 1 if config NULL; then as cudaLaunchKernel with the
+ *                                        config's gridDim/blockDim
+ *   cudaStreamBeginCapture(s, mode)      1 if mode > 2
+ *   cudaStreamEndCapture(s, g)           1 if g NULL; *g = next graph handle
+ *   cudaGraphInstantiate(x, g, flags)    1 if x or g NULL; *x = next exec handle
+ *   cudaGraphLaunch(x, s)                400 if x NULL
+ *   cudaGetLastError()                   the thread's last error, then resets it to 0
+ *   cudaPeekAtLastError()                the thread's last error, without resetting it
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+/* A tail call (`jmp helper`) or shrink-wrapping would skip or delay the exported function's frame
+ * setup, and identical-code folding could merge variants: forbid them here,
+ * so the file gives `push %rbp` entries even when built without the flags above. */
+#pragma GCC optimize("no-optimize-sibling-calls", "no-shrink-wrap", "no-ipa-icf")
+
+#define EXPORT __attribute__((visibility("default")))
+#define HELPER static __attribute__((noinline))
+
+typedef int cudaError_t;
+typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
+typedef void *cudaGraph_t;
+typedef void *cudaGraphExec_t;
+typedef int cudaMemcpyKind;                 /* enum cudaMemcpyKind: 4 bytes */
+typedef int cudaStreamCaptureMode;          /* enum cudaStreamCaptureMode: 4 bytes */
+
+typedef struct dim3 { unsigned int x, y, z; } dim3;
+
+typedef struct cudaLaunchAttribute_st cudaLaunchAttribute;   /* opaque here */
+
+/* Layout of CUDA 12/13 `struct cudaLaunchConfig_st` (56 bytes). */
+typedef struct cudaLaunchConfig_st {
+    dim3 gridDim;                 /* offset 0 */
+    dim3 blockDim;                /* offset 12 */
+    size_t dynamicSmemBytes;      /* offset 24 */
+    cudaStream_t stream;          /* offset 32 */
+    cudaLaunchAttribute *attrs;   /* offset 40 */
+    unsigned int numAttrs;        /* offset 48 */
+} cudaLaunchConfig_t;
+
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidPitchValue = 12,
+    cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+};
+
+#define DEVICE_BASE 0x7f0000000000ULL
+#define HOST_BASE 0x7e0000000000ULL
+#define ALLOC_STRIDE 0x100000ULL
+#define STREAM_BASE 0x5000ULL
+#define EVENT_BASE 0xe000ULL
+#define GRAPH_BASE 0x6000ULL
+#define EXEC_BASE 0x7000ULL
+#define MAX_ALLOC (1ULL << 40)
+#define DEVICE_COUNT 2
+#define PITCH_ALIGN 512
+
+static unsigned long long device_allocs, host_allocs, streams, events, graphs, execs;
+static __thread int current_device;
+static __thread cudaError_t last_error;
+
+/* Records a failure as the thread's last error (as CUDA does) and returns it. */
+HELPER cudaError_t result(cudaError_t code) {
+    if (code != cudaSuccess)
+        last_error = code;
+    return code;
+}
+
+static void *next_handle(unsigned long long *counter, unsigned long long base,
+                         unsigned long long stride) {
+    return (void *)(uintptr_t)(base + __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED) * stride);
+}
+
+HELPER cudaError_t device_alloc(void **ptr, size_t size) {
+    if (ptr == NULL)
+        return result(cudaErrorInvalidValue);
+    if (size > MAX_ALLOC)
+        return result(cudaErrorMemoryAllocation);
+    *ptr = size == 0 ? NULL : next_handle(&device_allocs, DEVICE_BASE, ALLOC_STRIDE);
+    return cudaSuccess;
+}
+
+HELPER cudaError_t host_alloc(void **ptr, size_t size) {
+    if (ptr == NULL)
+        return result(cudaErrorInvalidValue);
+    if (size > MAX_ALLOC)
+        return result(cudaErrorMemoryAllocation);
+    *ptr = next_handle(&host_allocs, HOST_BASE, ALLOC_STRIDE);
+    return cudaSuccess;
+}
+
+HELPER cudaError_t new_handle(void **out, unsigned long long *counter, unsigned long long base) {
+    if (out == NULL)
+        return result(cudaErrorInvalidValue);
+    *out = next_handle(counter, base, 1);
+    return cudaSuccess;
+}
+
+HELPER cudaError_t need_handle(const void *handle) {
+    return result(handle == NULL ? cudaErrorInvalidResourceHandle : cudaSuccess);
+}
+
+HELPER cudaError_t copy(cudaMemcpyKind kind, int variant) {
+    (void)variant;   /* keeps the per-variant callers from being merged into one */
+    return result(kind < 0 || kind > 4 ? cudaErrorInvalidMemcpyDirection : cudaSuccess);
+}
+
+HELPER cudaError_t launch(const void *func, dim3 grid, dim3 block, int variant) {
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    (void)variant;
+    if (func == NULL)
+        return result(cudaErrorInvalidDeviceFunction);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024)
+        return result(cudaErrorInvalidConfiguration);
+    return cudaSuccess;
+}
+
+HELPER cudaError_t no_op(int variant) {
+    (void)variant;
+    return cudaSuccess;
+}
+
+static int valid_device(int device) { return device >= 0 && device < DEVICE_COUNT; }
+
+/* ---- memory ---- */
+
+EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size) { return device_alloc(devPtr, size); }
+
+EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+    if (devPtr == NULL || (flags != 1 && flags != 2))
+        return result(cudaErrorInvalidValue);
+    return device_alloc(devPtr, size);
+}
+
+EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t stream) {
+    (void)stream;
+    return device_alloc(devPtr, size);
+}
+
+EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height) {
+    size_t rounded = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    if (devPtr == NULL || pitch == NULL)
+        return result(cudaErrorInvalidValue);
+    if (height != 0 && rounded > MAX_ALLOC / height)
+        return result(cudaErrorMemoryAllocation);
+    *pitch = rounded;
+    return device_alloc(devPtr, rounded * height);
+}
+
+EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size) { return host_alloc(ptr, size); }
+
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+    if (flags > 15)
+        return result(cudaErrorInvalidValue);
+    return host_alloc(pHost, size);
+}
+
+EXPORT cudaError_t cudaFree(void *devPtr) { (void)devPtr; return no_op(1); }
+EXPORT cudaError_t cudaFreeHost(void *ptr) { (void)ptr; return no_op(2); }
+
+EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
+    (void)devPtr; (void)stream;
+    return no_op(3);
+}
+
+EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
+    (void)dst; (void)src; (void)count;
+    return copy(kind, 1);
+}
+
+EXPORT cudaError_t cudaMemcpy_ptds(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
+    (void)dst; (void)src; (void)count;
+    return copy(kind, 2);
+}
+
+EXPORT cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
+                                   cudaStream_t stream) {
+    (void)dst; (void)src; (void)count; (void)stream;
+    return copy(kind, 3);
+}
+
+EXPORT cudaError_t cudaMemcpyAsync_ptsz(void *dst, const void *src, size_t count,
+                                        cudaMemcpyKind kind, cudaStream_t stream) {
+    (void)dst; (void)src; (void)count; (void)stream;
+    return copy(kind, 4);
+}
+
+HELPER cudaError_t copy_2d(size_t dpitch, size_t spitch, size_t width, cudaMemcpyKind kind) {
+    if (kind < 0 || kind > 4)
+        return result(cudaErrorInvalidMemcpyDirection);
+    if (width > dpitch || width > spitch)
+        return result(cudaErrorInvalidPitchValue);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                size_t width, size_t height, cudaMemcpyKind kind) {
+    (void)dst; (void)src; (void)height;
+    return copy_2d(dpitch, spitch, width, kind);
+}
+
+EXPORT cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                     size_t width, size_t height, cudaMemcpyKind kind,
+                                     cudaStream_t stream) {
+    (void)dst; (void)src; (void)height; (void)stream;
+    return copy_2d(dpitch, spitch, width, kind);
+}
+
+EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
+                                  size_t count) {
+    (void)dst; (void)src; (void)count;
+    if (!valid_device(dstDevice) || !valid_device(srcDevice))
+        return result(cudaErrorInvalidDevice);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
+    (void)devPtr; (void)value; (void)count;
+    return no_op(4);
+}
+
+EXPORT cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream) {
+    (void)devPtr; (void)value; (void)count; (void)stream;
+    return no_op(5);
+}
+
+EXPORT cudaError_t cudaMemsetAsync_ptsz(void *devPtr, int value, size_t count,
+                                        cudaStream_t stream) {
+    (void)devPtr; (void)value; (void)count; (void)stream;
+    return no_op(6);
+}
+
+EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total) {
+    if (free == NULL || total == NULL)
+        return result(cudaErrorInvalidValue);
+    *free = 76ULL << 30;
+    *total = 80ULL << 30;
+    return cudaSuccess;
+}
+
+/* ---- devices ---- */
+
+EXPORT cudaError_t cudaGetDeviceCount(int *count) {
+    if (count == NULL)
+        return result(cudaErrorInvalidValue);
+    *count = DEVICE_COUNT;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGetDevice(int *device) {
+    if (device == NULL)
+        return result(cudaErrorInvalidValue);
+    *device = current_device;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaSetDevice(int device) {
+    if (!valid_device(device))
+        return result(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaDeviceSynchronize(void) { return no_op(7); }
+EXPORT cudaError_t cudaDeviceReset(void) { return no_op(8); }
+
+/* ---- streams ---- */
+
+EXPORT cudaError_t cudaStreamCreate(cudaStream_t *pStream) {
+    return new_handle(pStream, &streams, STREAM_BASE);
+}
+
+EXPORT cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags) {
+    if (flags > 1)
+        return result(cudaErrorInvalidValue);
+    return new_handle(pStream, &streams, STREAM_BASE);
+}
+
+EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags,
+                                                int priority) {
+    if (flags > 1 || priority < -5 || priority > 0)
+        return result(cudaErrorInvalidValue);
+    return new_handle(pStream, &streams, STREAM_BASE);
+}
+
+EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) { return need_handle(stream); }
+
+EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) { (void)stream; return no_op(9); }
+
+EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
+    (void)stream;
+    return no_op(10);
+}
+
+EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    return result(((uintptr_t)stream & 1) ? cudaErrorNotReady : cudaSuccess);
+}
+
+EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    (void)stream; (void)flags;
+    return need_handle(event);
+}
+
+/* ---- events ---- */
+
+EXPORT cudaError_t cudaEventCreate(cudaEvent_t *event) {
+    return new_handle(event, &events, EVENT_BASE);
+}
+
+EXPORT cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    if (flags > 15)
+        return result(cudaErrorInvalidValue);
+    return new_handle(event, &events, EVENT_BASE);
+}
+
+HELPER cudaError_t record(cudaEvent_t event, int variant) {
+    (void)variant;
+    return need_handle(event);
+}
+
+EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    (void)stream;
+    return record(event, 1);
+}
+
+EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
+    (void)stream;
+    return record(event, 2);
+}
+
+EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) { return need_handle(event); }
+
+EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
+    if (event == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    return result(((uintptr_t)event & 1) ? cudaErrorNotReady : cudaSuccess);
+}
+
+EXPORT cudaError_t cudaEventDestroy(cudaEvent_t event) { return need_handle(event); }
+
+EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    if (ms == NULL)
+        return result(cudaErrorInvalidValue);
+    if (start == NULL || end == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    *ms = 1.5f;
+    return cudaSuccess;
+}
+
+/* ---- launches ---- */
+
+EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
+                                    size_t sharedMem, cudaStream_t stream) {
+    (void)args; (void)sharedMem; (void)stream;
+    return launch(func, gridDim, blockDim, 1);
+}
+
+EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim,
+                                         void **args, size_t sharedMem, cudaStream_t stream) {
+    (void)args; (void)sharedMem; (void)stream;
+    return launch(func, gridDim, blockDim, 2);
+}
+
+EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim,
+                                               void **args, size_t sharedMem,
+                                               cudaStream_t stream) {
+    (void)args; (void)sharedMem; (void)stream;
+    return launch(func, gridDim, blockDim, 3);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func,
+                                       void **args) {
+    (void)args;
+    if (config == NULL)
+        return result(cudaErrorInvalidValue);
+    return launch(func, config->gridDim, config->blockDim, 4);
+}
+
+/* ---- graphs ---- */
+
+EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    (void)stream;
+    return result(mode < 0 || mode > 2 ? cudaErrorInvalidValue : cudaSuccess);
+}
+
+EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
+    (void)stream;
+    return new_handle(pGraph, &graphs, GRAPH_BASE);
+}
+
+EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                        unsigned long long flags) {
+    (void)flags;
+    if (graph == NULL)
+        return result(cudaErrorInvalidValue);
+    return new_handle(pGraphExec, &execs, EXEC_BASE);
+}
+
+EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    (void)stream;
+    return need_handle(graphExec);
+}
+
+/* ---- errors ---- */
+
+EXPORT cudaError_t cudaGetLastError(void) {
+    cudaError_t error = last_error;
+    last_error = cudaSuccess;
+    return error;
+}
+
+EXPORT cudaError_t cudaPeekAtLastError(void) { return last_error; }
