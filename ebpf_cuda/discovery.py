@@ -118,7 +118,7 @@ def _segment_for_mapping(elf: ElfFile, mapping: Mapping, file_offset: int):
 def load_bias(pid: int, path: str) -> int:
     """The amount added to `path`'s virtual addresses in process `pid` (0 for non-PIE)."""
     real = os.path.realpath(path)
-    elf = open_elf(real)
+    elf = open_elf(real, allow_stripped=True)
     for mapping in _mapped_files(pid):
         if os.path.realpath(process_file_path(pid, mapping.path, mapping.inode)) != real \
                 and os.path.realpath(mapping.path) != real:
@@ -137,7 +137,7 @@ def address_to_file(pid: int, address: int) -> Tuple[str, int]:
             continue
         file_offset = address - mapping.start + mapping.offset
         path = process_file_path(pid, mapping.path, mapping.inode)
-        elf = open_elf(path)
+        elf = open_elf(path, allow_stripped=True)
         seg = _segment_for_mapping(elf, mapping, file_offset)
         if seg is None:
             raise ElfError("%s: file offset 0x%x lies in no loadable segment"

@@ -1,17 +1,20 @@
 """ELF symbols for uprobes: symbol -> file offset, address -> symbol, fast bulk symbol reads.
 
-pyelftools only locates the section and program headers and the dynamic section; the symbol
-tables themselves are read in bulk with `struct.iter_unpack`, because iterating 200k symbols
-through pyelftools takes seconds (libtorch_cuda.so) while a raw read takes a fraction of one.
+Headers, symbol tables and the dynamic section are read in bulk with `struct` (the Elf64
+layouts below): iterating libtorch_cuda.so's 211k symbols through pyelftools takes seconds and
+even opening it with pyelftools parses whole hash tables; a raw read takes a fraction of a
+second. pyelftools remains the reference the tests check these readings against.
 
-Every failure while reading a file (pyelftools, struct, I/O, a corrupted field) comes out as
-an `ElfError` (or a subclass), never as a raw exception.
+Every failure while reading a file (struct, I/O, a corrupted field) comes out as an
+`ElfError` (or a subclass), never as a raw exception.
 """
 import bisect
 import ctypes
 import ctypes.util
 import difflib
 import functools
+import gc
+import heapq
 import os
 import platform
 import stat
@@ -32,6 +35,14 @@ STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 SYM_FORMAT = "<IBBHQQ"  # Elf64_Sym: st_name st_info st_other st_shndx st_value st_size
 SYM_SIZE = struct.calcsize(SYM_FORMAT)
 EHDR_SIZE = 64
+PHDR_FORMAT = "<IIQQQQQQ"  # Elf64_Phdr: type flags offset vaddr paddr filesz memsz align
+PHDR_SIZE = struct.calcsize(PHDR_FORMAT)
+SHDR_FORMAT = "<IIQQQQIIQQ"  # Elf64_Shdr: name type flags addr offset size link info align entsize
+SHDR_SIZE = struct.calcsize(SHDR_FORMAT)
+SHT_SYMTAB, SHT_DYNAMIC, SHT_DYNSYM = 2, 6, 11
+DYN_FORMAT = "<qQ"  # Elf64_Dyn: d_tag d_val
+DYN_SIZE = struct.calcsize(DYN_FORMAT)
+DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
 
 # e_machine values by `platform.machine()` name.
 MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
@@ -108,9 +119,12 @@ class ElfFile:
         self.rpath: List[str] = []
         self.soname: Optional[str] = None
         self._symbol_sections: List[_SymbolSection] = []
-        self._by_name: Optional[Dict[str, FunctionSymbol]] = None
+        self._by_name: Optional[Dict[str, _Sym]] = None
+        # Address index for bisect: sorted starts, and per start its end and name.
         self._starts: List[int] = []
-        self._sorted: List[FunctionSymbol] = []
+        self._ends: List[int] = []
+        self._names: List[str] = []
+        self._indexed = False
         self._read_headers()
         if not allow_stripped:
             self._check_not_stripped()
@@ -169,57 +183,79 @@ class ElfFile:
             with open(self.path, "rb") as stream:
                 header = stream.read(EHDR_SIZE)
                 self._check_ident(header)
-                self._parse(stream)
+                self._parse(stream, header)
         except ElfError:
             raise
         except OSError as err:
             raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
-        except Exception as err:  # pyelftools raises many kinds on corrupted input
+        except Exception as err:  # corrupted fields: struct.error, IndexError, ...
             raise ElfError("%s is a corrupted ELF file (%s)" % (self.path, _describe(err))) \
                 from None
 
-    def _parse(self, stream) -> None:
-        from elftools.elf.elffile import ELFFile  # imported late: no import-time cost
+    def _parse(self, stream, header: bytes) -> None:
+        # The headers are parsed with struct, not pyelftools: pyelftools builds every section
+        # object (parsing whole GNU hash tables), which costs a third of a second on big files.
+        self.entry, phoff, shoff = struct.unpack_from("<QQQ", header, 24)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
+        if phnum and phentsize < PHDR_SIZE or shnum and shentsize < SHDR_SIZE:
+            raise ElfError("%s is a corrupted ELF file (header entries too small)" % self.path)
+        stream.seek(phoff)
+        table = stream.read(phentsize * phnum)
+        for i in range(phnum):
+            p_type, flags, offset, vaddr, _paddr, filesz, memsz, _align = \
+                struct.unpack_from(PHDR_FORMAT, table, i * phentsize)
+            if p_type == PT_LOAD:
+                self.segments.append(Segment(vaddr, offset, filesz, memsz, flags))
+        stream.seek(shoff)
+        table = stream.read(shentsize * shnum)
+        sections = [struct.unpack_from(SHDR_FORMAT, table, i * shentsize) for i in range(shnum)]
+        for index, section in enumerate(sections):
+            if section[1] in (SHT_SYMTAB, SHT_DYNSYM):
+                self._add_symbol_section(index, sections)
+            elif section[1] == SHT_DYNAMIC:
+                self._read_dynamic(stream, section, sections)
 
-        elf = ELFFile(stream)
-        self.entry = elf.header["e_entry"]
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_LOAD":
-                self.segments.append(Segment(seg["p_vaddr"], seg["p_offset"], seg["p_filesz"],
-                                             seg["p_memsz"], seg["p_flags"]))
-        sections = list(elf.iter_sections())
-        for section in sections:
-            if section["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM"):
-                self._add_symbol_section(section, sections)
-            elif section["sh_type"] == "SHT_DYNAMIC":
-                self._read_dynamic(section)
+    def _section_bytes_in_file(self, section: Tuple[int, ...], what: str) -> None:
+        _name, sh_type, _flags, _addr, offset, size = section[:6]
+        if sh_type != SHT_NOBITS and offset + size > self.size:
+            raise ElfError("%s is truncated (its %s runs past the end of the file)"
+                           % (self.path, what))
 
-    def _add_symbol_section(self, section, sections) -> None:
-        link = section["sh_link"]
+    def _linked_strings(self, section: Tuple[int, ...], sections, what: str):
+        link = section[6]
         if not 0 < link < len(sections):
-            raise ElfError("%s: symbol table %s links to no string table"
-                           % (self.path, section.name))
+            raise ElfError("%s: its %s links to no string table" % (self.path, what))
         strtab = sections[link]
-        for part in (section, strtab):
-            if part["sh_type"] != "SHT_NOBITS" and \
-                    part["sh_offset"] + part["sh_size"] > self.size:
-                raise ElfError("%s is truncated (section %s runs past the end of the file)"
-                               % (self.path, part.name))
-        self._symbol_sections.append(_SymbolSection(
-            section.name, section["sh_offset"], section["sh_size"],
-            section["sh_entsize"] or SYM_SIZE, strtab["sh_offset"], strtab["sh_size"]))
+        self._section_bytes_in_file(section, what)
+        self._section_bytes_in_file(strtab, "string table of its " + what)
+        return strtab
 
-    def _read_dynamic(self, section) -> None:
-        for tag in section.iter_tags():
-            kind = tag.entry.d_tag
-            if kind == "DT_NEEDED":
-                self.needed.append(tag.needed)
-            elif kind == "DT_RUNPATH":
-                self.runpath.extend(p for p in tag.runpath.split(":") if p)
-            elif kind == "DT_RPATH":
-                self.rpath.extend(p for p in tag.rpath.split(":") if p)
-            elif kind == "DT_SONAME":
-                self.soname = tag.soname
+    def _add_symbol_section(self, index: int, sections) -> None:
+        section = sections[index]
+        kind = ".symtab" if section[1] == SHT_SYMTAB else ".dynsym"
+        strtab = self._linked_strings(section, sections, kind)
+        self._symbol_sections.append(_SymbolSection(
+            kind, section[4], section[5], section[9] or SYM_SIZE, strtab[4], strtab[5]))
+
+    def _read_dynamic(self, stream, section, sections) -> None:
+        strtab = self._linked_strings(section, sections, "dynamic section")
+        stream.seek(section[4])
+        data = stream.read(section[5] - section[5] % DYN_SIZE)
+        stream.seek(strtab[4])
+        strings = stream.read(strtab[5])
+        for tag, value in struct.iter_unpack(DYN_FORMAT, data):
+            if tag == DT_NULL:
+                break
+            if tag not in (DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH):
+                continue
+            text = _c_string(strings, value)
+            if tag == DT_NEEDED:
+                self.needed.append(text)
+            elif tag == DT_SONAME:
+                self.soname = text
+            else:
+                paths = self.rpath if tag == DT_RPATH else self.runpath
+                paths.extend(p for p in text.split(":") if p)
 
     def _check_not_stripped(self) -> None:
         names = [s.name for s in self._symbol_sections]
@@ -241,8 +277,10 @@ class ElfFile:
         """True when the full (non-dynamic) symbol table is present."""
         return any(s.name == ".symtab" for s in self._symbol_sections)
 
-    def _load_symbols(self) -> Dict[str, FunctionSymbol]:
+    def _load_symbols(self) -> Dict[str, "_Sym"]:
         if self._by_name is None:
+            gc_was_enabled = gc.isenabled()
+            gc.disable()  # hundreds of thousands of tuples: collections would double the time
             try:
                 self._by_name = self._read_all_functions()
             except ElfError:
@@ -251,45 +289,61 @@ class ElfFile:
                 raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
                     from None
             except Exception as err:
+                self._by_name = None
                 raise ElfError("%s has a corrupted symbol table (%s)"
                                % (self.path, _describe(err))) from None
-            self._build_address_index()
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
         return self._by_name
 
-    def _read_all_functions(self) -> Dict[str, FunctionSymbol]:
-        by_name: Dict[str, FunctionSymbol] = {}
+    def _read_all_functions(self) -> Dict[str, "_Sym"]:
+        # .symtab, where present, already holds every .dynsym function (the linker writes
+        # both) plus the local ones; reading .dynsym too would double the cost for nothing.
+        tables = [s for s in self._symbol_sections if s.name == ".symtab"] or \
+            self._symbol_sections
+        by_name: Dict[str, _Sym] = {}
         with open(self.path, "rb") as stream:
-            for section in self._symbol_sections:
-                for sym in read_function_symbols(stream, section.offset, section.size,
-                                                 section.entsize, section.str_offset,
-                                                 section.str_size):
-                    known = by_name.get(sym.name)
-                    if known is None or _bind_rank(sym.bind) < _bind_rank(known.bind):
-                        by_name[sym.name] = sym
+            for section in tables:
+                _merge_preferring_global(by_name, read_function_symbols(
+                    stream, section.offset, section.size, section.entsize,
+                    section.str_offset, section.str_size))
         return by_name
 
     def _build_address_index(self) -> None:
-        # One symbol per address (prefer global names over local aliases), sorted for bisect.
-        by_address: Dict[int, FunctionSymbol] = {}
-        for sym in self._by_name.values():
-            known = by_address.get(sym.value)
-            if known is None or (_bind_rank(sym.bind), -sym.size, sym.name) < \
-                    (_bind_rank(known.bind), -known.size, known.name):
-                by_address[sym.value] = sym
-        self._sorted = sorted(by_address.values(), key=lambda s: s.value)
-        self._starts = [s.value for s in self._sorted]
+        # Sorted by address (sorting on the bare address is 3x faster than on tuples); among
+        # aliases at one address the preferred one (global, then longest) is moved last,
+        # which is the one bisect_right lands on.
+        items = sorted(self._load_symbols().items(), key=_address_of)
+        starts = [sym[0] for _, sym in items]
+        for i in range(1, len(items)):
+            if starts[i] == starts[i - 1] and _alias_rank(items[i - 1]) < _alias_rank(items[i]):
+                items[i - 1], items[i] = items[i], items[i - 1]
+        self._starts = starts
+        self._ends = [sym[0] + sym[1] for _, sym in items]
+        self._names = [name for name, _ in items]
+        self._indexed = True
 
     # ---- public queries --------------------------------------------------------------
 
     def function_symbols(self) -> Dict[str, FunctionSymbol]:
         """All defined function symbols by base name (global definitions win over local)."""
-        return dict(self._load_symbols())
+        return {name: FunctionSymbol(name, *sym) for name, sym in self._load_symbols().items()}
+
+    def function_names(self) -> List[str]:
+        """Names of all defined functions (cheap: no per-symbol objects are made)."""
+        return list(self._load_symbols())
+
+    def symbol(self, name: str) -> Optional[FunctionSymbol]:
+        """The definition of function `name` (any `@version` ignored), or None."""
+        sym = self._load_symbols().get(base_name(name))
+        return None if sym is None else FunctionSymbol(base_name(name), *sym)
 
     def functions(self) -> Dict[str, int]:
         """Every defined function mapped to its uprobe file offset (skips unmapped ones)."""
         result = {}
         for name, sym in self._load_symbols().items():
-            offset = self.vaddr_to_offset(sym.value)
+            offset = self.vaddr_to_offset(sym[0])
             if offset is not None:
                 result[name] = offset
         return result
@@ -318,11 +372,11 @@ class ElfFile:
         table = self._load_symbols()
         sym = table.get(base_name(name))
         if sym is None:
-            suggestions = difflib.get_close_matches(base_name(name), table.keys(), n=5)
+            suggestions = suggest(base_name(name), table.keys())
             hint = " (did you mean %s?)" % ", ".join(suggestions) if suggestions else ""
             raise SymbolNotFoundError("function %s is not defined in %s%s"
                                       % (name, self.path, hint), suggestions)
-        return sym.value
+        return sym[0]
 
     def symbol_offset(self, name: str) -> int:
         """The file offset at which to place a uprobe on function `name`."""
@@ -349,13 +403,13 @@ class ElfFile:
 
     def symbolize(self, vaddr: int) -> Optional[str]:
         """The function whose [value, value + size) holds `vaddr` (or starts at it), else None."""
-        self._load_symbols()
+        if not self._indexed:
+            self._build_address_index()
         index = bisect.bisect_right(self._starts, vaddr) - 1
         if index < 0:
             return None
-        sym = self._sorted[index]
-        if sym.value == vaddr or vaddr < sym.value + sym.size:
-            return sym.name
+        if self._starts[index] == vaddr or vaddr < self._ends[index]:
+            return self._names[index]
         return None
 
     def symbolize_offset(self, offset: int) -> Optional[str]:
@@ -377,25 +431,82 @@ class ElfFile:
             raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
 
 
+_Sym = Tuple[int, int, int]  # value, size, bind
+_FUNCTION_TYPES = bytes(1 if i & 0xF == STT_FUNC else 0 for i in range(256))
+
+
 def read_function_symbols(stream, offset: int, size: int, entsize: int, str_offset: int,
-                          str_size: int) -> List[FunctionSymbol]:
-    """Defined function symbols of one symbol table, read in bulk from `stream`."""
+                          str_size: int) -> List[Tuple[str, int, int, int]]:
+    """(base name, value, size, bind) of each defined function of one symbol table, read in
+    bulk from `stream`: one read per table, one struct pass, names sliced from the table."""
     if entsize != SYM_SIZE:
         raise ElfError("symbol entries are %d bytes, expected %d" % (entsize, SYM_SIZE))
     stream.seek(offset)
     data = stream.read(size - size % SYM_SIZE)
     stream.seek(str_offset)
-    strings = stream.read(str_size)
+    raw_strings = stream.read(str_size)
+    # An ASCII table (the normal case) is decoded once; names are then sliced as str.
+    ascii_only = raw_strings.isascii()
+    strings = raw_strings.decode("ascii") if ascii_only else raw_strings
+    versioned = (b"@" in raw_strings)
+    limit = len(strings)
+    find = strings.find
+    nul = "\0" if ascii_only else b"\0"
     result = []
+    append = result.append
     for st_name, st_info, _other, shndx, value, sym_size in struct.iter_unpack(SYM_FORMAT, data):
-        if st_info & 0xF != STT_FUNC or shndx == SHN_UNDEF or st_name >= len(strings):
+        if not _FUNCTION_TYPES[st_info] or shndx == SHN_UNDEF or st_name >= limit:
             continue
-        end = strings.find(b"\0", st_name)
-        raw = strings[st_name:end if end >= 0 else len(strings)]
-        if raw:
-            name = base_name(raw.decode("utf-8", "replace"))
-            result.append(FunctionSymbol(name, value, sym_size, st_info >> 4))
+        end = find(nul, st_name)
+        name = strings[st_name:end if end >= 0 else limit]
+        if not ascii_only:
+            name = name.decode("utf-8", "replace")
+        if versioned:
+            name = name.split("@", 1)[0]
+        if name:
+            append((name, value, sym_size, st_info >> 4))
     return result
+
+
+def suggest(name: str, names: Iterable[str], count: int = 5) -> List[str]:
+    """The names closest to `name` (difflib), for "did you mean" hints.
+
+    difflib over 200k similar C++ names takes seconds, so it only ranks the 2000 names that
+    share the longest prefix or suffix with `name`.
+    """
+    pool = list(names)
+    if len(pool) > 2000:
+        reverse = name[::-1]
+        common = os.path.commonprefix
+        pool = heapq.nlargest(2000, pool, key=lambda n: max(len(common((name, n))),
+                                                            len(common((reverse, n[::-1])))))
+    return difflib.get_close_matches(name, pool, n=count)
+
+
+def _address_of(item: Tuple[str, _Sym]) -> int:
+    return item[1][0]
+
+
+def _alias_rank(item: Tuple[str, _Sym]) -> Tuple[int, int]:
+    """Larger is preferred among aliases: global over weak over local, then longer (ties keep
+    symbol-table order, the sort being stable)."""
+    _name, (_value, size, bind) = item
+    return (-_bind_rank(bind), size)
+
+
+def _merge_preferring_global(by_name: Dict[str, _Sym], symbols) -> None:
+    get = by_name.get
+    for name, value, size, bind in symbols:
+        known = get(name)
+        if known is None or (bind != known[2] and _bind_rank(bind) < _bind_rank(known[2])):
+            by_name[name] = (value, size, bind)
+
+
+def _c_string(strings: bytes, offset: int) -> str:
+    if not 0 <= offset < len(strings):
+        raise ElfError("string offset %d lies outside its string table" % offset)
+    end = strings.find(b"\0", offset)
+    return strings[offset:end if end >= 0 else len(strings)].decode("utf-8", "replace")
 
 
 def _describe(err: BaseException) -> str:
