@@ -59,7 +59,15 @@ def _log(verbose: int):
               help="Library or executable to probe (repeatable). Default: found automatically.")
 @click.option("-d", "--pid", type=int, help="Trace only this process (filtered in the kernel).")
 @click.option("--functions", metavar="NAME,...",
-              help="Functions to trace, by name or glob (default: all in the table).")
+              help="Functions to trace, by name or glob (default: the default set).")
+@click.option("--all", "everything", is_flag=True,
+              help="Trace every function of the table, also the chatty ones left out by "
+                   "default (cudaGetDevice, cudaGetLastError, ...).")
+@click.option("--api", type=click.Choice(["runtime", "driver", "all"]), default="all",
+              show_default=True, help="Which layer to trace.")
+@click.option("--no-follow", is_flag=True,
+              help="With a command: trace only its own process (filtered in the kernel), "
+                   "not the processes it starts.")
 @click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
 @click.option("--ring-size", default=str(DEFAULT_RING_SIZE), show_default=True,
@@ -69,17 +77,20 @@ def _log(verbose: int):
 @click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
-          pid: Optional[int], functions: Optional[str], as_json: bool, output: Optional[str],
+          pid: Optional[int], functions: Optional[str], everything: bool, api: str,
+          no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: str, entries: bool, list_functions: bool, command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
-        for api in apis.TABLE:
-            click.echo("%-32s %s" % (api.name, api.library))
+        for row in apis.TABLE:
+            click.echo("%-32s %-8s %s" % (row.name, row.library,
+                                          "default" if row.default else "with --all"))
         return
     if no_returns and entries:
         raise UsageError("--entries needs return probes; it cannot go with -r")
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
-                    command=list(command), return_probes=not no_returns, entries=entries,
+                    command=list(command), api=api, everything=everything,
+                    follow_children=not no_follow, return_probes=not no_returns, entries=entries,
                     ring_size=parse_size(ring_size), log=_log(verbose))
     sinks = _event_sinks(output, as_json, no_timestamps)
     with tracer:

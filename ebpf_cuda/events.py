@@ -8,7 +8,7 @@ Field names are the JSON keys (see `Event.to_json`).
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import record
 from .apis import TABLE, Api, Kind, arg_cells
@@ -59,6 +59,30 @@ def _jsonable(values: Dict[str, Any]) -> Dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
+LAUNCH_CONFIG_FIELDS = {"grid": Kind.DIM3, "block": Kind.DIM3, "smem": Kind.U64,
+                        "stream": Kind.HANDLE}
+
+
+def field_kinds(api: Api) -> Dict[str, str]:
+    """Kind of every named value an event of `api` can carry (arguments, out-parameters)."""
+    kinds: Dict[str, str] = {}
+    for arg in api.args:
+        if arg.kind == Kind.LAUNCH_CONFIG:
+            kinds.update(LAUNCH_CONFIG_FIELDS)
+        else:
+            kinds[arg.name] = arg.kind
+    kinds.update((out.name, out.kind) for out in api.outs)
+    return kinds
+
+
+def decode_launch_config(cells: Sequence[int]) -> Dict[str, Any]:
+    """grid, block, smem and stream from a launch configuration's five cells (six u32
+    dimensions, shared memory bytes, stream), as cudaLaunchKernelExC/cuLaunchKernelEx get it."""
+    dims = [cells[i // 2] >> (32 * (i % 2)) & 0xFFFFFFFF for i in range(6)]
+    return {"grid": tuple(dims[:3]), "block": tuple(dims[3:]), "smem": cells[3] & 0xFFFFFFFF,
+            "stream": cells[4]}
+
+
 def decode_value(kind: str, cells: Sequence[int]) -> Any:
     """The Python value of an argument or out-parameter from its u64 cell(s)."""
     raw = cells[0]
@@ -83,9 +107,16 @@ class _RowDecoder:
         self.api = api
         self.args = [(arg.name, arg.kind, cell) for arg, cell in arg_cells(api) if arg.show]
         self.outs = [(out.name, out.kind) for out in api.outs]
+        self.learns = api.learn_name is not None
 
     def decode_args(self, cells: Sequence[int]) -> Dict[str, Any]:
-        return {name: decode_value(kind, cells[cell:cell + 2]) for name, kind, cell in self.args}
+        args: Dict[str, Any] = {}
+        for name, kind, cell in self.args:
+            if kind == Kind.LAUNCH_CONFIG:
+                args.update(decode_launch_config(cells[cell:cell + 5]))
+            else:
+                args[name] = decode_value(kind, cells[cell:cell + 2])
+        return args
 
     def decode_outs(self, cells: Sequence[int], ret: int, flags: int) -> Tuple[dict, tuple]:
         if ret != 0 or not self.outs:
@@ -104,11 +135,16 @@ class Decoder:
     CLOCK_MONOTONIC, measured once when tracing starts."""
 
     def __init__(self, table: Sequence[Api] = TABLE,
-                 clock_offset_ns: Optional[int] = None) -> None:
+                 clock_offset_ns: Optional[int] = None,
+                 names: Optional[Callable[[int, int], Optional[str]]] = None) -> None:
         if clock_offset_ns is None:
             clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.clock_offset_ns = clock_offset_ns
         self.rows = [_RowDecoder(api) for api in table]
+        self.names = names  # (pid, handle) -> name the probes learned (the `names` map)
+        # (pid, function or kernel handle) -> kernel name, from cuModuleGetFunction,
+        # cuLibraryGetKernel, cuKernelGetFunction and cuFuncGetName events.
+        self.handle_names: Dict[Tuple[int, int], str] = {}
         self._comms: Dict[bytes, str] = {}
 
     def _comm(self, raw: bytes) -> str:
@@ -143,7 +179,25 @@ class Decoder:
         if phase == record.PHASE_CALL:
             ret = fields[9 + record.ARG_CELLS] & 0xFFFFFFFF
             outs, faults = row.decode_outs(fields[10 + record.ARG_CELLS:], ret, flags)
+            if ret == 0 and (row.learns or name == "cuKernelGetFunction"):
+                self._learn(row.api, pid, args, outs)
             yield Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, name, EXIT, args,
                         ret, error_name(ret, row.api.driver), ts_exit - ts_enter, outs, faults,
                         stack_id)
 
+    def _learn(self, api: Api, pid: int, args: Dict[str, Any], outs: Dict[str, Any]) -> None:
+        """Remember which kernel name a handle stands for (and show it as out `name`)."""
+        if api.learn_name is not None:
+            handle = outs.get(api.learn_name[0], args.get(api.learn_name[0]))
+            name = self.names(pid, handle) if self.names and handle is not None else None
+            if name:
+                outs["name"] = name
+                self.handle_names[(pid, handle)] = name
+        elif "function" in outs:  # cuKernelGetFunction: the function runs that kernel
+            name = self.handle_names.get((pid, args["kernel"]))
+            if name:
+                self.handle_names[(pid, outs["function"])] = name
+
+    def handle_name(self, pid: int, handle: int) -> Optional[str]:
+        """The kernel name of a CUfunction/CUkernel handle of process `pid`, if learned."""
+        return self.handle_names.get((pid, handle))

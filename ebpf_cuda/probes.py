@@ -21,6 +21,10 @@ EVENTS_MAP = "events"
 INFLIGHT_MAP = "inflight"
 STATS_MAP = "stats"
 STACKS_MAP = "stacks"
+NAMES_MAP = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
+SCRATCH_MAP = "scratch"  # per-CPU room to build a names entry (too big for the stack)
+NAME_KEY_SIZE = 16
+NAME_SIZE = 256
 BPF_F_USER_STACK = 1 << 8
 
 _KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
@@ -78,6 +82,8 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
             prog.append(asm.st(DW, R8, record.ARGS + 8 * cell, 0))
     prog += [asm.ldx(DW, R1, R6, arch.ret), asm.stx(DW, R8, record.RET, R1)]
     prog += _read_outs(api, arch)
+    if api.learn_name:
+        prog += _learn_name(api, arch)
     prog += [
         asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
         asm.call(Helper.MAP_DELETE_ELEM),
@@ -144,7 +150,12 @@ def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
     prog: Items = []
     stack_runs: List[Tuple[int, int, int]] = []  # (first stack slot, first cell, count)
     used = 0
+    derefs: List[Tuple[int, int, int]] = []  # (register slot, first cell, bytes)
     for arg, first in arg_cells(api):
+        if arg.deref:
+            derefs.append((arg.slot, first, arg.deref))
+            used = max(used, first + arg.cells)
+            continue
         for c in range(arg.cells):
             slot, cell = arg.slot + c, first + c
             used = max(used, cell + 1)
@@ -163,6 +174,14 @@ def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
         prog += [
             asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, 8 * n),
             asm.ldx(DW, R3, ctx, arch.sp), asm.add(R3, arch.stack_arg(k)),
+            asm.call(Helper.PROBE_READ_USER),
+        ]
+    for slot, cell, size in derefs:
+        # A struct behind a pointer argument (e.g. a launch configuration); a bad pointer
+        # leaves the cells zeroed by the helper.
+        prog += [
+            asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, size),
+            asm.ldx(DW, R3, ctx, arch.arg(slot)),
             asm.call(Helper.PROBE_READ_USER),
         ]
     return prog
@@ -185,6 +204,41 @@ def _read_outs(api: Api, arch: Arch) -> Items:
             ]
         prog.append(asm.Label("outs_done"))
     return prog + [asm.stx(B, R8, record.FLAGS, R9)]
+
+
+def _field_offset(api: Api, name: str) -> int:
+    """Offset in the record of the argument or out-parameter called `name`."""
+    for j, out in enumerate(api.outs):
+        if out.name == name:
+            return record.OUTS + 8 * j
+    for arg, cell in arg_cells(api):
+        if arg.name == name:
+            return record.ARGS + 8 * cell
+    raise ValueError("%s has no field %r" % (api.name, name))
+
+
+def _learn_name(api: Api, arch: Arch) -> Items:
+    """On success, names[(pid, handle)] = the string the name field points to."""
+    assert api.learn_name is not None
+    handle, string = (_field_offset(api, f) for f in api.learn_name)
+    return [
+        asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "name_done"),
+        asm.st(W, FP, _STAT_KEY, 0),
+        asm.ld_map(R1, SCRATCH_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "name_done"),
+        asm.mov(R9, R0),
+        asm.ldx(DW, R1, R8, record.PID_TGID), asm.rsh(R1, 32), asm.stx(DW, R9, 0, R1),
+        asm.ldx(DW, R1, R8, handle), asm.stx(DW, R9, 8, R1),
+        asm.mov(R1, R9), asm.add(R1, NAME_KEY_SIZE), asm.mov(R2, NAME_SIZE),
+        asm.ldx(DW, R3, R8, string),
+        asm.call(Helper.PROBE_READ_USER_STR),
+        asm.jsle(R0, 0, "name_done"),
+        asm.ld_map(R1, NAMES_MAP), asm.mov(R2, R9), asm.mov(R3, R9),
+        asm.add(R3, NAME_KEY_SIZE), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.Label("name_done"),
+    ]
 
 
 def _reserve(fail_label: str) -> Items:

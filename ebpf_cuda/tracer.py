@@ -21,10 +21,12 @@ from .events import Decoder, Event
 from .maps import LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
+from .processes import ProcessTree
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
 DEFAULT_RING_SIZE = 8 << 20
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
+NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
 
@@ -53,8 +55,12 @@ class Tracer:
     """Traces CUDA calls of one process (`pid`), of a command it starts (`command`), or of
     every process using the probed files.
 
-    `functions`: glob patterns of function names (default: every row of the table);
+    `functions`: glob patterns of function names (default: the table's default set, or
+    every row with `everything`); `api`: "runtime", "driver" or "all" (both);
     `library`: files to probe (default: found from the pid, the command or the usual places);
+    `follow_children`: with a command, also trace the processes it starts (probes are then
+    attached for all processes and events outside the command's process tree are dropped);
+    without it the kernel filters on the command's PID.
     `return_probes=False` attaches entry probes only (enter events, no durations);
     `entries=True` also emits an enter record at entry (for calls that block for long);
     `stacks=True` captures the user call stack of memory calls (see `stack()`).
@@ -62,12 +68,19 @@ class Tracer:
 
     def __init__(self, functions: Optional[Sequence[str]] = None,
                  library: Optional[Sequence[str]] = None, pid: Optional[int] = None,
-                 command: Optional[Sequence[str]] = None, return_probes: bool = True,
+                 command: Optional[Sequence[str]] = None, api: str = "all",
+                 everything: bool = False, follow_children: bool = True,
+                 return_probes: bool = True,
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
                  stacks: bool = False, log: Optional[Callable[[str], None]] = None) -> None:
         if pid is not None and command:
             raise UsageError("give either a PID or a command, not both")
-        self.apis = _select(functions)
+        if api not in ("all", apis.RUNTIME, apis.DRIVER):
+            raise UsageError("--api must be runtime, driver or all, not %r" % api)
+        self.apis = _select(functions, api, everything)
+        self.api = api
+        self.follow_children = follow_children
+        self._tree: Optional[ProcessTree] = None
         self.library = list(library or [])
         self.pid = pid
         self.command = list(command or [])
@@ -108,7 +121,7 @@ class Tracer:
                 self._fork_command()
             self._attach_all()
             self._ring = RingBuffer(self._maps[probes.EVENTS_MAP].fd, self.ring_size)
-            self._decoder = Decoder(self.apis_table)
+            self._decoder = Decoder(self.apis_table, names=self._learned_name)
         except BaseException:
             self.close()
             raise
@@ -146,19 +159,40 @@ class Tracer:
     def _target_paths(self) -> List[str]:
         if self.library:
             return self.library
-        if self.pid is not None:
-            found = discovery.libraries_in_process(self.pid)
-            where = "process %d" % self.pid
-        elif self.command:
-            found = discovery.libraries_for_command(self.command)
-            where = "command %s" % self.command[0]
-        else:
-            found = discovery.find_library("libcudart")
-            where = "the usual places"
+        libraries = [kind for kind in (apis.RUNTIME, apis.DRIVER)
+                     if any(a.library == kind for a in self.apis)]
+        found: List[str] = []
+        for kind in libraries:
+            paths = self._find_library(kind)
+            if not paths:
+                self.log("no CUDA %s library found; %s calls are not traced" % (kind, kind))
+            found += [p for p in paths if p not in found]
         if not found:
-            raise TracerError("no CUDA runtime (libcudart) found in %s; name one with -p PATH"
-                              % where)
+            raise TracerError("no CUDA library (libcudart or libcuda) found for %s; name one "
+                              "with -p PATH" % self._where())
         return found
+
+    def _where(self) -> str:
+        if self.pid is not None:
+            return "process %d" % self.pid
+        if self.command:
+            return "command %s" % self.command[0]
+        return "this machine"
+
+    def _find_library(self, kind: str) -> List[str]:
+        """Runtime or driver library files for the target: those a process has mapped (else
+        those it would find: a probe on a file applies to every process mapping it later)."""
+        driver = kind == apis.DRIVER
+        if self.pid is not None:
+            found = (discovery.driver_libraries_in_process(self.pid) if driver
+                     else discovery.libraries_in_process(self.pid))
+            if found:
+                return found
+        elif self.command:
+            return (discovery.driver_library_for_command(self.command) if driver
+                    else discovery.libraries_for_command(self.command))
+        found = discovery.find_driver_library() if driver else discovery.find_library()
+        return found[:1] if driver else found
 
     def _create_maps(self) -> None:
         self._maps[probes.EVENTS_MAP] = RingBufMap(self.ring_size, name="events")
@@ -167,6 +201,10 @@ class Tracer:
             name="inflight")
         if self.stacks:
             self._maps[probes.STACKS_MAP] = StackTraceMap(STACK_ENTRIES, name="stacks")
+        self._maps[probes.NAMES_MAP] = LruHashMap(probes.NAME_KEY_SIZE, probes.NAME_SIZE,
+                                                  NAME_ENTRIES, name="names")
+        self._maps[probes.SCRATCH_MAP] = PerCpuArrayMap(
+            probes.NAME_KEY_SIZE + probes.NAME_SIZE, 1, name="scratch")
         self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
                                                          value_struct=struct.Struct("<Q"))
 
@@ -191,7 +229,9 @@ class Tracer:
                 self.programs[(api.name, retprobe)] = program.load()
 
     def _attach_all(self) -> None:
-        pid = self._child if self._child is not None else self.pid
+        pid = self.pid
+        if self._child is not None and not self.follow_children:
+            pid = self._child
         multi = uprobe_multi_supported()
         for target in self.targets:
             self.log("probing %s (%d functions%s)" % (
@@ -244,6 +284,8 @@ class Tracer:
                 os._exit(127)
         os.close(read_fd)
         self._child, self._release_fd = pid, write_fd
+        if self.follow_children:
+            self._tree = ProcessTree([pid])
 
     def run(self) -> None:
         """Let a held command run (once)."""
@@ -267,8 +309,11 @@ class Tracer:
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Events until the target ends, `stop()` is called or `timeout` seconds pass.
         Everything produced before the end is drained and yielded."""
+        keep = self._tree.contains if self._tree is not None else None
         for frames in self.frames(timeout):
-            yield from self.decoder.decode_frames(frames)
+            for event in self.decoder.decode_frames(frames):
+                if keep is None or keep(event.pid):
+                    yield event
 
     def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
         """Like `events()`, but batches of raw ring frames (8-byte header + record each),
@@ -336,6 +381,16 @@ class Tracer:
 
         return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY)}
 
+    def _learned_name(self, pid: int, handle: int) -> Optional[str]:
+        """The name the probes stored for (pid, handle), e.g. cuModuleGetFunction's."""
+        names = self._maps.get(probes.NAMES_MAP)
+        if names is None:
+            return None
+        raw = names.get(struct.pack("<QQ", pid, handle))  # type: ignore[attr-defined]
+        if raw is None:
+            return None
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
     def stack(self, stack_id: int) -> List[int]:
         """Return addresses (innermost first) of an event's `stack_id` (1 + map id); [] when
         there is none or stacks were not captured."""
@@ -376,9 +431,9 @@ class Tracer:
         self.close()
 
 
-def _select(functions: Optional[Sequence[str]]) -> List[Api]:
+def _select(functions: Optional[Sequence[str]], api: str, everything: bool) -> List[Api]:
     try:
-        return apis.select(functions)
+        return apis.select(functions, api, everything)
     except KeyError as err:
         raise UsageError("unknown function %s (known: %s)"
                          % (err.args[0], ", ".join(a.name for a in apis.TABLE))) from None

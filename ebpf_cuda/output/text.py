@@ -8,7 +8,7 @@ import time
 from typing import IO, Any, Callable, Dict, Iterable, Optional
 
 from ..apis import BY_NAME, Kind
-from ..events import ENTER, Event
+from ..events import ENTER, Event, field_kinds
 
 HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",
                                                       "DETAILS")
@@ -30,13 +30,6 @@ def format_value(kind: str, value: Any) -> str:
     return str(value)
 
 
-def _kinds(api: str) -> Dict[str, str]:
-    row = BY_NAME[api]
-    kinds = {arg.name: arg.kind for arg in row.args}
-    kinds.update((out.name, out.kind) for out in row.outs)
-    return kinds
-
-
 _KINDS_CACHE: Dict[str, Dict[str, str]] = {}
 
 
@@ -44,17 +37,18 @@ def details(event: Event, kernel_name: Optional[str] = None) -> str:
     """The details column: arguments at entry; return name, out-parameters and duration at exit."""
     kinds = _KINDS_CACHE.get(event.api)
     if kinds is None:
-        kinds = _KINDS_CACHE[event.api] = _kinds(event.api)
+        kinds = _KINDS_CACHE[event.api] = field_kinds(BY_NAME[event.api])
     if event.phase == ENTER:
         parts = []
         for name, value in event.args.items():
-            shown = format_value(kinds[name], value)
+            shown = format_value(kinds.get(name, ""), value)
             if name == "func" and kernel_name:
                 shown = kernel_name
             parts.append("%s=%s" % (name, shown))
         return " ".join(parts)
     parts = ["returned=%s" % event.ret_name]
-    parts += ["%s=%s" % (name, format_value(kinds[name], v)) for name, v in event.outs.items()]
+    parts += ["%s=%s" % (name, format_value(kinds.get(name, ""), v))
+              for name, v in event.outs.items()]
     parts += ["%s=<unreadable>" % name for name in event.faults]
     parts.append("(%.1f us)" % (event.duration_ns / 1000.0))
     return " ".join(parts)

@@ -1,0 +1,250 @@
+"""Memory correlation: allocations matched with their frees, misuse flagged, leaks listed.
+
+Allocators and frees are a table: a new allocator is a row naming the out-parameter that
+holds the pointer, the arguments whose product is the size, and the frees that release it.
+An allocation is released only by a free of its own family (cudaMallocHost memory by
+cudaFreeHost, ...); a free from another family is flagged.
+
+Only completed calls (exit events) count: an allocation that failed is not live, a free is
+recorded when it succeeded; misuse is flagged whatever the free returned (real CUDA fails a
+double free, the flag says why). Pointers allocated before tracing began are unknown to the
+tracker: freeing them is flagged as a free of an unknown pointer.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..events import EXIT, Event
+from ._table import clock, integer, table
+from .kernels import AddressResolver
+
+
+class Allocator(NamedTuple):
+    """How one allocation function is read."""
+
+    ptr: str  # out-parameter holding the new pointer
+    size: Tuple[str, ...]  # arguments (or out-parameters) whose product is the size in bytes
+    frees: Tuple[str, ...]  # the functions that release what it returns
+
+
+_DEVICE = ("cudaFree", "cudaFreeAsync")  # CUDA lets either free memory of either allocator
+_HOST = ("cudaFreeHost",)
+_CU_DEVICE = ("cuMemFree_v2", "cuMemFreeAsync")
+_CU_HOST = ("cuMemFreeHost",)
+
+ALLOCATORS: Dict[str, Allocator] = {
+    "cudaMalloc": Allocator("ptr", ("size",), _DEVICE),
+    "cudaMallocManaged": Allocator("ptr", ("size",), _DEVICE),
+    "cudaMallocAsync": Allocator("ptr", ("size",), _DEVICE),
+    "cudaMallocPitch": Allocator("ptr", ("pitch", "height"), _DEVICE),
+    "cudaMallocHost": Allocator("ptr", ("size",), _HOST),
+    "cudaHostAlloc": Allocator("ptr", ("size",), _HOST),
+    "cuMemAlloc_v2": Allocator("ptr", ("size",), _CU_DEVICE),
+    "cuMemAllocManaged": Allocator("ptr", ("size",), _CU_DEVICE),
+    "cuMemAllocAsync": Allocator("ptr", ("size",), _CU_DEVICE),
+    "cuMemAllocPitch_v2": Allocator("ptr", ("pitch", "height"), _CU_DEVICE),
+    "cuMemAllocHost_v2": Allocator("ptr", ("size",), _CU_HOST),
+    "cuMemHostAlloc": Allocator("ptr", ("size",), _CU_HOST),
+}
+
+# Free function → the argument holding the pointer it releases.
+FREES: Dict[str, str] = {name: "ptr" for name in _DEVICE + _HOST + _CU_DEVICE + _CU_HOST}
+
+DOUBLE_FREE = "double-free"
+UNKNOWN_FREE = "unknown-free"
+MISMATCHED_FREE = "mismatched-free"
+
+
+@dataclass
+class Allocation:
+    """One successful allocation (live until its free is seen)."""
+
+    pid: int
+    tid: int
+    comm: str
+    ptr: int
+    size: int
+    api: str
+    ts: float
+    ts_ns: int
+    stack_id: int = 0
+    freed_by: Optional[str] = None  # the free's api once released
+    freed_ts: Optional[float] = None
+
+
+@dataclass
+class MemoryWarning:
+    """A free that does not match a live allocation; `message` says it in one sentence."""
+
+    kind: str  # DOUBLE_FREE, UNKNOWN_FREE or MISMATCHED_FREE
+    message: str
+    event: Event
+    allocation: Optional[Allocation] = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _size(event: Event, names: Sequence[str]) -> Optional[int]:
+    size = 1
+    for name in names:
+        value = event.args.get(name, event.outs.get(name))
+        if not isinstance(value, int):
+            return None
+        size *= value
+    return size
+
+
+class LeakTracker:
+    """Matches allocations with frees by (pid, pointer). Feed it events (any iterable, in
+    order): `feed(event)` returns the warnings that event raised; `on_warning` (if given) is
+    called with each as it happens. Afterwards `leaks()` lists what was never freed and
+    `timeline` holds (ts, pid, live bytes) after every change. It is also a sink."""
+
+    def __init__(self, on_warning: Optional[Callable[[MemoryWarning], None]] = None,
+                 allocators: Optional[Dict[str, Allocator]] = None,
+                 frees: Optional[Dict[str, str]] = None) -> None:
+        self.allocators = ALLOCATORS if allocators is None else allocators
+        self.frees = FREES if frees is None else frees
+        self.on_warning = on_warning
+        self.live: Dict[Tuple[int, int], Allocation] = {}
+        self.freed: Dict[Tuple[int, int], Allocation] = {}  # last release of each pointer
+        self.warnings: List[MemoryWarning] = []
+        self.timeline: List[Tuple[float, int, int]] = []
+        self.allocations = 0
+        self._live_bytes: Dict[int, int] = {}
+        self._peak: Dict[int, int] = {}
+
+    def feed(self, event: Event) -> List[MemoryWarning]:
+        """Account for one event; the warnings it raised (usually none)."""
+        if event.phase != EXIT:
+            return []
+        if event.api in self.allocators:
+            self._allocated(event, self.allocators[event.api])
+            return []
+        if event.api in self.frees:
+            return self._freed(event, event.args.get(self.frees[event.api]))
+        return []
+
+    def feed_all(self, events: Iterable[Event]) -> List[MemoryWarning]:
+        """Feed every event; all warnings raised."""
+        raised: List[MemoryWarning] = []
+        for event in events:
+            raised += self.feed(event)
+        return raised
+
+    def _allocated(self, event: Event, allocator: Allocator) -> None:
+        ptr = event.outs.get(allocator.ptr)
+        size = _size(event, allocator.size)
+        if event.ret != 0 or not ptr or size is None:
+            return  # failed, or a zero-byte allocation (NULL): nothing is live
+        key = (event.pid, ptr)
+        self.freed.pop(key, None)
+        self.allocations += 1
+        self.live[key] = Allocation(event.pid, event.tid, event.comm, ptr, size, event.api,
+                                    event.ts, event.ts_ns, event.stack_id)
+        self._change(event, size)
+
+    def _freed(self, event: Event, ptr: Optional[int]) -> List[MemoryWarning]:
+        if not ptr:
+            return []  # freeing NULL does nothing
+        key = (event.pid, ptr)
+        allocation = self.live.get(key)
+        if allocation is None:
+            earlier = self.freed.get(key)
+            if earlier is not None:
+                return self._warn(DOUBLE_FREE, event, earlier, "double free: %s(0x%x) in pid %d: "
+                                  "%d bytes from %s, already freed by %s" % (
+                                      event.api, ptr, event.pid, earlier.size, earlier.api,
+                                      earlier.freed_by))
+            return self._warn(UNKNOWN_FREE, event, None, "free of an unknown pointer: %s(0x%x) "
+                              "in pid %d" % (event.api, ptr, event.pid))
+        raised = []
+        if event.api not in self.allocators[allocation.api].frees:
+            raised = self._warn(MISMATCHED_FREE, event, allocation, "mismatched free: %s(0x%x) "
+                                "in pid %d releases memory of %s (freed by %s)" % (
+                                    event.api, ptr, event.pid, allocation.api,
+                                    " or ".join(self.allocators[allocation.api].frees)))
+        if event.ret == 0:
+            del self.live[key]
+            allocation.freed_by, allocation.freed_ts = event.api, event.ts
+            self.freed[key] = allocation
+            self._change(event, -allocation.size)
+        return raised
+
+    def _warn(self, kind: str, event: Event, allocation: Optional[Allocation],
+              message: str) -> List[MemoryWarning]:
+        warning = MemoryWarning(kind, message, event, allocation)
+        self.warnings.append(warning)
+        if self.on_warning is not None:
+            self.on_warning(warning)
+        return [warning]
+
+    def _change(self, event: Event, delta: int) -> None:
+        live = self._live_bytes.get(event.pid, 0) + delta
+        self._live_bytes[event.pid] = live
+        self._peak[event.pid] = max(self._peak.get(event.pid, 0), live)
+        self.timeline.append((event.ts, event.pid, live))
+
+    def live_bytes(self, pid: int) -> int:
+        """Bytes allocated and not yet freed by process `pid`."""
+        return self._live_bytes.get(pid, 0)
+
+    def peak_bytes(self, pid: int) -> int:
+        """The most bytes process `pid` had live at once."""
+        return self._peak.get(pid, 0)
+
+    def leaks(self) -> List[Allocation]:
+        """Allocations never freed, oldest first."""
+        return sorted(self.live.values(), key=lambda a: (a.ts_ns, a.pid, a.ptr))
+
+    # Sink protocol
+    def header(self) -> None:
+        """Nothing to write."""
+
+    def write(self, events: Iterable[Event]) -> None:
+        watched_allocs, watched_frees = self.allocators, self.frees
+        for event in events:
+            if event.api in watched_allocs or event.api in watched_frees:
+                self.feed(event)
+
+    def close(self) -> None:
+        """Nothing to flush: `format_leaks` writes the report."""
+
+
+StackOf = Callable[[int], List[int]]  # stack id → return addresses, innermost first
+
+
+def format_leaks(tracker: LeakTracker, stack_of: Optional[StackOf] = None,
+                 resolver: Optional[AddressResolver] = None) -> str:
+    """The leak report: allocations never freed (pointer, size, allocator, time, thread) and,
+    with `stack_of`, each one's user call stack symbolized through `resolver`."""
+    leaks = tracker.leaks()
+    if not leaks:
+        return "Leaks: none (%d allocations, all freed)" % tracker.allocations
+    total = sum(a.size for a in leaks)
+    lines = ["Leaks: %d of %d allocations never freed, %s bytes in %d process%s" % (
+        len(leaks), tracker.allocations, integer(total), len({a.pid for a in leaks}),
+        "" if len({a.pid for a in leaks}) == 1 else "es")]
+    headers = ("PID", "TID", "Pointer", "Size (bytes)", "Allocator", "Time")
+    rows = [(str(a.pid), str(a.tid), "0x%x" % a.ptr, integer(a.size), a.api, clock(a.ts))
+            for a in leaks]
+    rendered = table(headers, rows, left=(2, 4, 5)).split("\n")
+    lines += rendered[:2]
+    resolver = resolver or AddressResolver()
+    for allocation, row in zip(leaks, rendered[2:]):
+        lines.append(row)
+        if stack_of is not None:
+            lines += format_stack(allocation.pid, stack_of(allocation.stack_id), resolver)
+    return "\n".join(lines)
+
+
+def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) -> List[str]:
+    """One indented line per frame: `#0 cudaMalloc+0x0 (libcudart.so.12)`."""
+    if not addresses:
+        return ["      (no stack)"]
+    lines = []
+    for depth, address in enumerate(addresses):
+        # The innermost address is where the probe fired; the others are return addresses.
+        frame = resolver.frame(pid, address, return_address=depth > 0)
+        lines.append("      #%d %s" % (depth, frame if frame is not None else "0x%x" % address))
+    return lines

@@ -1,0 +1,254 @@
+"""End-of-run summaries in the shape of `nsys stats` reports, computed exactly from events.
+
+    ** CUDA API Summary (cuda_api_sum):
+     Time (%)  Total Time (ns)  Num Calls  Avg (ns)  Med (ns)  Min (ns)  Max (ns)  StdDev (ns)  Name
+
+plus memory operations by size (cuda_gpu_mem_size_sum: sizes by copy direction), duration
+percentiles per function, effective bandwidth of synchronous copies, errors by function and
+code, and kernels by launch count with their geometry. Durations are those of the API calls
+(host side): a kernel launch's duration is the launch call, not the kernel's run on the GPU.
+Only completed calls (exit events) count.
+"""
+import math
+import re
+from collections import Counter, defaultdict
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..apis import BY_NAME
+from ..events import EXIT, Event
+from ._table import decimal, integer, table
+
+MB = 1000 * 1000  # nsys reports sizes in MB of 10^6 bytes
+DIRECTIONS = {"HostToHost": "Host-to-Host", "HostToDevice": "Host-to-Device",
+              "DeviceToHost": "Device-to-Host", "DeviceToDevice": "Device-to-Device",
+              "Default": "Default (unified addressing)"}
+_DRIVER_DIRECTION = re.compile(r"cuMemcpy([HDA])to([HDA])")
+_SIDES = {"H": "Host", "D": "Device", "A": "Array"}
+
+Namer = Callable[[int, int], Optional[str]]  # (pid, address) → kernel name
+
+
+class Stats(NamedTuple):
+    """Exact statistics of a list of numbers (StdDev is the sample standard deviation)."""
+
+    count: int
+    total: float
+    mean: float
+    median: float
+    minimum: float
+    maximum: float
+    stdev: float
+
+
+def stats(values: Sequence[float]) -> Stats:
+    """Count, total, mean, exact median, min, max and sample standard deviation."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return Stats(0, 0, 0.0, 0.0, 0, 0, 0.0)
+    total = math.fsum(ordered)
+    mean = total / n
+    deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / (n - 1)) if n > 1 else 0.0
+    return Stats(n, total, mean, percentile(ordered, 50), ordered[0], ordered[-1], deviation)
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """The p-th percentile of sorted values, linear between closest ranks (p50 = median)."""
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * p / 100.0
+    low = int(math.floor(rank))
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def copy_operation(event: Event) -> Optional[str]:
+    """`[CUDA memcpy Host-to-Device]`, `[CUDA memset]`, ... for a copy or set, else None."""
+    api = event.api
+    if "Memset" in api or api.startswith("cuMemsetD"):
+        return "[CUDA memset]"
+    row = BY_NAME.get(api)
+    if row is None or row.category != "memcpy":
+        return None
+    if "Peer" in api:
+        return "[CUDA memcpy Peer-to-Peer]"
+    match = _DRIVER_DIRECTION.match(api)
+    if match:
+        return "[CUDA memcpy %s-to-%s]" % (_SIDES[match.group(1)], _SIDES[match.group(2)])
+    kind = event.args.get("kind")
+    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind or "unknown direction")
+
+
+def copy_bytes(event: Event) -> Optional[int]:
+    """Bytes moved or set by a copy/set event (width × height for 2D ones)."""
+    args = event.args
+    if "width" in args and "height" in args:
+        return args["width"] * args["height"]
+    for name in ("size", "count", "ByteCount"):
+        if isinstance(args.get(name), int):
+            return args[name]
+    return None
+
+
+def is_synchronous_copy(event: Event) -> bool:
+    """A copy whose call returns when the bytes have moved (no Async in its name)."""
+    return "Async" not in event.api and "Memset" not in event.api
+
+
+class Summary:
+    """Collects completed calls (a sink, or `add(events)` on any iterable) and renders the
+    summary tables with `report()`. `namer(pid, address)` names kernels; it is asked once per
+    distinct launch address, as the events arrive (while the process still lives)."""
+
+    def __init__(self, namer: Optional[Namer] = None) -> None:
+        self.namer = namer
+        self.durations: Dict[str, List[int]] = defaultdict(list)
+        self.errors: Counter = Counter()  # (api, ret, ret_name) → calls
+        self.copies: Dict[str, List[int]] = defaultdict(list)  # operation → sizes
+        self.sync_copies: Dict[str, List[Tuple[int, int]]] = defaultdict(list)  # (bytes, ns)
+        self.launches: Counter = Counter()  # (pid, func, grid, block, smem) → launches
+        self._names: Dict[Tuple[int, int], Optional[str]] = {}
+
+    def add(self, events: Iterable[Event]) -> None:
+        """Account for completed calls; other events are ignored."""
+        for event in events:
+            if event.phase == EXIT:
+                self._add(event)
+
+    def _add(self, event: Event) -> None:
+        self.durations[event.api].append(event.duration_ns or 0)
+        if event.ret:
+            self.errors[(event.api, event.ret, event.ret_name)] += 1
+            return
+        args = event.args
+        if "func" in args:
+            self._launched(event)
+            return
+        operation = copy_operation(event)
+        size = copy_bytes(event) if operation else None
+        if operation is not None and size is not None:
+            self.copies[operation].append(size)
+            if is_synchronous_copy(event):
+                self.sync_copies[operation].append((size, event.duration_ns or 0))
+
+    def _launched(self, event: Event) -> None:
+        args = event.args
+        key = (event.pid, args["func"])
+        if key not in self._names:
+            self._names[key] = self.namer(*key) if self.namer is not None else None
+        self.launches[key + (args.get("grid"), args.get("block"), args.get("smem"))] += 1
+
+    # Sink protocol
+    def header(self) -> None:
+        """Nothing is written before the end."""
+
+    def write(self, events: Iterable[Event]) -> None:
+        self.add(events)
+
+    def close(self) -> None:
+        """Nothing to flush: `report()` renders the tables."""
+
+    # Rendering
+    def report(self) -> str:
+        """Every summary table, one after the other."""
+        return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
+                            self.bandwidth_table(), self.error_table(), self.kernel_table()])
+
+    def api_table(self) -> str:
+        """cuda_api_sum: time spent per function."""
+        title = " ** CUDA API Summary (cuda_api_sum):\n\n"
+        if not self.durations:
+            return title + " (no completed calls)"
+        grand = sum(sum(v) for v in self.durations.values()) or 1
+        rows = []
+        for name, values in self._by_total_time():
+            s = stats(values)
+            rows.append(("%.1f" % (100.0 * s.total / grand), integer(s.total), integer(s.count),
+                         decimal(s.mean), decimal(s.median), integer(s.minimum),
+                         integer(s.maximum), decimal(s.stdev), name))
+        headers = ("Time (%)", "Total Time (ns)", "Num Calls", "Avg (ns)", "Med (ns)",
+                   "Min (ns)", "Max (ns)", "StdDev (ns)", "Name")
+        return title + table(headers, rows, left=(8,))
+
+    def _by_total_time(self) -> List[Tuple[str, List[int]]]:
+        return sorted(self.durations.items(), key=lambda item: (-sum(item[1]), item[0]))
+
+    def percentile_table(self) -> str:
+        """Duration percentiles (p50, p95, p99) per function."""
+        title = " ** CUDA API Duration Percentiles:\n\n"
+        if not self.durations:
+            return title + " (no completed calls)"
+        rows = []
+        for name, values in self._by_total_time():
+            ordered = sorted(values)
+            rows.append((integer(len(ordered)),
+                         *(decimal(percentile(ordered, p)) for p in (50, 95, 99)),
+                         integer(ordered[-1]), name))
+        headers = ("Num Calls", "P50 (ns)", "P95 (ns)", "P99 (ns)", "Max (ns)", "Name")
+        return title + table(headers, rows, left=(5,))
+
+    def memory_table(self) -> str:
+        """cuda_gpu_mem_size_sum: sizes of memory operations by kind (MB = 10^6 bytes)."""
+        title = " ** CUDA Memory Operation Summary by Size (cuda_gpu_mem_size_sum):\n\n"
+        if not self.copies:
+            return title + " (no memory operations)"
+        rows = []
+        for operation, sizes in sorted(self.copies.items(),
+                                       key=lambda item: (-sum(item[1]), item[0])):
+            s = stats(sizes)
+            rows.append((decimal(s.total / MB, 3), integer(s.count), decimal(s.mean / MB, 3),
+                         decimal(s.median / MB, 3), decimal(s.minimum / MB, 3),
+                         decimal(s.maximum / MB, 3), decimal(s.stdev / MB, 3), operation))
+        headers = ("Total (MB)", "Count", "Avg (MB)", "Med (MB)", "Min (MB)", "Max (MB)",
+                   "StdDev (MB)", "Operation")
+        return title + table(headers, rows, left=(7,))
+
+    def bandwidth_table(self) -> str:
+        """Effective bandwidth of synchronous copies: bytes / call duration (GB = 10^9 B)."""
+        title = " ** Synchronous Copy Bandwidth (bytes / call duration):\n\n"
+        if not self.sync_copies:
+            return title + " (no synchronous copies)"
+        rows = []
+        for operation, pairs in sorted(self.sync_copies.items()):
+            total_bytes = sum(b for b, _ in pairs)
+            total_ns = sum(ns for _, ns in pairs)
+            per_call = sorted(b / ns for b, ns in pairs if ns)
+            rows.append((integer(len(pairs)), decimal(total_bytes / MB, 3), integer(total_ns),
+                         decimal(total_bytes / total_ns, 3) if total_ns else "-",
+                         decimal(percentile(per_call, 50), 3) if per_call else "-", operation))
+        headers = ("Count", "Total (MB)", "Total Time (ns)", "Bandwidth (GB/s)",
+                   "Med Call (GB/s)", "Operation")
+        return title + table(headers, rows, left=(5,))
+
+    def error_table(self) -> str:
+        """Failed calls by function and error code."""
+        title = " ** CUDA API Errors:\n\n"
+        if not self.errors:
+            return title + " (no errors)"
+        rows = [(integer(count), str(ret), ret_name or "?", api) for (api, ret, ret_name), count
+                in sorted(self.errors.items(), key=lambda item: (-item[1], item[0][0],
+                                                                  item[0][1]))]
+        return title + table(("Count", "Code", "Error", "Name"), rows, left=(2, 3))
+
+    def kernel_names(self) -> Dict[Tuple[int, int], str]:
+        """Display name of each (pid, launch address): the kernel name, or the address."""
+        return {key: name or "0x%x" % key[1] for key, name in self._names.items()}
+
+    def kernel_table(self) -> str:
+        """Kernels by launch count, with their geometry."""
+        title = " ** Kernel Launches:\n\n"
+        if not self.launches:
+            return title + " (no kernel launches)"
+        names = self.kernel_names()
+        merged: Counter = Counter()
+        for (pid, func, grid, block, smem), count in self.launches.items():
+            merged[(names[(pid, func)], _dims(grid), _dims(block),
+                    "-" if smem is None else integer(smem))] += count
+        rows = [(integer(count), grid, block, smem, name) for (name, grid, block, smem), count
+                in sorted(merged.items(), key=lambda item: (-item[1], item[0]))]
+        return title + table(("Launches", "Grid", "Block", "Smem (bytes)", "Kernel"), rows,
+                             left=(1, 2, 4))
+
+
+def _dims(value) -> str:
+    return "(%d,%d,%d)" % tuple(value) if value is not None else "-"

@@ -1,0 +1,337 @@
+"""One self-contained HTML page: summary tables and inline SVG plots, no scripts, no fetches.
+
+Events are aggregated as they come (constant memory: per-function counters, log2 duration
+histograms, time buckets that widen as the trace grows); the page is written at `close()`.
+"""
+import html
+import sys
+from typing import IO, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..events import EXIT, Event
+from .chrome_trace import MemoryTracker, Namer
+
+MAX_BUCKETS = 120  # time buckets in the over-time plots
+FIRST_BUCKET_NS = 1_000_000  # 1 ms; doubled until the trace fits in MAX_BUCKETS
+
+
+class FunctionStats:
+    """Calls, failures and durations of one function."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.errors = 0
+        self.total_ns = 0
+        self.min_ns: Optional[int] = None
+        self.max_ns = 0
+        self.histogram: Dict[int, int] = {}  # log2(duration ns) -> calls
+
+    def add(self, ev: Event) -> None:
+        duration = ev.duration_ns or 0
+        self.calls += 1
+        self.errors += 1 if ev.ret else 0
+        self.total_ns += duration
+        self.min_ns = duration if self.min_ns is None else min(self.min_ns, duration)
+        self.max_ns = max(self.max_ns, duration)
+        bucket = max(duration, 1).bit_length() - 1
+        self.histogram[bucket] = self.histogram.get(bucket, 0) + 1
+
+
+class TimeSeries:
+    """Per-interval sums over time, with a bucket width that doubles to keep at most
+    MAX_BUCKETS buckets (so memory does not grow with the trace)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.start_ns: Optional[int] = None
+        self.width_ns = FIRST_BUCKET_NS
+        self.buckets: List[List[int]] = []
+
+    def add(self, ts_ns: int, values: Sequence[int], keep_max: Sequence[bool] = ()) -> None:
+        if self.start_ns is None:
+            self.start_ns = ts_ns
+        index = max(ts_ns - self.start_ns, 0) // self.width_ns
+        while index >= MAX_BUCKETS:
+            self._widen(keep_max)
+            index //= 2
+        while len(self.buckets) <= index:
+            self.buckets.append([0] * len(self.names))
+        row = self.buckets[index]
+        for i, value in enumerate(values):
+            row[i] = max(row[i], value) if i < len(keep_max) and keep_max[i] else row[i] + value
+
+    def _widen(self, keep_max: Sequence[bool]) -> None:
+        merged = []
+        for i in range(0, len(self.buckets), 2):
+            pair = self.buckets[i:i + 2]
+            merged.append([max(col) if j < len(keep_max) and keep_max[j] else sum(col)
+                           for j, col in enumerate(zip(*pair))])
+        self.buckets = merged
+        self.width_ns *= 2
+
+    def column(self, name: str) -> List[int]:
+        i = self.names.index(name)
+        return [row[i] for row in self.buckets]
+
+
+class HtmlReport:
+    """A sink that writes the HTML report to `stream` when closed (the stream is closed
+    too unless it is stdout or stderr). `namer(event, address)` names kernels."""
+
+    def __init__(self, stream: IO[str], namer: Optional[Namer] = None,
+                 title: str = "ebpf-cuda report") -> None:
+        self.stream = stream
+        self.namer = namer
+        self.title = title
+        self.functions: Dict[str, FunctionStats] = {}
+        self.kernels: Dict[str, List[int]] = {}  # name -> [launches, total ns]
+        self.copies: Dict[str, List[int]] = {}  # direction -> [calls, bytes, total ns]
+        self.errors: Dict[Tuple[str, str], int] = {}
+        self.processes: Dict[int, str] = {}
+        self.memory = MemoryTracker()
+        self.series = TimeSeries(["calls", "copied", "live"])
+        self.events = 0
+        self.first_ns: Optional[int] = None
+        self.last_ns = 0
+
+    def header(self) -> None:
+        """Nothing is written before the end."""
+
+    def write(self, events: Iterable[Event]) -> None:
+        for ev in events:
+            self.events += 1
+            self.processes.setdefault(ev.pid, ev.comm)
+            if self.first_ns is None:
+                self.first_ns = ev.ts_ns
+            self.last_ns = max(self.last_ns, ev.ts_ns)
+            if ev.phase == EXIT:
+                self._call(ev)
+
+    def _call(self, ev: Event) -> None:
+        self.functions.setdefault(ev.api, FunctionStats()).add(ev)
+        if ev.ret:
+            key = (ev.api, ev.ret_name or str(ev.ret))
+            self.errors[key] = self.errors.get(key, 0) + 1
+        copied = self._copy(ev)
+        self.memory.update(ev)
+        live = sum(self.memory.live_bytes(pid) for pid in self.processes)
+        self.series.add(ev.ts_ns, (1, copied, live), keep_max=(False, False, True))
+        if "func" in ev.args:
+            self._kernel(ev)
+
+    def _copy(self, ev: Event) -> int:
+        direction, size = ev.args.get("kind"), ev.args.get("size")
+        if ev.ret or not isinstance(direction, str) or not isinstance(size, int):
+            return 0
+        row = self.copies.setdefault(direction, [0, 0, 0])
+        row[0] += 1
+        row[1] += size
+        row[2] += ev.duration_ns or 0
+        return size
+
+    def _kernel(self, ev: Event) -> None:
+        address = ev.args["func"]
+        name = self.namer(ev, address) if self.namer is not None else None
+        row = self.kernels.setdefault(name or "0x%x" % address, [0, 0])
+        row[0] += 1
+        row[1] += ev.duration_ns or 0
+
+    def close(self) -> None:
+        self.stream.write(render(self))
+        if self.stream in (sys.stdout, sys.stderr):
+            self.stream.flush()
+        else:
+            self.stream.close()
+
+
+def write_html_report(events: Iterable[Event], stream: IO[str],
+                      namer: Optional[Namer] = None) -> None:
+    """Write the report of any iterable of events to `stream` (closed unless stdout/stderr)."""
+    report = HtmlReport(stream, namer)
+    report.write(events)
+    report.close()
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0} td,th{padding:3px 10px;text-align:right}
+th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
+tr:nth-child(even) td{background:#fafafa} .err{color:#b00}
+.plots{display:flex;flex-wrap:wrap;gap:16px} figure{margin:0}
+figcaption{font-size:12px;color:#555} svg text{font:10px sans-serif;fill:#444}
+"""
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _ms(ns: float) -> str:
+    return "%.3f" % (ns / 1e6)
+
+
+def _us(ns: float) -> str:
+    return "%.1f" % (ns / 1e3)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """An HTML table; cells are escaped."""
+    head = "".join("<th>%s</th>" % _esc(h) for h in headers)
+    body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % _esc(c) for c in row)
+                   for row in rows)
+    return "<table><tr>%s</tr>%s</table>" % (head, body)
+
+
+def bar_chart(values: Sequence[float], labels: Sequence[str], caption: str,
+              width: int = 520, height: int = 160, color: str = "#4a7bd0") -> str:
+    """Vertical bars with a tooltip each (inline SVG)."""
+    top = max(values) if values and max(values) > 0 else 1
+    n = max(len(values), 1)
+    step = (width - 50) / n
+    bars = []
+    for i, (value, label) in enumerate(zip(values, labels)):
+        h = (height - 30) * value / top
+        bars.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s">'
+                    '<title>%s: %s</title></rect>' % (45 + i * step, height - 20 - h,
+                                                      max(step - 1, 1), h, color,
+                                                      _esc(label), _esc(_num(value))))
+    axis = ('<text x="2" y="12">%s</text><text x="2" y="%d">0</text>'
+            '<text x="45" y="%d">%s</text><text x="%d" y="%d" text-anchor="end">%s</text>'
+            % (_esc(_num(top)), height - 20, height - 5, _esc(labels[0] if labels else ""),
+               width - 5, height - 5, _esc(labels[-1] if labels else "")))
+    return _figure(width, height, "".join(bars) + axis, caption)
+
+
+def hbar_chart(items: Sequence[Tuple[str, float]], caption: str, width: int = 520,
+               color: str = "#d08a4a") -> str:
+    """Horizontal bars, one per (label, value)."""
+    top = max((v for _, v in items), default=0) or 1
+    rows, height = [], 18 * len(items) + 10
+    for i, (label, value) in enumerate(items):
+        w = (width - 230) * value / top
+        rows.append('<text x="2" y="%d">%s</text><rect x="180" y="%d" width="%.1f" height="14"'
+                    ' fill="%s"><title>%s: %s</title></rect><text x="%.1f" y="%d">%s</text>'
+                    % (18 * i + 16, _esc(label[:32]), 18 * i + 5, w, color, _esc(label),
+                       _esc(_num(value)), 184 + w, 18 * i + 16, _esc(_num(value))))
+    return _figure(width, height, "".join(rows), caption)
+
+
+def _figure(width: int, height: int, body: str, caption: str) -> str:
+    return ('<figure><svg width="%d" height="%d" viewBox="0 0 %d %d" role="img">%s</svg>'
+            '<figcaption>%s</figcaption></figure>' % (width, height, width, height, body,
+                                                      _esc(caption)))
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else "%.3g" % value
+
+
+def render(report: HtmlReport) -> str:
+    """The whole page."""
+    parts = [_overview(report), _function_table(report), _time_plots(report),
+             _histograms(report), _copy_table(report), _memory_table(report),
+             _kernel_section(report), _error_table(report)]
+    return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<title>%s</title><style>%s</style></head><body><h1>%s</h1>%s</body></html>\n'
+            % (_esc(report.title), _STYLE, _esc(report.title), "".join(parts)))
+
+
+def _overview(r: HtmlReport) -> str:
+    calls = sum(f.calls for f in r.functions.values())
+    span = (r.last_ns - r.first_ns) if r.first_ns is not None else 0
+    procs = ", ".join("%s (%d)" % (comm, pid) for pid, comm in sorted(r.processes.items()))
+    return "<h2>Overview</h2>" + table(["", "value"], [
+        ("events", r.events), ("calls", calls),
+        ("failed calls", sum(r.errors.values())), ("trace span (ms)", _ms(span)),
+        ("processes", procs or "none")])
+
+
+def _function_table(r: HtmlReport) -> str:
+    rows = [(name, f.calls, f.errors, _ms(f.total_ns), _us(f.total_ns / f.calls),
+             _us(f.min_ns or 0), _us(f.max_ns))
+            for name, f in sorted(r.functions.items(), key=lambda kv: -kv[1].total_ns)]
+    return "<h2>Calls by function</h2>" + table(
+        ["function", "calls", "errors", "total (ms)", "mean (us)", "min (us)", "max (us)"],
+        rows)
+
+
+def _time_plots(r: HtmlReport) -> str:
+    s = r.series
+    if not s.buckets:
+        return ""
+    width_ms = s.width_ns / 1e6
+    labels = ["%.3g ms" % (i * width_ms) for i in range(len(s.buckets))]
+    return ("<h2>Over time</h2><div class=\"plots\">%s%s%s</div>" % (
+        bar_chart(s.column("calls"), labels, "calls per %.3g ms" % width_ms),
+        bar_chart(s.column("copied"), labels, "bytes copied per %.3g ms" % width_ms,
+                  color="#4aa070"),
+        bar_chart(s.column("live"), labels, "live device memory (bytes, peak per interval)",
+                  color="#a04a90")))
+
+
+def _histograms(r: HtmlReport) -> str:
+    figures = []
+    for name, f in sorted(r.functions.items()):
+        low, high = min(f.histogram), max(f.histogram)
+        values = [f.histogram.get(b, 0) for b in range(low, high + 1)]
+        labels = [_duration_label(1 << b) for b in range(low, high + 1)]
+        figures.append(bar_chart(values, labels, "%s: calls by duration (log2 buckets)" % name,
+                                 width=340, height=120))
+    if not figures:
+        return ""
+    return "<h2>Duration histograms</h2><div class=\"plots\">%s</div>" % "".join(figures)
+
+
+def _duration_label(ns: int) -> str:
+    if ns < 1000:
+        return "%d ns" % ns
+    if ns < 1000000:
+        return "%.3g us" % (ns / 1e3)
+    return "%.3g ms" % (ns / 1e6)
+
+
+def _copy_table(r: HtmlReport) -> str:
+    if not r.copies:
+        return ""
+    rows = [(d, calls, size, _ms(ns), "%.2f" % (size / ns) if ns else "-")
+            for d, (calls, size, ns) in sorted(r.copies.items())]
+    return "<h2>Memory copies</h2>" + table(
+        ["direction", "calls", "bytes", "total (ms)", "GB/s"], rows)
+
+
+def _memory_table(r: HtmlReport) -> str:
+    m = r.memory
+    pids = sorted(set(m.peak) | {a.pid for a in m.live.values()})
+    if not pids and not m.double_frees:
+        return ""
+    leaks = m.leaks()
+    rows = [(pid, r.processes.get(pid, "?"), m.peak.get(pid, 0), m.live_bytes(pid),
+             sum(1 for a in leaks if a.pid == pid)) for pid in pids]
+    text = "<h2>Device memory</h2>" + table(
+        ["pid", "process", "peak live bytes", "live at end (bytes)", "leaked allocations"],
+        rows)
+    text += "<p>double frees: %d</p>" % m.double_frees
+    if leaks:
+        text += "<h2>Leaks (not freed by the end)</h2>" + table(
+            ["pid", "pointer", "bytes", "allocated by"],
+            [(a.pid, "0x%x" % a.ptr, a.size, a.api) for a in leaks[:100]])
+    return text
+
+
+def _kernel_section(r: HtmlReport) -> str:
+    if not r.kernels:
+        return ""
+    top = sorted(r.kernels.items(), key=lambda kv: (-kv[1][0], kv[0]))[:20]
+    return ("<h2>Top kernels</h2>" + table(
+        ["kernel", "launches", "launch calls total (ms)"],
+        [(name, n, _ms(ns)) for name, (n, ns) in top])
+        + hbar_chart([(name, n) for name, (n, _) in top], "launches per kernel"))
+
+
+def _error_table(r: HtmlReport) -> str:
+    if not r.errors:
+        return ""
+    rows = [(api, name, n) for (api, name), n in sorted(r.errors.items(), key=lambda kv: -kv[1])]
+    return '<h2 class="err">Failed calls</h2>' + table(["function", "error", "calls"], rows)
