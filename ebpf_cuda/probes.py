@@ -30,6 +30,8 @@ BPF_F_USER_STACK = 1 << 8
 _KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
 _VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
 _STAT_KEY = _VALUE - 8  # a u32 stats index: fp-128
+NOW = _STAT_KEY - 8  # return probe: the exit time, fp-136
+SCRATCH = NOW  # return probe: stack room below NOW is free for aggregation keys
 
 Items = List[object]
 
@@ -42,6 +44,8 @@ class ProbeOptions:
     emit_entry: bool = False  # entry also writes an enter record
     wakeup_flags: int = 0  # ringbuf_submit flags (0 = adaptive wakeup)
     stacks: bool = False  # return records carry the caller's user stack id (`stacks` map)
+    emit: bool = True  # the return probe writes a record per call
+    aggregate: bool = False  # the return probe adds the call to in-kernel aggregates
 
 
 def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
@@ -55,7 +59,8 @@ def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> It
 
 
 def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
-    """Instructions of the return probe of `api` (one complete-call record)."""
+    """Instructions of the return probe of `api`: one complete-call record (`emit`) and/or
+    in-kernel aggregates (`aggregate`), from the state the entry probe saved."""
     # On return the callee has popped what `call` pushed: x86-64's return address.
     prog: Items = [asm.mov(R6, R1)] + _inflight_key(arch, arch.stack_args_start)
     prog += [
@@ -63,10 +68,28 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, "no_entry"),
         asm.mov(R7, R0),
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, NOW, R0),
     ]
-    prog += _reserve("ring_full")
+    if options.emit:
+        prog += _emit_call_record(api, fn_id, arch, options)
+    if options.aggregate:
+        from .aggregates import aggregate_call
+
+        prog += aggregate_call(api, fn_id, arch)
     prog += [
-        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_EXIT, R0),
+        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.call(Helper.MAP_DELETE_ELEM),
+        asm.ja("done"), asm.Label("no_entry"),
+    ]
+    prog += _count(record.STAT_NO_ENTRY)
+    return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
+
+
+def _emit_call_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+    """Reserve, fill and submit the record of a complete call (R7 = the inflight value)."""
+    prog = _reserve("ring_full")
+    prog += [
+        asm.ldx(DW, R1, FP, NOW), asm.stx(DW, R8, record.TS_EXIT, R1),
         asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.stx(DW, R8, record.TS_ENTER, R1),
         asm.ldx(DW, R1, FP, _KEY), asm.stx(DW, R8, record.PID_TGID, R1),
         asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_CALL << 16),
@@ -84,17 +107,10 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
     prog += _read_outs(api, arch)
     if api.learn_name:
         prog += _learn_name(api, arch)
-    prog += [
-        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
-        asm.call(Helper.MAP_DELETE_ELEM),
-    ]
     prog += _submit(options)
-    prog += [asm.ja("done"), asm.Label("ring_full")]
+    prog += [asm.ja("emitted"), asm.Label("ring_full")]
     prog += _count(record.STAT_RING_FULL)
-    prog += [asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
-             asm.call(Helper.MAP_DELETE_ELEM), asm.ja("done"), asm.Label("no_entry")]
-    prog += _count(record.STAT_NO_ENTRY)
-    return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
+    return prog + [asm.Label("emitted")]
 
 
 def _inflight_key(arch: Arch, sp_adjust: int) -> Items:

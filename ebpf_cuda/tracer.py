@@ -6,19 +6,20 @@
 
 It never prints, exits or installs signal handlers; progress notes go to `log` if given.
 """
+import dataclasses
 import os
 import struct
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import apis, discovery, probes, record
+from . import aggregates, apis, discovery, probes, record
 from .apis import Api
 from .arch import current as current_arch
 from .elf import open_elf
 from .errors import AttachError, TracerError, UsageError
 from .events import Decoder, Event
-from .maps import LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
+from .maps import HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .processes import ProcessTree
@@ -63,7 +64,9 @@ class Tracer:
     without it the kernel filters on the command's PID.
     `return_probes=False` attaches entry probes only (enter events, no durations);
     `entries=True` also emits an enter record at entry (for calls that block for long);
-    `stacks=True` captures the user call stack of memory calls (see `stack()`).
+    `stacks=True` captures the user call stack of memory calls (see `stack()`);
+    `aggregate=True` sums calls up in the kernel (see `aggregates()`), and with `emit=False`
+    no per-call records are written at all (the cheapest way to get a summary).
     """
 
     def __init__(self, functions: Optional[Sequence[str]] = None,
@@ -72,7 +75,8 @@ class Tracer:
                  everything: bool = False, follow_children: bool = True,
                  return_probes: bool = True,
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
-                 stacks: bool = False, log: Optional[Callable[[str], None]] = None) -> None:
+                 stacks: bool = False, aggregate: bool = False, emit: bool = True,
+                 log: Optional[Callable[[str], None]] = None) -> None:
         if pid is not None and command:
             raise UsageError("give either a PID or a command, not both")
         if api not in ("all", apis.RUNTIME, apis.DRIVER):
@@ -88,6 +92,11 @@ class Tracer:
         self.entries = entries
         self.ring_size = ring_size
         self.stacks = stacks
+        self.aggregate = aggregate
+        self.emit = emit
+        if not emit and not (aggregate and return_probes):
+            raise UsageError("without event records, in-kernel aggregation (with return "
+                             "probes) is the only output")
         self.log = log or (lambda message: None)
         self.targets: List[Target] = []
         self.attachments: List[Attachment] = []
@@ -205,13 +214,22 @@ class Tracer:
                                                   NAME_ENTRIES, name="names")
         self._maps[probes.SCRATCH_MAP] = PerCpuArrayMap(
             probes.NAME_KEY_SIZE + probes.NAME_SIZE, 1, name="scratch")
+        if self.aggregate:
+            self._maps[aggregates.AGG_MAP] = PerCpuArrayMap(
+                aggregates.AGG_VALUE.size, aggregates.agg_entries(), name="agg",
+                value_struct=aggregates.AGG_VALUE)
+            self._maps[aggregates.ERRORS_MAP] = HashMap(
+                aggregates.ERROR_KEY.size, 8, aggregates.ERROR_ENTRIES, name="errors")
+            self._maps[aggregates.LAUNCHES_MAP] = HashMap(
+                aggregates.LAUNCH_KEY.size, aggregates.LAUNCH_VALUE.size,
+                aggregates.LAUNCH_ENTRIES, name="launches")
         self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
                                                          value_struct=struct.Struct("<Q"))
 
     def _load_programs(self) -> None:
-        plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries)
-        with_stack = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
-                                         stacks=True)
+        plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
+                                    emit=self.emit, aggregate=self.aggregate)
+        with_stack = dataclasses.replace(plain, stacks=True)
         arch = current_arch()
         attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
         wanted = {api.name for target in self.targets for api, _, _ in target.functions}
@@ -390,6 +408,14 @@ class Tracer:
         if raw is None:
             return None
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
+    def aggregates(self) -> aggregates.Aggregates:
+        """The in-kernel aggregates so far (with `aggregate=True`)."""
+        if not self.aggregate:
+            raise UsageError("aggregates need Tracer(aggregate=True)")
+        return aggregates.read_aggregates(self._maps[aggregates.AGG_MAP],
+                                          self._maps[aggregates.ERRORS_MAP],
+                                          self._maps[aggregates.LAUNCHES_MAP])
 
     def stack(self, stack_id: int) -> List[int]:
         """Return addresses (innermost first) of an event's `stack_id` (1 + map id); [] when
