@@ -281,6 +281,8 @@ class RingBuffer:
                 if hdr & BUSY_BIT:
                     break
                 if not hdr & DISCARD_BIT:
+                    if hdr == record_size:
+                        continue  # was BUSY when the headers were read, committed since
                     if chunks:
                         break  # hand over what came before; the next call reports this one
                     raise DecodeError("ring buffer record at position %d has a %d-byte payload, "
