@@ -6,12 +6,16 @@ Layout (little-endian):
     version  u16      FORMAT_VERSION
     rsize    u16      record size (record.SIZE when saved)
     offset   i64      wall clock minus CLOCK_MONOTONIC, ns, measured when tracing started
+    fbytes   u64      bytes of frames; all ones while writing (frames run to the end of file)
     nlen     u32      length of the function names blob
     names    nlen     utf-8 names of the function table, "\\n"-separated, in function-id order
-    frames   ...      ring frames (8-byte header + record) appended batch after batch
+    frames   fbytes   ring frames (8-byte header + record) appended batch after batch
+    trailer  ...      JSON: {"kernels": [[pid, func, name], ...]}, the kernel names known when
+                      tracing (resolving them needs the live process), written at close
 
-Frames have a fixed size, so no batch framing is needed; a trailing partial frame (the tracer
-was killed mid-write) is dropped and reported by `SavedTrace.truncated`.
+Frames have a fixed size, so no batch framing is needed. A file whose writer was killed has
+fbytes all ones and no trailer: its frames are read to the end, a trailing partial frame is dropped
+and reported by `SavedTrace.truncated`.
 
     with open_save("run.ebpfcuda", tracer.apis_table, tracer.decoder.clock_offset_ns) as out:
         for frames in tracer.frames():
@@ -19,8 +23,9 @@ was killed mid-write) is dropped and reported by `SavedTrace.truncated`.
     for event in load("run.ebpfcuda"):
         ...
 """
+import json
 import struct
-from typing import BinaryIO, Iterator, List, Sequence, Tuple
+from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import apis, record
 from .apis import Api
@@ -30,8 +35,12 @@ from .events import Decoder, Event
 MAGIC = b"EBPFCUDA"
 FORMAT_VERSION = 1
 FRAME_HEADER = 8
-_HEADER = struct.Struct("<8sHHqI")
+_HEADER = struct.Struct("<8sHHqQI")
+_FBYTES_AT = 20  # offset of fbytes in the header
+_UNKNOWN = (1 << 64) - 1  # fbytes of a file still being written (or whose writer died)
 READ_FRAMES = 4096  # frames per batch when reading back
+
+Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) -> kernel name
 
 
 def frame_size(record_size: int = record.SIZE) -> int:
@@ -40,19 +49,47 @@ def frame_size(record_size: int = record.SIZE) -> int:
 
 
 class SaveWriter:
-    """Writes a saved trace: the header at once, then raw frames batch by batch."""
+    """Writes a saved trace: the header at once, then raw frames batch by batch.
 
-    def __init__(self, stream: BinaryIO, table: Sequence[Api], clock_offset_ns: int) -> None:
+    It is also a sink (`header`/`write`/`close`): given decoded batches and a `namer`, it
+    remembers the kernel name of each (pid, func) launched, for the trailer."""
+
+    def __init__(self, stream: BinaryIO, table: Sequence[Api], clock_offset_ns: int,
+                 namer: Optional[Namer] = None) -> None:
         self.stream = stream
+        self.namer = namer
+        self.kernels: Dict[Tuple[int, int], Optional[str]] = {}
+        self._frame_bytes = 0
         names = "\n".join(api.name for api in table).encode()
         stream.write(_HEADER.pack(MAGIC, FORMAT_VERSION, record.SIZE, clock_offset_ns,
-                                  len(names)) + names)
+                                  _UNKNOWN, len(names)) + names)
 
     def write_frames(self, frames: bytes) -> None:
         """Append a batch of raw ring frames (as `Tracer.frames()` yields them)."""
         self.stream.write(frames)
+        self._frame_bytes += len(frames)
+
+    def header(self) -> None:
+        """The file header is written at creation."""
+
+    def write(self, events: Iterable[Event]) -> None:
+        """Learn the kernel names of launches (frames are saved by `write_frames`)."""
+        if self.namer is None:
+            return
+        for ev in events:
+            func = ev.args.get("func")
+            if isinstance(func, int) and (ev.pid, func) not in self.kernels:
+                self.kernels[(ev.pid, func)] = self.namer(ev, func)
 
     def close(self) -> None:
+        """Write the trailer and the frames' length (when the file is seekable), close."""
+        if self.stream.closed:
+            return
+        names = [[pid, func, name] for (pid, func), name in self.kernels.items() if name]
+        self.stream.write(json.dumps({"kernels": names}).encode())
+        if self.stream.seekable():
+            self.stream.seek(_FBYTES_AT)
+            self.stream.write(struct.pack("<Q", self._frame_bytes))
         self.stream.close()
 
     def __enter__(self) -> "SaveWriter":
@@ -62,13 +99,14 @@ class SaveWriter:
         self.close()
 
 
-def open_save(path: str, table: Sequence[Api], clock_offset_ns: int) -> SaveWriter:
+def open_save(path: str, table: Sequence[Api], clock_offset_ns: int,
+              namer: Optional[Namer] = None) -> SaveWriter:
     """A `SaveWriter` on a new file at `path` (UsageError when it cannot be created)."""
     try:
         stream = open(path, "wb")
     except OSError as err:
         raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
-    return SaveWriter(stream, table, clock_offset_ns)
+    return SaveWriter(stream, table, clock_offset_ns, namer)
 
 
 class SavedTrace:
@@ -80,10 +118,26 @@ class SavedTrace:
         self.truncated = False
         with self._open() as f:
             head = f.read(_HEADER.size)
-            self._clock_offset_ns, self.function_names = _parse_header(path, head, f)
+            self._clock_offset_ns, self._frame_bytes, self.function_names = _parse_header(
+                path, head, f)
             self._data_start = f.tell()
+            self.kernels = self._read_trailer(f)
         self.table = _table(path, self.function_names)
         self.decoder = Decoder(self.table, self.clock_offset_ns)
+
+    def _read_trailer(self, f: BinaryIO) -> Dict[Tuple[int, int], str]:
+        if self._frame_bytes == _UNKNOWN:
+            return {}
+        f.seek(self._data_start + self._frame_bytes)
+        try:
+            trailer = json.loads(f.read().decode() or "{}")
+            return {(pid, func): name for pid, func, name in trailer.get("kernels", [])}
+        except (ValueError, TypeError) as err:
+            raise DecodeError("%s has a damaged trailer: %s" % (self.path, err)) from None
+
+    def namer(self, event: Event, address: int) -> Optional[str]:
+        """Kernel names as known when tracing (a `namer` for the outputs and analyses)."""
+        return self.kernels.get((event.pid, address))
 
     def _open(self) -> BinaryIO:
         try:
@@ -98,17 +152,21 @@ class SavedTrace:
     def frames(self, per_batch: int = READ_FRAMES) -> Iterator[bytes]:
         """Batches of whole raw frames, in the order they were saved."""
         size = frame_size()
+        left = None if self._frame_bytes == _UNKNOWN else self._frame_bytes  # None: to EOF
         with self._open() as f:
             f.seek(self._data_start)
-            while True:
-                chunk = f.read(size * per_batch)
+            while left is None or left > 0:
+                want = size * per_batch if left is None else min(size * per_batch, left)
+                chunk = f.read(want)
                 whole = len(chunk) - len(chunk) % size
                 if whole:
                     yield chunk[:whole]
-                if whole != len(chunk):
+                if whole != len(chunk) or (left is not None and len(chunk) < want):
                     self.truncated = True
-                if len(chunk) < size * per_batch:
+                if len(chunk) < want:
                     return
+                if left is not None:
+                    left -= len(chunk)
 
     def batches(self) -> Iterator[List[Event]]:
         """Lists of decoded events, one per batch of frames."""
@@ -120,11 +178,12 @@ class SavedTrace:
             yield from self.decoder.decode_frames(frames)
 
 
-def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, List[str]]:
-    """(clock offset, function names) from the header; `f` is left at the first frame."""
+def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, int, List[str]]:
+    """(clock offset, frame bytes, function names) from the header; `f` is left at the first
+    frame."""
     if len(head) < _HEADER.size or not head.startswith(MAGIC):
         raise DecodeError("%s is not a saved ebpf-cuda trace (bad magic)" % path)
-    _, version, rsize, offset, nlen = _HEADER.unpack(head)
+    _, version, rsize, offset, frame_bytes, nlen = _HEADER.unpack(head)
     if version != FORMAT_VERSION:
         raise DecodeError("%s has format version %d; this ebpf-cuda reads version %d"
                           % (path, version, FORMAT_VERSION))
@@ -134,7 +193,7 @@ def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, List[str]]:
     names = f.read(nlen)
     if len(names) != nlen:
         raise DecodeError("%s is truncated inside its header" % path)
-    return offset, names.decode().split("\n") if names else []
+    return offset, frame_bytes, names.decode().split("\n") if names else []
 
 
 def _table(path: str, names: Sequence[str]) -> List[Api]:

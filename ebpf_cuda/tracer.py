@@ -327,11 +327,21 @@ class Tracer:
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Events until the target ends, `stop()` is called or `timeout` seconds pass.
         Everything produced before the end is drained and yielded."""
-        keep = self._tree.contains if self._tree is not None else None
         for frames in self.frames(timeout):
             for event in self.decoder.decode_frames(frames):
-                if keep is None or keep(event.pid):
+                if self.keeps(event.pid):
                     yield event
+
+    def keeps(self, pid: int) -> bool:
+        """Whether events of process `pid` belong to this trace: with a followed command,
+        the probes fire for every process and only its process tree is kept."""
+        return self._tree is None or self._tree.contains(pid)
+
+    def on_event(self, callback: Callable[[Event], None],
+                 timeout: Optional[float] = None) -> None:
+        """Call `callback` with each event until the end (as `events()`); returns then."""
+        for event in self.events(timeout):
+            callback(event)
 
     def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
         """Like `events()`, but batches of raw ring frames (8-byte header + record each),

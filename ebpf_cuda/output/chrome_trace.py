@@ -15,25 +15,36 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
+from ..analysis.memory import ALLOCATORS, FREES, Allocator
+from ..analysis.summary import copy_bytes, copy_operation
 from ..apis import BY_NAME, Kind
 from ..events import ENTER, EXIT, Event
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name
 Emit = Callable[[Dict[str, Any]], None]
 
-_KINDS: Dict[str, Dict[str, str]] = {}
+class ApiInfo:
+    """What the writer needs to know of a function, computed once per name: its category
+    and the kinds of its values."""
 
-
-def _kinds(api: str) -> Dict[str, str]:
-    kinds = _KINDS.get(api)
-    if kinds is None:
-        row = BY_NAME.get(api)
-        kinds = {}
+    def __init__(self, name: str) -> None:
+        row = BY_NAME.get(name)
+        self.category = row.category if row else "other"
+        self.kinds: Dict[str, str] = {}
         if row is not None:
-            kinds = {arg.name: arg.kind for arg in row.args}
-            kinds.update((out.name, out.kind) for out in row.outs)
-        _KINDS[api] = kinds
-    return kinds
+            self.kinds = {arg.name: arg.kind for arg in row.args}
+            self.kinds.update((out.name, out.kind) for out in row.outs)
+
+
+_INFO: Dict[str, ApiInfo] = {}
+
+
+def api_info(name: str) -> ApiInfo:
+    """The cached `ApiInfo` of a function name (unknown names get an empty one)."""
+    info = _INFO.get(name)
+    if info is None:
+        info = _INFO[name] = ApiInfo(name)
+    return info
 
 
 def arg_value(kind: Optional[str], value: Any) -> Any:
@@ -67,27 +78,22 @@ class MemoryChange:
     double_free: bool = False
 
 
-def _is_device_alloc(api: str) -> bool:
-    row = BY_NAME.get(api)
-    return (row is not None and row.category == "memory" and "Host" not in api
-            and any(out.kind == Kind.PTR for out in row.outs)
-            and any(arg.kind == Kind.SIZE for arg in row.args))
-
-
-def _is_device_free(api: str) -> bool:
-    row = BY_NAME.get(api)
-    return (row is not None and row.category == "memory" and "Free" in api
-            and "Host" not in api and not row.outs)
+def _device_allocators() -> Dict[str, Allocator]:
+    """The analysis table's allocators of device memory (those not freed by a host free)."""
+    return {name: a for name, a in ALLOCATORS.items()
+            if not any("Host" in free for free in a.frees)}
 
 
 class MemoryTracker:
-    """Live device memory per process from successful allocation and free calls (by their
-    table rows: a memory-category call with a pointer out-parameter and a size allocates, a
-    `...Free...` call frees its pointer argument). A free of a pointer freed before and not
-    allocated again is a double free. Memory grows with live allocations only (and freed
-    addresses, which are forgotten when they are allocated again)."""
+    """Live device memory per process, by the allocator/free tables of `analysis.memory`
+    (the `LeakTracker` has the full correlation; this keeps no timeline, so memory grows
+    with live allocations only, and freed addresses until they are allocated again).
+    A free of a pointer freed before and not allocated again is a double free (flagged
+    whatever the free returned: real CUDA fails it)."""
 
     def __init__(self) -> None:
+        self.allocators = _device_allocators()
+        self.frees = {name: arg for name, arg in FREES.items() if "Host" not in name}
         self.live: Dict[Tuple[int, int], Allocation] = {}
         self.freed: Set[Tuple[int, int]] = set()
         self._bytes: Dict[int, int] = {}
@@ -99,18 +105,22 @@ class MemoryTracker:
 
     def update(self, ev: Event) -> Optional[MemoryChange]:
         """Account for an exit event; None when it changed nothing."""
-        if ev.phase != EXIT or ev.ret:
+        if ev.phase != EXIT:
             return None
-        if _is_device_alloc(ev.api):
-            return self._alloc(ev)
-        if _is_device_free(ev.api):
-            return self._free(ev)
+        allocator = self.allocators.get(ev.api)
+        if allocator is not None:
+            return self._alloc(ev, allocator) if ev.ret == 0 else None
+        if ev.api in self.frees:
+            return self._free(ev, ev.args.get(self.frees[ev.api]))
         return None
 
-    def _alloc(self, ev: Event) -> Optional[MemoryChange]:
-        ptr = next((v for v in ev.outs.values() if isinstance(v, int)), None)
-        size = next((v for k, v in ev.args.items() if _kinds(ev.api).get(k) == Kind.SIZE), 0)
-        if not ptr:
+    def _alloc(self, ev: Event, allocator: Allocator) -> Optional[MemoryChange]:
+        ptr = ev.outs.get(allocator.ptr)
+        size = 1
+        for name in allocator.size:
+            value = ev.args.get(name, ev.outs.get(name))
+            size *= value if isinstance(value, int) else 0
+        if not ptr or not size:
             return None
         key = (ev.pid, ptr)
         self.freed.discard(key)
@@ -119,17 +129,19 @@ class MemoryTracker:
         self.live[key] = Allocation(ev.pid, ev.tid, ptr, size, ev.api, ev.ts_ns)
         return MemoryChange(ptr, size)
 
-    def _free(self, ev: Event) -> Optional[MemoryChange]:
-        ptr = next((v for k, v in ev.args.items() if _kinds(ev.api).get(k) == Kind.PTR), 0)
+    def _free(self, ev: Event, ptr: Any) -> Optional[MemoryChange]:
         if not ptr:
-            return None  # cudaFree(NULL) does nothing
+            return None  # freeing NULL does nothing
         key = (ev.pid, ptr)
-        alloc = self.live.pop(key, None)
+        alloc = self.live.get(key)
         if alloc is None:
             if key in self.freed:
                 self.double_frees += 1
                 return MemoryChange(ptr, 0, double_free=True)
             return None  # allocated before tracing started
+        if ev.ret:
+            return None
+        del self.live[key]
         self.freed.add(key)
         self._add(ev.pid, -alloc.size)
         return MemoryChange(ptr, -alloc.size)
@@ -141,7 +153,22 @@ class MemoryTracker:
 
     def leaks(self) -> List[Allocation]:
         """Allocations still live, oldest first."""
-        return sorted(self.live.values(), key=lambda a: a.ts_ns)
+        return sorted(self.live.values(), key=lambda a: (a.ts_ns, a.pid, a.ptr))
+
+
+def copy_direction(ev: Event) -> Optional[Tuple[str, int]]:
+    """(direction, bytes) of a successful copy ("Host-to-Device", ...: the summary's names),
+    else None (memsets are not copies)."""
+    if ev.ret or ev.phase != EXIT:
+        return None
+    operation = copy_operation(ev)
+    if operation is None or not operation.startswith(_MEMCPY):
+        return None
+    size = copy_bytes(ev)
+    return None if size is None else (operation[len(_MEMCPY):-1], size)
+
+
+_MEMCPY = "[CUDA memcpy "
 
 
 def _us(ns: int) -> float:
@@ -221,7 +248,7 @@ class ChromeTraceWriter:
             return
         emit({"name": pending.api, "cat": "enter", "ph": "i", "s": "t",
               "ts": _us(pending.ts_ns), "pid": pending.pid, "tid": pending.tid,
-              "args": self._args(pending)})
+              "args": self._args(pending, api_info(pending.api).kinds)})
 
     def _track(self, ev: Event, emit: Emit) -> None:
         if ev.pid not in self._processes:
@@ -233,8 +260,7 @@ class ChromeTraceWriter:
             emit({"name": "thread_name", "ph": "M", "pid": ev.pid, "tid": ev.tid,
                   "args": {"name": "%s %d" % (ev.comm, ev.tid)}})
 
-    def _args(self, ev: Event) -> Dict[str, Any]:
-        kinds = _kinds(ev.api)
+    def _args(self, ev: Event, kinds: Dict[str, str]) -> Dict[str, Any]:
         args = {name: arg_value(kinds.get(name), v) for name, v in ev.args.items()}
         if self.namer is not None and "func" in ev.args:
             kernel = self.namer(ev, ev.args["func"])
@@ -243,14 +269,14 @@ class ChromeTraceWriter:
         return args
 
     def _call(self, ev: Event, emit: Emit) -> None:
-        args = self._args(ev)
+        info = api_info(ev.api)
+        args = self._args(ev, info.kinds)
         args["return"] = ev.ret_name
-        args.update((name, arg_value(_kinds(ev.api).get(name), v)) for name, v in ev.outs.items())
+        args.update((name, arg_value(info.kinds.get(name), v)) for name, v in ev.outs.items())
         if ev.faults:
             args["unreadable"] = list(ev.faults)
-        row = BY_NAME.get(ev.api)
         duration = ev.duration_ns or 0
-        emit({"name": args.get("kernel", ev.api), "cat": row.category if row else "other",
+        emit({"name": args.get("kernel", ev.api), "cat": info.category,
               "ph": "X", "ts": _us(ev.ts_ns - duration), "dur": _us(duration),
               "pid": ev.pid, "tid": ev.tid, "args": args})
         if ev.ret:
@@ -276,9 +302,10 @@ class ChromeTraceWriter:
               "args": {"bytes": self.memory.live_bytes(ev.pid)}})
 
     def _copies(self, ev: Event, emit: Emit) -> None:
-        direction, size = ev.args.get("kind"), ev.args.get("size")
-        if ev.ret or not isinstance(direction, str) or not isinstance(size, int):
+        copied = copy_direction(ev)
+        if copied is None:
             return
+        direction, size = copied
         totals = self._copied.setdefault(ev.pid, {})
         totals[direction] = totals.get(direction, 0) + size
         emit({"name": "bytes copied", "ph": "C", "ts": _us(ev.ts_ns), "pid": ev.pid,

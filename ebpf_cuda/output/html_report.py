@@ -8,7 +8,7 @@ import sys
 from typing import IO, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..events import EXIT, Event
-from .chrome_trace import MemoryTracker, Namer
+from .chrome_trace import MemoryTracker, Namer, copy_direction
 
 MAX_BUCKETS = 120  # time buckets in the over-time plots
 FIRST_BUCKET_NS = 1_000_000  # 1 ms; doubled until the trace fits in MAX_BUCKETS
@@ -119,9 +119,10 @@ class HtmlReport:
             self._kernel(ev)
 
     def _copy(self, ev: Event) -> int:
-        direction, size = ev.args.get("kind"), ev.args.get("size")
-        if ev.ret or not isinstance(direction, str) or not isinstance(size, int):
+        copied = copy_direction(ev)
+        if copied is None:
             return 0
+        direction, size = copied
         row = self.copies.setdefault(direction, [0, 0, 0])
         row[0] += 1
         row[1] += size
