@@ -9,8 +9,9 @@ the file's .symtab/.dynsym (elf.py) and demangled. Everything is cached per proc
 and per address; names are resolved in user space, after the event was read.
 """
 import os
-from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
+from ..apis import BY_NAME, Kind
 from ..discovery import Mapping, process_file_path, process_mappings
 from ..elf import ElfFile, demangle, open_elf
 from ..errors import TracerError
@@ -124,15 +125,29 @@ def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
     return Frame(demangle(name), vaddr - start, path)
 
 
+HandleNamer = Callable[[int, int], Optional[str]]  # (pid, CUfunction handle) → name
+
+
+def _takes_handle(api: str) -> bool:
+    """True when the launch's `func` is a driver handle (CUfunction), not a code address."""
+    row = BY_NAME.get(api)
+    return row is not None and any(a.name == "func" and a.kind == Kind.HANDLE for a in row.args)
+
+
 class KernelNamer:
-    """Kernel names of launch addresses: `name(pid, address)` → demangled name or None.
+    """Kernel names of launches: `name(pid, address)` → demangled name or None.
 
-    Usable as a sink (its `write` calls `observe`) and as the text writer's `namer`
-    (`namer(event, address)`)."""
+    Usable as a sink (its `write` calls `observe`) and as the outputs' `namer`
+    (`namer(event, address)`): a runtime launch's `func` is a code address, named from the
+    symbols; a driver launch's is a CUfunction handle, named by `handles(pid, handle)` (the
+    decoder's names learned from cuModuleGetFunction and co.) when given."""
 
-    def __init__(self, resolver: Optional[AddressResolver] = None) -> None:
+    def __init__(self, resolver: Optional[AddressResolver] = None,
+                 handles: Optional[HandleNamer] = None) -> None:
         self.resolver = resolver or AddressResolver()
+        self.handles = handles
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
+        self._handle_apis: Dict[str, bool] = {}
 
     def observe(self, events: Iterable[Event]) -> None:
         """Snapshot the mappings of every process seen for the first time."""
@@ -141,7 +156,7 @@ class KernelNamer:
             observe(pid)
 
     def name(self, pid: int, address: int) -> Optional[str]:
-        """The demangled name of the function at `address` in process `pid`, or None."""
+        """The demangled name of the function starting at `address` in process `pid`."""
         key = (pid, address)
         if key in self._names:
             return self._names[key]
@@ -153,6 +168,11 @@ class KernelNamer:
         return name
 
     def __call__(self, event: Event, address: int) -> Optional[str]:
+        handle = self._handle_apis.get(event.api)
+        if handle is None:
+            handle = self._handle_apis[event.api] = _takes_handle(event.api)
+        if handle:
+            return self.handles(event.pid, address) if self.handles is not None else None
         return self.name(event.pid, address)
 
     # Sink protocol: snapshot processes as their events arrive.

@@ -244,7 +244,11 @@ def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) 
         return ["      (no stack)"]
     lines = []
     for depth, address in enumerate(addresses):
-        # The innermost address is where the probe fired; the others are return addresses.
-        frame = resolver.frame(pid, address, return_address=depth > 0)
+        frame = None
+        if depth == 0:  # a stack taken at function entry starts with the function itself
+            frame = resolver.frame(pid, address)
+            frame = frame if frame is not None and frame.offset == 0 else None
+        if frame is None:  # a return address: named after the call just before it
+            frame = resolver.frame(pid, address, return_address=True)
         lines.append("      #%d %s" % (depth, frame if frame is not None else "0x%x" % address))
     return lines

@@ -25,7 +25,8 @@ DIRECTIONS = {"HostToHost": "Host-to-Host", "HostToDevice": "Host-to-Device",
 _DRIVER_DIRECTION = re.compile(r"cuMemcpy([HDA])to([HDA])")
 _SIDES = {"H": "Host", "D": "Device", "A": "Array"}
 
-Namer = Callable[[int, int], Optional[str]]  # (pid, address) → kernel name
+Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
+_ELEMENT_BYTES = {"cuMemsetD16": 2, "cuMemsetD32": 4}  # driver memsets count elements
 
 
 class Stats(NamedTuple):
@@ -75,8 +76,8 @@ def copy_operation(event: Event) -> Optional[str]:
     match = _DRIVER_DIRECTION.match(api)
     if match:
         return "[CUDA memcpy %s-to-%s]" % (_SIDES[match.group(1)], _SIDES[match.group(2)])
-    kind = event.args.get("kind")
-    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind or "unknown direction")
+    kind = event.args.get("kind", "Default")  # cuMemcpy: direction from the pointers
+    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind)
 
 
 def copy_bytes(event: Event) -> Optional[int]:
@@ -84,9 +85,9 @@ def copy_bytes(event: Event) -> Optional[int]:
     args = event.args
     if "width" in args and "height" in args:
         return args["width"] * args["height"]
-    for name in ("size", "count", "ByteCount"):
+    for name in ("size", "count"):
         if isinstance(args.get(name), int):
-            return args[name]
+            return args[name] * _ELEMENT_BYTES.get(event.api[:11], 1)
     return None
 
 
@@ -97,8 +98,9 @@ def is_synchronous_copy(event: Event) -> bool:
 
 class Summary:
     """Collects completed calls (a sink, or `add(events)` on any iterable) and renders the
-    summary tables with `report()`. `namer(pid, address)` names kernels; it is asked once per
-    distinct launch address, as the events arrive (while the process still lives)."""
+    summary tables with `report()`. `namer(event, func)` names kernels (a `KernelNamer`); it
+    is asked once per process and launch address, as the events arrive (while the process
+    still lives)."""
 
     def __init__(self, namer: Optional[Namer] = None) -> None:
         self.namer = namer
@@ -135,8 +137,8 @@ class Summary:
         args = event.args
         key = (event.pid, args["func"])
         if key not in self._names:
-            self._names[key] = self.namer(*key) if self.namer is not None else None
-        self.launches[key + (args.get("grid"), args.get("block"), args.get("smem"))] += 1
+            self._names[key] = self.namer(event, key[1]) if self.namer is not None else None
+        self.launches[key + _geometry(args)] += 1
 
     # Sink protocol
     def header(self) -> None:
@@ -248,6 +250,15 @@ class Summary:
                 in sorted(merged.items(), key=lambda item: (-item[1], item[0]))]
         return title + table(("Launches", "Grid", "Block", "Smem (bytes)", "Kernel"), rows,
                              left=(1, 2, 4))
+
+
+def _geometry(args: Dict) -> Tuple:
+    """(grid, block, smem) of a launch: dim3 arguments, or the driver's gridX... scalars."""
+    grid, block = args.get("grid"), args.get("block")
+    if grid is None and "gridX" in args:
+        grid = (args["gridX"], args["gridY"], args["gridZ"])
+        block = (args["blockX"], args["blockY"], args["blockZ"])
+    return grid, block, args.get("smem")
 
 
 def _dims(value) -> str:
