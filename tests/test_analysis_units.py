@@ -1,7 +1,9 @@
 """The analysis logic on hand-made events: statistics, summary tables, leak tracking, stacks
 and kernel naming in this very process (no probes)."""
 import ctypes
+import json
 import os
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -358,3 +360,52 @@ def test_stack_frames_symbolized(kernels_lib):
     assert format_stack(os.getpid(), [], resolver) == ["      (no stack)"]
     frame = resolver.frame(os.getpid(), saxpy)
     assert frame == Frame("saxpy(int, float, float const*, float*)", 0, str(kernels_lib))
+
+
+# ---- scripts/gpu/check_trace.py on a hand-made trace --------------------------------------
+
+def _check_trace_module():
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu" / "check_trace.py"
+    spec = importlib.util.spec_from_file_location("check_trace", str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_trace_reports_resolution_and_locates_unnamed(tmp_path, capsys):
+    libc = ctypes.CDLL(None)
+    inside_printf = _address(libc.printf) + 1
+    pid = os.getpid()
+
+    def launch(func, kernel=None, ts=1.0):
+        obj = {"ts": ts, "pid": pid, "tid": pid, "comm": "t", "api": "cudaLaunchKernel",
+               "phase": "exit", "args": {"func": func, "grid": [4, 1, 1], "block": [256, 1, 1],
+                                         "smem": 0, "stream": 0},
+               "ret": 0, "ret_name": "cudaSuccess", "duration_ns": 1000}
+        if kernel:
+            obj["kernel"] = kernel
+        return obj
+
+    lines = [launch(0x1000, "vecAdd(float const*, float const*, float*, int)")] * 3 + \
+        [launch(inside_printf),
+         {"ts": 2.0, "pid": pid, "tid": pid, "comm": "t", "api": "cudaMalloc", "phase": "exit",
+          "args": {"size": 64}, "ret": 0, "ret_name": "cudaSuccess", "duration_ns": 10,
+          "ptr": 0x7f00},
+         {"ts": 3.0, "pid": pid, "tid": pid, "comm": "t", "api": "cudaMemcpy", "phase": "exit",
+          "args": {"dst": 1, "src": 2, "size": 100, "kind": "HostToDevice"}, "ret": 0,
+          "ret_name": "cudaSuccess", "duration_ns": 10}]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    check = _check_trace_module()
+    assert check.main([str(trace), "--maps", "/proc/self/maps", "--expect-leak", "64",
+                       "--expect-copy", "HostToDevice=100"]) == 0
+    out = capsys.readouterr().out
+    assert "6 events, 4 launches, 3 named: 75.0% resolved" in out
+    assert "       3  vecAdd(float const*, float const*, float*, int)" in out
+    assert re.search(r"unnamed 0x%x \(1 launches\): \w*printf\+0x1 \(libc\.so\.6\)"
+                     % inside_printf, out), out
+    assert "Leaks: 1 of 1 allocations never freed, 64 bytes" in out
+    assert check.main([str(trace), "--min-resolved", "0.9", "--expect-kernel", "nope"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: 75.0% of launches named" in out and "FAIL: kernel 'nope' never named" in out

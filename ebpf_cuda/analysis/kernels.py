@@ -12,7 +12,7 @@ import os
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from ..apis import BY_NAME, Kind
-from ..discovery import Mapping, process_file_path, process_mappings
+from ..discovery import Mapping, parse_maps_line, process_file_path, process_mappings
 from ..elf import ElfFile, demangle, open_elf
 from ..errors import TracerError
 from ..events import Event
@@ -48,6 +48,11 @@ class ProcessMaps:
         except TracerError:
             return cls(pid, [])
 
+    @classmethod
+    def parse(cls, pid: int, text: str) -> "ProcessMaps":
+        """A snapshot from the text of a /proc/PID/maps file saved earlier."""
+        return cls(pid, [m for m in map(parse_maps_line, text.splitlines()) if m is not None])
+
     def file_offset(self, address: int) -> Optional[Tuple[str, int]]:
         """(path, offset in that file) of a run-time address, or None when not covered."""
         for mapping, path in self.mappings:
@@ -78,6 +83,10 @@ class AddressResolver:
         """Snapshot `pid`'s mappings unless already done (cheap after the first call)."""
         if pid not in self._maps:
             self._maps[pid] = ProcessMaps.read(pid)
+
+    def use(self, maps: ProcessMaps) -> None:
+        """Take `maps` as the snapshot of its process (a saved maps file, a test's mappings)."""
+        self._maps[maps.pid] = maps
 
     def locate(self, pid: int, address: int) -> Optional[Tuple[str, int]]:
         """(path, file virtual address) of a run-time address in process `pid`."""
