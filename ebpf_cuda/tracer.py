@@ -30,6 +30,8 @@ INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LR
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
+_FRAME_SIZE = 8 + record.SIZE  # ring header + record
+_PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) half of pid_tgid, in u32 words
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Tracer:
         self.command = list(command or [])
         self.return_probes = return_probes
         self.entries = entries
-        self.ring_size = ring_size
+        self.ring_size = _check_ring_size(ring_size)
         self.stacks = stacks
         self.aggregate = aggregate
         self.emit = emit
@@ -328,9 +330,7 @@ class Tracer:
         """Events until the target ends, `stop()` is called or `timeout` seconds pass.
         Everything produced before the end is drained and yielded."""
         for frames in self.frames(timeout):
-            for event in self.decoder.decode_frames(frames):
-                if self.keeps(event.pid):
-                    yield event
+            yield from self.decoder.decode_frames(frames)
 
     def keeps(self, pid: int) -> bool:
         """Whether events of process `pid` belong to this trace: with a followed command,
@@ -345,7 +345,8 @@ class Tracer:
 
     def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
         """Like `events()`, but batches of raw ring frames (8-byte header + record each),
-        for callers that save or count records without decoding them."""
+        for callers that save or count records without decoding them. With a followed
+        command, frames of processes outside its tree are already left out."""
         self.start()
         self.run()
         assert self._ring is not None
@@ -370,7 +371,21 @@ class Tracer:
             frames = self._ring.drain_frames(record.SIZE)
             if not frames:
                 return
-            yield frames
+            if self._tree is not None:
+                frames = self._only_tree(frames)
+            if frames:
+                yield frames
+
+    def _only_tree(self, frames: bytes) -> bytes:
+        """The frames of processes in the followed command's tree (all of them, usually)."""
+        words = memoryview(frames).cast("I")
+        stride = _FRAME_SIZE // 4
+        pids = words[_PID_WORD::stride].tolist()
+        keep = [self.keeps(pid) for pid in pids]
+        if all(keep):
+            return frames
+        return b"".join(frames[i * _FRAME_SIZE:(i + 1) * _FRAME_SIZE]
+                        for i, kept in enumerate(keep) if kept)
 
     @property
     def decoder(self) -> Decoder:
@@ -473,6 +488,14 @@ def _select(functions: Optional[Sequence[str]], api: str, everything: bool) -> L
     except KeyError as err:
         raise UsageError("unknown function %s (known: %s)"
                          % (err.args[0], ", ".join(a.name for a in apis.TABLE))) from None
+
+
+def _check_ring_size(size: int) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    if size < page or size & (size - 1):
+        raise UsageError("the ring buffer size must be a power of two of at least %d bytes, "
+                         "not %d" % (page, size))
+    return size
 
 
 def _alive(pid: int) -> bool:

@@ -6,9 +6,11 @@
 // Adds two vectors of 1000 floats on the device: 3 cudaMalloc (4000 bytes each), 2 cudaMemcpy
 // host-to-device, one vecAdd<<<4, 256>>> launch, 1 cudaMemcpy device-to-host, 3 cudaFree.
 // Prints "PASSED" and exits 0 when every element is right, else prints why and exits 1.
+// `basic02 MS` first prints its pid and sleeps MS milliseconds (time to attach with -d PID).
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 static const int N = 1000;
 static const int THREADS = 256;
@@ -27,7 +29,12 @@ static bool ok(cudaError_t err, const char *what) {
     return false;
 }
 
-int main() {
+int main(int argc, char **argv) {
+    if (argc > 1) {
+        std::printf("pid %d\n", (int)getpid());
+        std::fflush(stdout);
+        usleep(1000 * atoi(argv[1]));
+    }
     const size_t bytes = N * sizeof(float);   // 4000
     float a[N], b[N], c[N];
     for (int i = 0; i < N; i++) {

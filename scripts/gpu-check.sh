@@ -1,41 +1,47 @@
 #!/usr/bin/env bash
-# gpu-check.sh (draft): on a GPU host with nvcc, build examples/basic02.cu both ways nvcc links
-# the CUDA runtime, run each once plain, then under the tracer.
+# gpu-check.sh: on a GPU host (root, nvcc, pyelftools and click importable), build
+# examples/basic02.cu both ways nvcc links the CUDA runtime and trace it every way the
+# tracer can: -- COMMAND, -p PATH (system-wide, then run), -d PID (attach to a running one).
+# Each JSON trace is checked by scripts/check_basic02.py.
 #
 #   scripts/gpu-check.sh [OUTDIR]        (default OUTDIR: build/gpu-check)
-#
-# static (nvcc's default, `-cudart static`): cudaMalloc etc. live inside the binary itself;
-# shared (`-cudart shared`): they live in libcudart.so.N, found through the binary's NEEDED list.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
-
 OUT=${1:-build/gpu-check}
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+TRACE="python3 -m ebpf_cuda"
 mkdir -p "$OUT"
+status=0
+check() { python3 scripts/check_basic02.py "$1" || status=1; }
 
-if [ ! -x "$NVCC" ]; then
-    echo "gpu-check: nvcc not found (set NVCC=/path/to/nvcc)" >&2
-    exit 2
-fi
-"$NVCC" --version | tail -n 2
+"$NVCC" --version | tail -n 1
+"$NVCC" -O2 -o "$OUT/basic02-static" examples/basic02.cu || exit 2
+"$NVCC" -O2 -cudart shared -o "$OUT/basic02-shared" examples/basic02.cu || exit 2
 
-echo "== build"
-"$NVCC" -O2 -o "$OUT/basic02-static" examples/basic02.cu
-"$NVCC" -O2 -cudart shared -o "$OUT/basic02-shared" examples/basic02.cu
-if command -v ldd >/dev/null; then
-    ldd "$OUT/basic02-shared" | grep -i cudart || true
-fi
+for kind in static shared; do
+    bin="$OUT/basic02-$kind"
+    echo "== $kind: text output, -- COMMAND"
+    $TRACE -v -- "$bin"
+    echo "== $kind: -- COMMAND, JSON"
+    $TRACE --json -o "$OUT/$kind-command.jsonl" -- "$bin" && check "$OUT/$kind-command.jsonl"
 
-echo "== run untraced"
-"$OUT/basic02-static"
-"$OUT/basic02-shared"
+    echo "== $kind: -p PATH (system-wide), then run"
+    path="$bin"
+    [ "$kind" = shared ] && path=$(ldd "$bin" | awk '/libcudart/ {print $3}')
+    $TRACE --json -o "$OUT/$kind-path.jsonl" -p "$path" &
+    tracer=$!
+    sleep 3
+    "$bin"
+    sleep 1
+    kill -INT $tracer; wait $tracer
+    check "$OUT/$kind-path.jsonl"
 
-echo "== run traced"
-# TODO(lead): trace the static build: the runtime functions are inside the binary, e.g.
-#   ebpf-cuda -- "$OUT/basic02-static"
-# and check 3 cudaMalloc, 3 cudaMemcpy, 1 launch of vecAdd <<<(4,1,1),(256,1,1)>>>, 3 cudaFree.
-# TODO(lead): trace the shared build the same way (probes go on libcudart.so.N):
-#   ebpf-cuda -- "$OUT/basic02-shared"
-# TODO(lead): trace the ctypes example against the toolkit's libcudart:
-#   ebpf-cuda -- python3 examples/cuda_calls.py /usr/local/cuda/targets/x86_64-linux/lib/libcudart.so.13
-echo "gpu-check: builds and untraced runs OK (tracing steps are TODO)"
+    echo "== $kind: -d PID"
+    "$bin" 3000 > "$OUT/$kind-pid.out" &
+    target=$!
+    sleep 0.5
+    $TRACE --json -o "$OUT/$kind-pid.jsonl" -d $target
+    wait $target
+    check "$OUT/$kind-pid.jsonl"
+done
+exit $status
