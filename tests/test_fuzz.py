@@ -1,0 +1,307 @@
+"""Fuzzing the two parsers that read untrusted bytes: the ELF symbol reader and the record
+decoder. Whatever the input, the only exceptions allowed out are ElfError (and its subclasses)
+and DecodeError: anything else would surface as a traceback in the CLI.
+
+Hypothesis mutates a real small ELF (tests/native/robust_stub.c built as a shared library):
+bit flips weighted towards the headers and tables, truncations, overwrites with random or
+boundary values, and random files that start like an ELF. The decoder gets random batches
+and random records with valid and invalid function ids and phases.
+
+tests/fuzz_corpus/ keeps regression inputs: `elf_mutations.json` describes damaged ELF files
+by field (so they apply to whatever gcc builds here), `decoder_records.json` damaged records.
+Add every input that ever made a parser crash. A longer coverage-guided run:
+bench/fuzz_atheris.py.
+"""
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ebpf_cuda import apis, record
+from ebpf_cuda.elf import ElfFile
+from ebpf_cuda.errors import DecodeError, ElfError
+from ebpf_cuda.events import Decoder
+from fakecuda import LIB_FLAGS
+
+CORPUS = Path(__file__).parent / "fuzz_corpus"
+NAMES = ("cudaMemcpy", "cudaGetDevice", "cudaMalloc", "cudaFree", "robust_semaphore", "nope")
+FUZZ = settings(max_examples=150, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+BOUNDARY = (0, 1, 7, 8, 0x40, 0x7FFFFFFF, 0xFFFFFFFF, 0x100000000, 2 ** 63 - 1, 2 ** 64 - 1)
+
+HEADER_FIELDS = {"e_type": (16, "H"), "e_machine": (18, "H"), "e_version": (20, "I"),
+                 "e_entry": (24, "Q"), "e_phoff": (32, "Q"), "e_shoff": (40, "Q"),
+                 "e_ehsize": (52, "H"), "e_phentsize": (54, "H"), "e_phnum": (56, "H"),
+                 "e_shentsize": (58, "H"), "e_shnum": (60, "H"), "e_shstrndx": (62, "H")}
+SECTION_FIELDS = {"sh_name": (0, "I"), "sh_type": (4, "I"), "sh_flags": (8, "Q"),
+                  "sh_addr": (16, "Q"), "sh_offset": (24, "Q"), "sh_size": (32, "Q"),
+                  "sh_link": (40, "I"), "sh_info": (44, "I"), "sh_addralign": (48, "Q"),
+                  "sh_entsize": (56, "Q")}
+SEGMENT_FIELDS = {"p_type": (0, "I"), "p_flags": (4, "I"), "p_offset": (8, "Q"),
+                  "p_vaddr": (16, "Q"), "p_paddr": (24, "Q"), "p_filesz": (32, "Q"),
+                  "p_memsz": (40, "Q"), "p_align": (48, "Q")}
+SYMBOL_FIELDS = {"st_name": (0, "I"), "st_info": (4, "B"), "st_other": (5, "B"),
+                 "st_shndx": (6, "H"), "st_value": (8, "Q"), "st_size": (16, "Q")}
+
+
+class Base:
+    """The unharmed ELF and where its parts are."""
+
+    def __init__(self, path: Path) -> None:
+        self.data = path.read_bytes()
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            self.shoff, self.phoff = elf["e_shoff"], elf["e_phoff"]
+            self.phnum = elf["e_phnum"]
+            self.sections = {}  # name -> (index, header offset, file offset, size)
+            for index, section in enumerate(elf.iter_sections()):
+                self.sections[section.name] = (index, self.shoff + 64 * index,
+                                               section["sh_offset"], section["sh_size"])
+            self.symbols = {}  # "section:name" -> entry offset in the file
+            for table in (".symtab", ".dynsym"):
+                section = elf.get_section_by_name(table)
+                for k, symbol in enumerate(section.iter_symbols()):
+                    self.symbols["%s:%s" % (table, symbol.name)] = section["sh_offset"] + 24 * k
+
+    def regions(self):
+        """(start, end) of the parts worth damaging: headers and tables, then anything."""
+        parts = [(0, 64), (self.phoff, self.phoff + 56 * self.phnum),
+                 (self.shoff, len(self.data))]
+        for name in (".symtab", ".dynsym", ".strtab", ".dynstr", ".dynamic"):
+            _, _, offset, size = self.sections[name]
+            parts.append((offset, offset + size))
+        return parts + [(0, len(self.data))]
+
+
+@pytest.fixture(scope="module")
+def base(cc) -> Base:
+    return Base(cc.shared("robust_stub.c", "fuzz_base.so", extra=list(LIB_FLAGS)))
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("fuzz") / "damaged.so"
+
+
+def read_symbols(path: Path) -> None:
+    """Everything a tracer asks of a file; only ElfError may come out."""
+    try:
+        elf = ElfFile(str(path))
+        functions = elf.functions()
+        for name in list(functions)[:40] + list(NAMES):
+            try:
+                elf.symbol_offset(name)
+            except ElfError:
+                pass
+        elf.has_any(NAMES)
+        for address in list(functions.values())[:40]:
+            elf.symbolize(address)
+            elf.symbolize_offset(address)
+    except ElfError:
+        pass
+
+
+def check_elf(scratch: Path, data: bytes) -> None:
+    scratch.write_bytes(data)
+    read_symbols(scratch)
+
+
+# -- ELF: hypothesis ------------------------------------------------------------------------
+
+
+@FUZZ
+@given(st.data())
+def test_elf_bit_flips(base, scratch, data):
+    damaged = bytearray(base.data)
+    regions = base.regions()
+    for _ in range(data.draw(st.integers(1, 16), "flips")):
+        start, end = data.draw(st.sampled_from(regions), "region")
+        position = data.draw(st.integers(start, max(start, min(end, len(damaged)) - 1)))
+        damaged[position] ^= 1 << data.draw(st.integers(0, 7))
+    check_elf(scratch, bytes(damaged))
+
+
+@FUZZ
+@given(st.data())
+def test_elf_truncations(base, scratch, data):
+    check_elf(scratch, base.data[:data.draw(st.integers(0, len(base.data)), "length")])
+
+
+@FUZZ
+@given(st.data())
+def test_elf_overwrites(base, scratch, data):
+    damaged = bytearray(base.data)
+    for _ in range(data.draw(st.integers(1, 4), "writes")):
+        start, end = data.draw(st.sampled_from(base.regions()), "region")
+        position = data.draw(st.integers(start, max(start, end - 8)), "position")
+        if data.draw(st.booleans(), "boundary value"):
+            value = struct.pack("<Q", data.draw(st.sampled_from(BOUNDARY)))
+        else:
+            value = data.draw(st.binary(min_size=1, max_size=16), "bytes")
+        damaged[position:position + len(value)] = value
+    check_elf(scratch, bytes(damaged[:len(base.data)]))
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+def test_elf_random_files(scratch, tail):
+    check_elf(scratch, b"\x7fELF\x02\x01\x01" + tail)
+
+
+# -- ELF: regression corpus -----------------------------------------------------------------
+
+
+def _put(buffer: bytearray, offset: int, fmt: str, value: int) -> None:
+    struct.pack_into("<" + fmt, buffer, offset, value & ((1 << (8 * struct.calcsize(fmt))) - 1))
+
+
+def apply_mutation(base: Base, case: dict) -> bytes:
+    """The base ELF damaged as a corpus entry describes (fields by name, so the entry fits
+    whatever the compiler produced)."""
+    damaged = bytearray(base.data)
+    for field, value in case.get("header", {}).items():
+        offset, fmt = HEADER_FIELDS[field]
+        _put(damaged, offset, fmt, len(damaged) if value == "filesize" else value)
+    for name, fields in case.get("sections", {}).items():
+        index, header, _, _ = base.sections[name]
+        for field, value in fields.items():
+            offset, fmt = SECTION_FIELDS[field]
+            _put(damaged, header + offset, fmt, index if value == "self" else value)
+    for key, fields in case.get("symbols", {}).items():
+        for field, value in fields.items():
+            offset, fmt = SYMBOL_FIELDS[field]
+            _put(damaged, base.symbols[key] + offset, fmt, value)
+    for which, fields in case.get("segments", {}).items():
+        for k in range(base.phnum) if which == "*" else [int(which)]:
+            for field, value in fields.items():
+                offset, fmt = SEGMENT_FIELDS[field]
+                _put(damaged, base.phoff + 56 * k + offset, fmt, value)
+    for offset, bit in case.get("flips", []):
+        damaged[offset] ^= 1 << bit
+    cut = case.get("truncate")
+    if cut:
+        if "at" in cut:
+            damaged = damaged[:cut["at"]]
+        elif "from_end" in cut:
+            damaged = damaged[:-cut["from_end"]]
+        else:
+            damaged = damaged[:base.sections[cut["section"]][2] + cut["plus"]]
+    return bytes(damaged)
+
+
+ELF_CASES = json.loads((CORPUS / "elf_mutations.json").read_text())
+
+
+@pytest.mark.parametrize("case", ELF_CASES, ids=[c["what"] for c in ELF_CASES])
+def test_elf_corpus(base, scratch, case):
+    check_elf(scratch, apply_mutation(base, case))
+
+
+def test_elf_corpus_base_is_readable(base, scratch):
+    scratch.write_bytes(base.data)
+    assert {"cudaMemcpy", "cudaGetDevice"} <= set(ElfFile(str(scratch)).functions())
+
+
+# -- decoder ----------------------------------------------------------------------------------
+
+FRAME = 8 + record.SIZE
+
+
+def decode_all(frames: bytes = b"", payload: bytes = None) -> None:
+    decoder = Decoder(clock_offset_ns=0)
+    try:
+        events = list(decoder.decode_frames(frames)) if payload is None \
+            else decoder.decode_record(payload)
+    except DecodeError:
+        return
+    for event in events:
+        json.dumps(event.to_json())  # what --json does with it
+
+
+def make_record(fn_id: int, phase: int, fill: int, ret=None, flags=None, comm=None,
+                ts=None) -> bytes:
+    raw = bytearray([fill]) * record.SIZE
+    struct.pack_into("<HB", raw, record.FN_ID, fn_id, phase)
+    if ret is not None:
+        struct.pack_into("<Q", raw, record.RET, ret)
+    if flags is not None:
+        raw[record.FLAGS] = flags
+    if comm is not None:
+        raw[record.COMM:record.COMM + len(comm)] = comm
+    if ts is not None:
+        struct.pack_into("<QQ", raw, record.TS_ENTER, *ts)
+    return bytes(raw)
+
+
+@FUZZ
+@given(st.binary(max_size=4 * FRAME))
+def test_decoder_random_batches(frames):
+    decode_all(frames)
+
+
+@FUZZ
+@given(st.integers(0, 3), st.binary(min_size=FRAME, max_size=FRAME))
+def test_decoder_random_whole_frames(count, frame):
+    decode_all(frame * count)
+
+
+@FUZZ
+@given(st.binary(max_size=2 * record.SIZE))
+def test_decoder_random_records(payload):
+    decode_all(payload=payload)
+
+
+@FUZZ
+@given(st.integers(0, len(apis.TABLE) + 2), st.sampled_from([0, 1, 2]),
+       st.binary(min_size=record.SIZE, max_size=record.SIZE))
+def test_decoder_records_of_every_function(fn_id, phase, noise):
+    raw = bytearray(noise)
+    struct.pack_into("<HB", raw, record.FN_ID, fn_id, phase)
+    decode_all(payload=bytes(raw))
+    decode_all(frames=bytes(8) + bytes(raw))
+
+
+DECODER_CASES = json.loads((CORPUS / "decoder_records.json").read_text())
+
+
+@pytest.mark.parametrize("case", DECODER_CASES, ids=[c["what"] for c in DECODER_CASES])
+def test_decoder_corpus(case):
+    if "frames_hex" in case:
+        return decode_all(bytes.fromhex(case["frames_hex"]))
+    if "frames_short_by" in case:
+        return decode_all(bytes(FRAME - case["frames_short_by"]))
+    if "frames_fill" in case:
+        return decode_all(bytes([case["frames_fill"]]) * FRAME)
+    if "record_hex" in case:
+        return decode_all(payload=bytes.fromhex(case["record_hex"]))
+    if "record_fill" in case:
+        return decode_all(payload=bytes([case["record_fill"]]) * record.SIZE)
+    names = [api.name for api in apis.TABLE]
+    fn_id = case.get("fn_id")
+    if fn_id is None:
+        fn = case["fn"]
+        if fn != "__past_end__" and fn not in names:
+            pytest.skip("%s is not in the table" % fn)
+        fn_id = len(names) if fn == "__past_end__" else names.index(fn)
+    comm = bytes.fromhex(case["comm_hex"]) if "comm_hex" in case else None
+    payload = make_record(fn_id, case["phase"], case["fill"], case.get("ret"),
+                          case.get("flags"), comm, case.get("ts"))
+    decode_all(payload=payload)
+    decode_all(frames=bytes(8) + payload)
+
+
+def test_decoder_nan_out_parameter_is_json():
+    """A float out-parameter read as NaN still becomes a JSON line (json writes NaN)."""
+    names = [api.name for api in apis.TABLE]
+    if "cudaEventElapsedTime" not in names:
+        pytest.skip("cudaEventElapsedTime is not in the table")
+    payload = make_record(names.index("cudaEventElapsedTime"), record.PHASE_CALL, 255, ret=0,
+                          flags=0)
+    events = Decoder(clock_offset_ns=0).decode_record(payload)
+    values = [v for v in events[-1].outs.values() if isinstance(v, float)]
+    assert values and math.isnan(values[0])

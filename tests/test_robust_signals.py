@@ -1,0 +1,82 @@
+"""Stopping the tracer: nothing produced before the stop is lost, and the target is unharmed.
+
+- `-- COMMAND`: SIGINT/SIGTERM to the tracer go to the command; the tracer keeps reading until
+  the command has ended, then drains the ring; the command's exit status becomes its own.
+- `-d PID`: SIGINT/SIGTERM stop the tracer after it drained every record already written. The
+  workload makes a burst of calls and says so; the signal is sent the moment it does, while the
+  tracer is still far behind, so the drain is what delivers most of them.
+- SIGKILL: the kernel drops the probes with the tracer's file descriptors; the target keeps
+  running (even a call in flight through a return probe returns normally).
+"""
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_robust_support import (Workload, dlopener, exits, json_events, links_on,  # noqa: F401
+                                 lost_from_stderr, read_line, robust, start_cli, stop, wait_for)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_command_gets_the_signal_and_every_event_is_kept(root, robust, tmp_path, sig):
+    lib, prog = robust
+    out = tmp_path / "trace.jsonl"
+    tracer = start_cli(["--json", "-o", out, "--ring-size", "32M", "--functions", "cudaMemcpy",
+                        "--", prog, "signal", 20000, 5000, 42])
+    line = read_line(tracer.stdout, 30)
+    assert line.startswith("done 20000"), line
+    status, stdout, stderr = stop(tracer, sig)  # the tracer is still reading the burst
+    assert "after 5000 sig=%d" % sig in stdout, "the command did not get the signal"
+    assert status == 42, stderr  # the command's exit status passes through
+    assert lost_from_stderr(stderr) == 0
+    assert "Traceback" not in stderr
+    calls = exits(json_events(out))
+    assert len(calls) == 25000  # the 5000 made after the signal too: read until the end
+    assert links_on(lib) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_pid_trace_drains_everything_made_before_the_signal(root, robust, tmp_path, sig):
+    lib, prog = robust
+    out = tmp_path / "trace.jsonl"
+    target = Workload([prog, "bursts"])
+    try:
+        tracer = start_cli(["-d", target.pid, "--json", "-o", out, "--ring-size", "32M",
+                            "--functions", "cudaMemcpy"])
+        target.calls(50000)
+        status, _, stderr = stop(tracer, sig)
+        assert status == 0, stderr
+        assert lost_from_stderr(stderr) == 0 and "Traceback" not in stderr
+        calls = exits(json_events(out))
+        assert len(calls) == 50000
+        assert {e["pid"] for e in calls} == {target.pid}
+        assert sorted(e["args"]["size"] for e in calls) == list(range(50000))
+        target.calls(1000)  # untraced now, and unharmed
+        assert target.finish() == 0
+    finally:
+        target.kill()
+
+
+def test_sigkill_leaves_no_probe_and_the_target_runs_on(root, robust, tmp_path):
+    lib, prog = robust
+    target = Workload([prog, "bursts"])
+    try:
+        tracer = start_cli(["-d", target.pid, "--json", "-o", tmp_path / "t.jsonl",
+                            "--functions", "cudaMemcpy"])
+        assert len(links_on(lib)) >= 2  # entry and return probes are in the kernel
+        target.calls(1000)
+        # Kill the tracer in the middle of a long burst: calls are in flight through the
+        # return probe's trampoline when the probes go away.
+        target.proc.stdin.write("3000000\n")
+        target.proc.stdin.flush()
+        time.sleep(0.3)
+        tracer.kill()
+        tracer.wait(10)
+        answer = read_line(target.proc.stdout, 120).strip()
+        assert answer == "done 3000000 total=3001000", answer
+        wait_for(lambda: links_on(lib) == [], what="the probes to go away")
+        target.calls(100000)
+        assert target.finish() == 0  # every call returned cudaSuccess
+    finally:
+        target.kill()
