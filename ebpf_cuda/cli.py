@@ -2,14 +2,19 @@
 exits or installs signal handlers."""
 import os
 import signal
+import stat
 import sys
 from typing import IO, List, Optional, Tuple
 
 import click
 
 from . import apis
+from .analysis import KernelNamer, LeakTracker, Summary, format_leaks
 from .errors import TracerError, UsageError, VerifierError
 from .output import Sink
+from . import savefile
+from .output.chrome_trace import ChromeTraceWriter
+from .output.html_report import HtmlReport
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
@@ -34,12 +39,32 @@ def _split_functions(value: Optional[str]) -> Optional[List[str]]:
 
 
 def _open_output(path: Optional[str]) -> IO[str]:
+    """The file to write (created with the user's umask); a symbolic link is followed only
+    when it belongs to us or to root, so that root cannot be tricked into overwriting a file
+    through another user's link (the /tmp symlink attack)."""
     if path is None:
         return sys.stdout
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
-        return open(path, "w", buffering=1 << 16)
+        if not _trusted_symlink(path):
+            flags |= os.O_NOFOLLOW  # not a link, and one swapped in meanwhile fails (ELOOP)
+        return os.fdopen(os.open(path, flags, 0o666), "w", buffering=1 << 16)
     except OSError as err:
         raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
+
+
+def _trusted_symlink(path: str) -> bool:
+    """True if `path` is a symbolic link owned by us or root; UsageError if another user's."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISLNK(st.st_mode):
+        return False
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UsageError("refusing to write %s: it is a symbolic link owned by another user "
+                         "(uid %d)" % (path, st.st_uid))
+    return True
 
 
 def _log(verbose: int):
@@ -75,11 +100,29 @@ def _log(verbose: int):
 @click.option("--entries", is_flag=True,
               help="Also emit each call's entry as it happens (for calls that block).")
 @click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
+@click.option("--summary", is_flag=True,
+              help="At the end, print summary tables (nsys stats style): time per function, "
+                   "memory operations, copy bandwidth, errors, kernels. Without --json or -o, "
+                   "no per-event lines.")
+@click.option("--leaks", is_flag=True,
+              help="Flag double frees and frees of unknown pointers as they happen; at the "
+                   "end, list the allocations never freed.")
+@click.option("--stacks", is_flag=True,
+              help="Capture the user call stack of memory calls (--leaks shows where each "
+                   "leak was allocated).")
+@click.option("--save", metavar="FILE",
+              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` later.")
+@click.option("--trace-out", metavar="FILE.json",
+              help="Write a timeline in Chrome trace format (open in Perfetto UI).")
+@click.option("--report", "report_html", metavar="FILE.html",
+              help="Write a self-contained HTML report (tables and plots).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
-          ring_size: str, entries: bool, list_functions: bool, command: Tuple[str, ...]) -> None:
+          ring_size: str, entries: bool, list_functions: bool, summary: bool, leaks: bool,
+          stacks: bool, save: Optional[str], trace_out: Optional[str],
+          report_html: Optional[str], command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
         for row in apis.TABLE:
@@ -91,13 +134,21 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=parse_size(ring_size), log=_log(verbose))
-    sinks = _event_sinks(output, as_json, no_timestamps)
+                    ring_size=parse_size(ring_size), stacks=stacks, log=_log(verbose))
+    namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle))
+    analyses = _analyses(namer, summary, leaks)
+    sinks = [namer] + analyses + _event_sinks(output, as_json, no_timestamps, namer,
+                                              events_wanted=not analyses and not (
+                                                  trace_out or report_html))
+    sinks += _file_sinks(trace_out, report_html, namer)
     with tracer:
+        _install_signals(tracer)  # first: a signal after the start line must not kill us
         _report_start(tracer, verbose)
-        _install_signals(tracer)
-        _run(tracer, sinks)
+        _run(tracer, sinks, _saver(save, tracer, namer, sinks))
+        reports = _final_reports(analyses, tracer, namer, stacks)
         stats = tracer.stats()
+    if reports:  # after JSON Lines on stdout, reports go to stderr
+        click.echo("\n\n".join(reports), err=as_json and output is None)
     if stats["lost"]:
         click.echo("ebpf-cuda: %d events lost: the ring buffer was full (try --ring-size)"
                    % stats["lost"], err=True)
@@ -105,21 +156,74 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         sys.exit(tracer.exit_status)
 
 
-def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool) -> List[Sink]:
-    """Where decoded events go: text or JSON lines. Analyses and files add sinks here."""
+def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
+                 namer: Optional[KernelNamer] = None, events_wanted: bool = True) -> List[Sink]:
+    """Where decoded events go: text or JSON lines. Analyses and files add sinks here.
+    With only end-of-run reports asked for (`events_wanted` False) and neither --json nor -o,
+    no per-event writer at all."""
+    if not events_wanted and not as_json and output is None:
+        return []
     stream = _open_output(output)
-    writer = JsonWriter(stream) if as_json else TextWriter(stream, timestamps=not no_timestamps)
-    return [writer]
+    if as_json:
+        return [JsonWriter(stream, namer=namer)]
+    return [TextWriter(stream, timestamps=not no_timestamps, namer=namer)]
 
 
-def _run(tracer: Tracer, sinks: List[Sink]) -> None:
+def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
+    """Sinks that build end-of-run reports; leak warnings are printed as they happen."""
+    def warn(warning) -> None:
+        click.echo("ebpf-cuda: warning: %s" % warning, err=True)
+
+    analyses: List[Sink] = []
+    if summary:
+        analyses.append(Summary(namer=namer))
+    if leaks:
+        analyses.append(LeakTracker(on_warning=warn))
+    return analyses
+
+
+def _final_reports(analyses: List[Sink], tracer: Tracer, namer: KernelNamer,
+                   stacks: bool) -> List[str]:
+    """The reports of the analyses, rendered while the tracer (its stack map) is still open."""
+    reports = []
+    for analysis in analyses:
+        if isinstance(analysis, Summary):
+            reports.append(analysis.report())
+        elif isinstance(analysis, LeakTracker):
+            reports.append(format_leaks(analysis, tracer.stack if stacks else None,
+                                        namer.resolver))
+    return reports
+
+
+def _file_sinks(trace_out: Optional[str], report_html: Optional[str], namer) -> List[Sink]:
+    """The timeline (--trace-out) and HTML report (--report) writers."""
+    sinks: List[Sink] = []
+    if trace_out:
+        sinks.append(ChromeTraceWriter(_open_output(trace_out), namer=namer))
+    if report_html:
+        sinks.append(HtmlReport(_open_output(report_html), namer=namer))
+    return sinks
+
+
+def _saver(path: Optional[str], tracer: Tracer, namer, sinks: List[Sink]):
+    """With --save: the raw-trace writer (also a sink, to learn kernel names)."""
+    if not path:
+        return None
+    saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
+    sinks.append(saver)
+    return saver
+
+
+def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     """Read until the end, decoding each batch once and handing it to every sink."""
     for sink in sinks:
         sink.header()
     decode = tracer.decoder.decode_frames
     try:
         for frames in tracer.frames():
-            events = list(decode(frames))
+            if saver is not None:
+                saver.write_frames(frames)
+            events = [event for event in decode(frames) if tracer.keeps(event.pid)]
             for sink in sinks:
                 sink.write(events)
             sys.stdout.flush()  # a person watching sees each batch as it comes
@@ -157,10 +261,50 @@ def _install_signals(tracer: Tracer) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", metavar="FILE")
+@click.option("-t", "--no-timestamps", is_flag=True, help="Leave the time column out.")
+@click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
+@click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
+@click.option("--summary", is_flag=True, help="Print the summary tables.")
+@click.option("--leaks", is_flag=True, help="Flag double frees; list allocations never freed.")
+@click.option("--trace-out", metavar="FILE.json", help="Write a Chrome trace timeline.")
+@click.option("--report", "report_html", metavar="FILE.html", help="Write an HTML report.")
+def report_cmd(path: str, no_timestamps: bool, as_json: bool, output: Optional[str],
+               summary: bool, leaks: bool, trace_out: Optional[str],
+               report_html: Optional[str]) -> None:
+    """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]. Needs no
+    privileges; kernel names are those known when tracing."""
+    saved = savefile.load(path)
+    analyses = _analyses(saved.namer, summary, leaks)
+    sinks = analyses + _event_sinks(output, as_json, no_timestamps, saved.namer,
+                                    events_wanted=not analyses and not (trace_out or report_html))
+    sinks += _file_sinks(trace_out, report_html, saved.namer)
+    for sink in sinks:
+        sink.header()
+    try:
+        for events in saved.batches():
+            for sink in sinks:
+                sink.write(events)
+    finally:
+        for sink in sinks:
+            sink.close()
+    reports = [a.report() if isinstance(a, Summary) else format_leaks(a) for a in analyses]
+    if reports:  # as the live command shows them
+        click.echo("\n\n".join(reports), err=as_json and output is None)
+    if saved.truncated:
+        click.echo("ebpf-cuda: %s ends in a partial record (the tracer was killed?)" % path,
+                   err=True)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the console script: errors become one line and an exit code."""
     try:
-        trace.main(args=argv, prog_name="ebpf-cuda", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else list(argv)
+        if args[:1] == ["report"]:
+            report_cmd.main(args=args[1:], prog_name="ebpf-cuda report", standalone_mode=False)
+        else:
+            trace.main(args=args, prog_name="ebpf-cuda", standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as err:
