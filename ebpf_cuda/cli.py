@@ -223,7 +223,7 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
         for frames in tracer.frames():
             if saver is not None:
                 saver.write_frames(frames)
-            events = [event for event in decode(frames) if tracer.keeps(event.pid)]
+            events = list(decode(frames))
             for sink in sinks:
                 sink.write(events)
             sys.stdout.flush()  # a person watching sees each batch as it comes
