@@ -2,7 +2,7 @@
 counters instead of (or besides) writing a record, so a summary costs no ring traffic.
 
 Per function (and memcpy kind): count, total/min/max duration, errors, bytes of successful
-calls, a sum of squared microseconds (for the standard deviation) and a log2 histogram of
+calls, a sum of squared durations in 64 ns units (for the standard deviation) and a log2 histogram of
 durations (for approximate percentiles). Errors by (function, code) and launches by
 (process, function, geometry) go to hash maps. `read_aggregates` sums it all up at the end.
 """
@@ -21,7 +21,8 @@ LAUNCHES_MAP = "launches"
 
 KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
 HIST_BUCKETS = 40  # log2(ns) buckets: 2^39 ns is about 9 minutes
-COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ_US, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
+COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
+SUMSQ_SHIFT = 6  # squares of durations in 64 ns units: no overflow below 2^38 ns (4.5 min)
 AGG_VALUE = struct.Struct("<7Q%dQ" % HIST_BUCKETS)
 ERROR_KEY = struct.Struct("<II")  # fn_id, code
 LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
@@ -73,8 +74,9 @@ def aggregate_call(api: Api, fn_id: int, arch: Arch) -> list:
         prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * size_cell)]
         prog += _add_reg(BYTES, R1)
     prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
-    prog += [asm.Label("outcome_done"), asm.mov(R1, R8), asm.div(R1, 1000), asm.mul(R1, R1)]
-    prog += _add_reg(SUMSQ_US, R1) + _histogram() + [asm.Label("agg_done")]
+    prog += [asm.Label("outcome_done"), asm.mov(R1, R8), asm.rsh(R1, SUMSQ_SHIFT),
+             asm.mul(R1, R1)]
+    prog += _add_reg(SUMSQ, R1) + _histogram() + [asm.Label("agg_done")]
     prog += _count_error(fn_id, arch)
     if api.category == "launch":
         prog += _count_launch(api, fn_id)
@@ -181,7 +183,7 @@ class FunctionStats:
     max_ns: int = 0
     errors: int = 0
     bytes: int = 0
-    sumsq_us: int = 0
+    sumsq: int = 0
     histogram: List[int] = field(default_factory=lambda: [0] * HIST_BUCKETS)
 
     def add_cpu(self, values: Tuple[int, ...]) -> None:
@@ -194,7 +196,7 @@ class FunctionStats:
         self.max_ns = max(self.max_ns, high)
         self.errors += errors
         self.bytes += nbytes
-        self.sumsq_us += sumsq
+        self.sumsq += sumsq
         self.histogram = [a + b for a, b in zip(self.histogram, values[7:])]
 
     def percentile_ns(self, fraction: float) -> int:

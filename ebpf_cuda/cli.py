@@ -134,7 +134,11 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=parse_size(ring_size), stacks=stacks, log=_log(verbose))
+                    ring_size=parse_size(ring_size), stacks=stacks,
+                    aggregate=summary and not no_returns,
+                    emit=not _summary_only(summary, leaks, as_json, output, save, trace_out,
+                                           report_html) or no_returns,
+                    log=_log(verbose))
     namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle))
     analyses = _analyses(namer, summary, leaks)
     sinks = [namer] + analyses + _event_sinks(output, as_json, no_timestamps, namer,
@@ -154,6 +158,12 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                    % stats["lost"], err=True)
     if tracer.exit_status is not None:
         sys.exit(tracer.exit_status)
+
+
+def _summary_only(summary: bool, *other_outputs) -> bool:
+    """--summary and nothing that needs every event: then the kernel aggregates the calls
+    and writes records only for launches (see Tracer's `emit`)."""
+    return summary and not any(other_outputs)
 
 
 def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
@@ -188,7 +198,7 @@ def _final_reports(analyses: List[Sink], tracer: Tracer, namer: KernelNamer,
     reports = []
     for analysis in analyses:
         if isinstance(analysis, Summary):
-            reports.append(analysis.report())
+            reports.append(analysis.report(None if tracer.emit else tracer.aggregates()))
         elif isinstance(analysis, LeakTracker):
             reports.append(format_leaks(analysis, tracer.stack if stacks else None,
                                         namer.resolver))

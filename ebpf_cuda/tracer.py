@@ -29,6 +29,7 @@ DEFAULT_RING_SIZE = 8 << 20
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
+NAMED_CATEGORIES = ("launch", "module")  # rows that always emit (see `emit`)
 POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
 _FRAME_SIZE = 8 + record.SIZE  # ring header + record
 _PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) half of pid_tgid, in u32 words
@@ -99,6 +100,8 @@ class Tracer:
         if not emit and not (aggregate and return_probes):
             raise UsageError("without event records, in-kernel aggregation (with return "
                              "probes) is the only output")
+        # With emit=False, launches and module loads still write records (few, and kernel
+        # names can only be resolved while their process lives).
         self.log = log or (lambda message: None)
         self.targets: List[Target] = []
         self.attachments: List[Attachment] = []
@@ -242,6 +245,8 @@ class Tracer:
             if self.return_probes:
                 kinds.append((True, probes.return_program))
             options = with_stack if self.stacks and api.category == "memory" else plain
+            if not self.emit and api.category in NAMED_CATEGORIES:
+                options = dataclasses.replace(options, emit=True)
             for retprobe, generate in kinds:
                 program = Program(generate(api, fn_id, arch, options), self._maps,
                                   name=probes.program_name(fn_id, retprobe),

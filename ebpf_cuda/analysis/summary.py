@@ -65,7 +65,11 @@ def percentile(ordered: Sequence[float], p: float) -> float:
 
 def copy_operation(event: Event) -> Optional[str]:
     """`[CUDA memcpy Host-to-Device]`, `[CUDA memset]`, ... for a copy or set, else None."""
-    api = event.api
+    return operation_of(event.api, event.args.get("kind", "Default"))
+
+
+def operation_of(api: str, kind: str = "Default") -> Optional[str]:
+    """The memory operation of function `api` with memcpy kind `kind` (a name), or None."""
     if "Memset" in api or api.startswith("cuMemsetD"):
         return "[CUDA memset]"
     row = BY_NAME.get(api)
@@ -76,8 +80,7 @@ def copy_operation(event: Event) -> Optional[str]:
     match = _DRIVER_DIRECTION.match(api)
     if match:
         return "[CUDA memcpy %s-to-%s]" % (_SIDES[match.group(1)], _SIDES[match.group(2)])
-    kind = event.args.get("kind", "Default")  # cuMemcpy: direction from the pointers
-    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind)
+    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind)  # cuMemcpy: from the pointers
 
 
 def copy_bytes(event: Event) -> Optional[int]:
@@ -151,8 +154,13 @@ class Summary:
         """Nothing to flush: `report()` renders the tables."""
 
     # Rendering
-    def report(self) -> str:
-        """Every summary table, one after the other."""
+    def report(self, aggregates=None) -> str:
+        """Every summary table, one after the other. With in-kernel `aggregates` (then only
+        launch events were collected here), the call tables come from those."""
+        if aggregates is not None:
+            from .kernel_summary import aggregate_tables
+
+            return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()])
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
                             self.bandwidth_table(), self.error_table(), self.kernel_table()])
 
