@@ -24,6 +24,7 @@ class Kind:
     FLOAT = "float"  # 32-bit float (milliseconds)
     MEMCPY_KIND = "memcpy_kind"  # enum cudaMemcpyKind, shown by name
     DIM3 = "dim3"  # dim3 passed by value: two slots (x | y << 32, z)
+    STRING = "str"  # text (kernel names learned by the probes)
     # cudaLaunchConfig_t / CUlaunchConfig read through a pointer (40 bytes, 5 cells): grid and
     # block as six u32, shared memory (low 32 bits), stream. Decodes to grid/block/smem/stream.
     LAUNCH_CONFIG = "launch_config"
@@ -224,6 +225,13 @@ TABLE: Tuple[Api, ...] = (
         ("cuMemFreeAsync_ptsz",)),
     Api("cuMemAllocManaged", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1),
                                  _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory"),
+    Api("cuMemAllocHost_v2", D, (_hidden("pHost", 0), _a("size", K.SIZE, 1)),
+        (Out("ptr", K.PTR, 0),), "memory"),
+    Api("cuMemFreeHost", D, (_a("ptr", K.PTR, 0),), (), "memory"),
+    Api("cuMemAllocPitch_v2", D, (_hidden("pPtr", 0), _hidden("pPitch", 1),
+                                  _a("width", K.SIZE, 2), _a("height", K.U64, 3),
+                                  _a("elementSize", K.UINT, 4)),
+        (Out("ptr", K.PTR, 0), Out("pitch", K.U64, 1)), "memory"),
     Api("cuMemHostAlloc", D, (_hidden("pHost", 0), _a("size", K.SIZE, 1),
                               _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory"),
     Api("cuMemcpy", D, _MEMCPY, (), "memcpy", ("cuMemcpy_ptds",)),

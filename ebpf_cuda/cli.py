@@ -219,6 +219,7 @@ def _saver(path: Optional[str], tracer: Tracer, namer, sinks: List[Sink]):
     """With --save: the raw-trace writer (also a sink, to learn kernel names)."""
     if not path:
         return None
+    _trusted_symlink(path)  # another user's symbolic link is refused, as for -o
     saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
     sinks.append(saver)
     return saver

@@ -72,6 +72,8 @@ def field_kinds(api: Api) -> Dict[str, str]:
         else:
             kinds[arg.name] = arg.kind
     kinds.update((out.name, out.kind) for out in api.outs)
+    if api.learn_name is not None:
+        kinds["kernel_name"] = Kind.STRING  # the name the probe learned (see Decoder._learn)
     return kinds
 
 
@@ -186,12 +188,12 @@ class Decoder:
                         stack_id)
 
     def _learn(self, api: Api, pid: int, args: Dict[str, Any], outs: Dict[str, Any]) -> None:
-        """Remember which kernel name a handle stands for (and show it as out `name`)."""
+        """Remember which kernel name a handle stands for (and show it as out `kernel_name`)."""
         if api.learn_name is not None:
             handle = outs.get(api.learn_name[0], args.get(api.learn_name[0]))
             name = self.names(pid, handle) if self.names and handle is not None else None
             if name:
-                outs["name"] = name
+                outs["kernel_name"] = name
                 self.handle_names[(pid, handle)] = name
         elif "function" in outs:  # cuKernelGetFunction: the function runs that kernel
             name = self.handle_names.get((pid, args["kernel"]))

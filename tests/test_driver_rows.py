@@ -29,6 +29,7 @@ OPS = (
     "primaryctx:1", "ctxsync",
     "malloc:4096", "malloc:%d" % HUGE, "malloc:0", "mallocasync:256:0x51",
     "mallocasyncptsz:128:0x52", "mallocmanaged:8192:1", "mallocmanaged:8:3", "hostalloc:1024:2",
+    "allochost:256", "mallocpitch:100:4", "mallocpitch:100:4:3", "freehost",
     "memcpy:64", "memcpyptds:32", "htod:4096", "htodptds:16", "dtoh:4096", "dtohptds:8",
     "dtod:100", "dtodptds:4", "memcpy:8:0:0", "memcpyasync:64:0x51", "memcpyasyncptsz:8:0x52",
     "htodasync:512:0x51", "htodasyncptsz:64:0x53", "dtohasync:512:0x51", "dtohasyncptsz:8:0x52",
@@ -88,6 +89,8 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
     "cuMemAlloc_v2": _n("size"), "cuMemAllocAsync": _n("size", "stream"),
     "cuMemAllocManaged": _n("size", "flags"), "cuMemHostAlloc": _n("size", "flags"),
     "cuMemFree_v2": _n("ptr"), "cuMemFreeAsync": _n("ptr", "stream"),
+    "cuMemAllocHost_v2": _n("size"), "cuMemFreeHost": _n("ptr"),
+    "cuMemAllocPitch_v2": _n("width", "height", "elementSize"),
     "cuMemcpy": _COPY, "cuMemcpyHtoD_v2": _COPY, "cuMemcpyDtoH_v2": _COPY,
     "cuMemcpyDtoD_v2": _COPY, "cuMemcpyAsync": _COPY_ASYNC, "cuMemcpyHtoDAsync_v2": _COPY_ASYNC,
     "cuMemcpyDtoHAsync_v2": _COPY_ASYNC, "cuMemcpyDtoDAsync_v2": _COPY_ASYNC,
@@ -111,6 +114,7 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
 OUT_NAMES = {"cuCtxCreate_v2": "ctx", "cuCtxCreate_v4": "ctx", "cuDevicePrimaryCtxRetain": "ctx",
              "cuMemAlloc_v2": "ptr", "cuMemAllocAsync": "ptr", "cuMemAllocManaged": "ptr",
              "cuMemHostAlloc": "ptr", "cuMemCreate": "handle", "cuMemAddressReserve": "ptr",
+             "cuMemAllocHost_v2": "ptr", "cuMemAllocPitch_v2": "ptr",
              "cuModuleLoadData": "module", "cuModuleLoadDataEx": "module",
              "cuLibraryLoadData": "library", "cuModuleGetFunction": "function",
              "cuLibraryGetKernel": "kernel", "cuKernelGetFunction": "function",
@@ -128,8 +132,10 @@ def expected_outs(call: Call) -> Dict[str, Any]:
     if call.ret != 0 or fn not in OUT_NAMES:
         return {}
     outs = {OUT_NAMES[fn]: call.out}
+    if fn == "cuMemAllocPitch_v2":
+        outs["pitch"] = call.number("pitch")
     if fn in NAMED:
-        outs["name"] = call.fields["name"]
+        outs["kernel_name"] = call.fields["name"]
     return outs
 
 
@@ -252,10 +258,10 @@ def test_kernel_names_are_learned_from_handles(root, traced):
     assert decoder.handle_name(pid, kernel_handle(0)) == "lib_kernel"
     assert decoder.handle_name(pid, function_handle(2)) == "lib_kernel"  # cuKernelGetFunction
     by = _by_api(events)
-    assert [e.outs.get("name") for e in by["cuModuleGetFunction"]] == [
+    assert [e.outs.get("kernel_name") for e in by["cuModuleGetFunction"]] == [
         "vec_add", long_name, None, None]
-    assert by["cuLibraryGetKernel"][0].outs["name"] == "lib_kernel"
-    assert [e.outs.get("name") for e in by["cuFuncGetName"]] == [
+    assert by["cuLibraryGetKernel"][0].outs["kernel_name"] == "lib_kernel"
+    assert [e.outs.get("kernel_name") for e in by["cuFuncGetName"]] == [
         "vec_add", long_name, "lib_kernel", None]
     launches = by["cuLaunchKernel"][:3] + by["cuLaunchKernelEx"][:2]
     assert [decoder.handle_name(pid, e.args["func"]) for e in launches] == [
@@ -274,7 +280,7 @@ def test_long_names_are_kept_up_to_255_characters(root, fake, length, kept):
     assert calls[2].fields["name"] == full
     got = exits(events)
     assert [e.api for e in got] == ["cuModuleGetFunction", "cuFuncGetName", "cuLaunchKernel"]
-    assert got[0].outs["name"] == got[1].outs["name"] == full[:kept]
+    assert got[0].outs["kernel_name"] == got[1].outs["kernel_name"] == full[:kept]
     assert tracer.decoder.handle_name(tracer.child_pid, got[2].args["func"]) == full[:kept]
 
 
@@ -284,5 +290,5 @@ def test_names_are_learned_without_tracing_the_launches(root, fake):
     events, _, tracer = trace_command([prog, "init", "moduleload", "getfunction:only_this"],
                                       library=[str(lib)], functions=["cuModuleGetFunction"])
     (event,) = exits(events)
-    assert event.outs == {"function": function_handle(0), "name": "only_this"}
+    assert event.outs == {"function": function_handle(0), "kernel_name": "only_this"}
     assert tracer.decoder.handle_name(tracer.child_pid, function_handle(0)) == "only_this"

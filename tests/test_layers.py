@@ -201,8 +201,6 @@ def test_one_layer_of_the_layered_stack_balances(root, layered, api):
 
 
 @needs_memory
-@pytest.mark.xfail(strict=True, reason="LeakTracker counts a runtime allocation and the driver "
-                   "allocation inside it (same pointer) as two: mismatched/double frees")
 def test_both_layers_count_each_allocation_once(root, both):
     """One cudaMalloc is one allocation even though the driver's cuMemAlloc_v2 inside it
     hands out the same pointer."""

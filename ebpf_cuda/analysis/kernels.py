@@ -181,8 +181,15 @@ class KernelNamer:
         if handle is None:
             handle = self._handle_apis[event.api] = _takes_handle(event.api)
         if handle:
-            return self.handles(event.pid, address) if self.handles is not None else None
-        return self.name(event.pid, address)
+            return self.handle_name(event.pid, address)
+        # CUDA 13's runtime may pass a cudaKernel_t (the CUkernel of cuLibraryGetKernel)
+        # instead of the host stub's address.
+        return self.name(event.pid, address) or self.handle_name(event.pid, address)
+
+    def handle_name(self, pid: int, handle: int) -> Optional[str]:
+        """The demangled kernel name of a CUfunction/CUkernel handle, if it was learned."""
+        name = self.handles(pid, handle) if self.handles is not None else None
+        return demangle(name) if name else None
 
     # Sink protocol: snapshot processes as their events arrive.
     def header(self) -> None:

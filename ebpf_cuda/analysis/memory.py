@@ -13,9 +13,11 @@ tracker: freeing them is flagged as a free of an unknown pointer.
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..apis import BY_NAME
 from ..events import EXIT, Event
 from ._table import clock, integer, table
 from .kernels import AddressResolver
+from .layers import LayerFilter
 
 
 class Allocator(NamedTuple):
@@ -113,11 +115,30 @@ class LeakTracker:
         self.allocations = 0
         self._live_bytes: Dict[int, int] = {}
         self._peak: Dict[int, int] = {}
+        self._layers = LayerFilter()
 
     def feed(self, event: Event) -> List[MemoryWarning]:
-        """Account for one event; the warnings it raised (usually none)."""
-        if event.phase != EXIT:
+        """Account for one event; the warnings it raised (usually none). A driver call made
+        inside a runtime call (cudaMalloc's cuMemAlloc_v2) is the same allocation: driver
+        calls are held back until that is known (see LayerFilter)."""
+        if event.phase != EXIT or not (event.api in self.allocators or event.api in self.frees):
             return []
+        if _is_driver(event.api):
+            return self._account(self._layers.driver(event))
+        _inner, earlier = self._layers.runtime(event)
+        return self._account(earlier + [event])
+
+    def flush(self) -> List[MemoryWarning]:
+        """Account for the driver calls still held back (at the end of a trace)."""
+        return self._account(self._layers.flush())
+
+    def _account(self, events: List[Event]) -> List[MemoryWarning]:
+        raised: List[MemoryWarning] = []
+        for event in events:
+            raised += self._apply(event)
+        return raised
+
+    def _apply(self, event: Event) -> List[MemoryWarning]:
         if event.api in self.allocators:
             self._allocated(event, self.allocators[event.api])
             return []
@@ -126,11 +147,11 @@ class LeakTracker:
         return []
 
     def feed_all(self, events: Iterable[Event]) -> List[MemoryWarning]:
-        """Feed every event; all warnings raised."""
+        """Feed a whole stream of events (held-back driver calls included); all warnings."""
         raised: List[MemoryWarning] = []
         for event in events:
             raised += self.feed(event)
-        return raised
+        return raised + self.flush()
 
     def _allocated(self, event: Event, allocator: Allocator) -> None:
         ptr = event.outs.get(allocator.ptr)
@@ -195,6 +216,7 @@ class LeakTracker:
 
     def leaks(self) -> List[Allocation]:
         """Allocations never freed, oldest first."""
+        self.flush()
         return sorted(self.live.values(), key=lambda a: (a.ts_ns, a.pid, a.ptr))
 
     # Sink protocol
@@ -208,7 +230,8 @@ class LeakTracker:
                 self.feed(event)
 
     def close(self) -> None:
-        """Nothing to flush: `format_leaks` writes the report."""
+        """Account for what is still held back; `format_leaks` writes the report."""
+        self.flush()
 
 
 StackOf = Callable[[int], List[int]]  # stack id → return addresses, innermost first
@@ -252,3 +275,8 @@ def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) 
             frame = resolver.frame(pid, address, return_address=True)
         lines.append("      #%d %s" % (depth, frame if frame is not None else "0x%x" % address))
     return lines
+
+
+def _is_driver(api: str) -> bool:
+    row = BY_NAME.get(api)
+    return row is not None and row.driver

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 from ..apis import BY_NAME
 from ..events import EXIT, Event
 from ._table import decimal, integer, table
+from .layers import LayerFilter
 
 MB = 1000 * 1000  # nsys reports sizes in MB of 10^6 bytes
 DIRECTIONS = {"HostToHost": "Host-to-Host", "HostToDevice": "Host-to-Device",
@@ -113,6 +114,8 @@ class Summary:
         self.sync_copies: Dict[str, List[Tuple[int, int]]] = defaultdict(list)  # (bytes, ns)
         self.launches: Counter = Counter()  # (pid, func, grid, block, smem) → launches
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
+        self._copy_layers = LayerFilter()
+        self._launch_layers = LayerFilter()
 
     def add(self, events: Iterable[Event]) -> None:
         """Account for completed calls; other events are ignored."""
@@ -125,18 +128,32 @@ class Summary:
         if event.ret:
             self.errors[(event.api, event.ret, event.ret_name)] += 1
             return
-        args = event.args
-        if "func" in args:
+        if "func" in event.args:
             self._launched(event)
-            return
+        elif copy_operation(event) is not None:
+            # The same copy through both layers counts once, as the runtime call.
+            if _is_driver(event.api):
+                done = self._copy_layers.driver(event)
+            else:
+                done = self._copy_layers.runtime(event)[1] + [event]
+            for copy in done:
+                self._copied(copy)
+
+    def _copied(self, event: Event) -> None:
         operation = copy_operation(event)
-        size = copy_bytes(event) if operation else None
+        size = copy_bytes(event)
         if operation is not None and size is not None:
             self.copies[operation].append(size)
             if is_synchronous_copy(event):
                 self.sync_copies[operation].append((size, event.duration_ns or 0))
 
     def _launched(self, event: Event) -> None:
+        # One GPU launch through both layers counts once, as the driver launch (its kernel
+        # handle names every kernel, cuBLAS's and Triton's too).
+        if _is_driver(event.api):
+            self._launch_layers.driver(event)
+        elif self._launch_layers.runtime(event)[0]:
+            return
         args = event.args
         key = (event.pid, args["func"])
         if key not in self._names:
@@ -197,8 +214,14 @@ class Summary:
         headers = ("Num Calls", "P50 (ns)", "P95 (ns)", "P99 (ns)", "Max (ns)", "Name")
         return title + table(headers, rows, left=(5,))
 
+    def _flush_copies(self) -> None:
+        """Count the driver copies still held back (no runtime copy contained them)."""
+        for copy in self._copy_layers.flush():
+            self._copied(copy)
+
     def memory_table(self) -> str:
         """cuda_gpu_mem_size_sum: sizes of memory operations by kind (MB = 10^6 bytes)."""
+        self._flush_copies()
         title = " ** CUDA Memory Operation Summary by Size (cuda_gpu_mem_size_sum):\n\n"
         if not self.copies:
             return title + " (no memory operations)"
@@ -215,6 +238,7 @@ class Summary:
 
     def bandwidth_table(self) -> str:
         """Effective bandwidth of synchronous copies: bytes / call duration (GB = 10^9 B)."""
+        self._flush_copies()
         title = " ** Synchronous Copy Bandwidth (bytes / call duration):\n\n"
         if not self.sync_copies:
             return title + " (no synchronous copies)"
@@ -271,3 +295,8 @@ def _geometry(args: Dict) -> Tuple:
 
 def _dims(value) -> str:
     return "(%d,%d,%d)" % tuple(value) if value is not None else "-"
+
+
+def _is_driver(api: str) -> bool:
+    row = BY_NAME.get(api)
+    return row is not None and row.driver

@@ -21,7 +21,7 @@ def format_value(kind: str, value: Any) -> str:
     """A value as shown in the details column."""
     if kind == Kind.SIZE:
         return "%d bytes" % value
-    if kind in (Kind.PTR, Kind.HANDLE):
+    if kind in (Kind.PTR, Kind.HANDLE) and isinstance(value, int):
         return "0x%x" % value
     if kind == Kind.DIM3:
         return "(%d,%d,%d)" % value

@@ -31,6 +31,9 @@
  *   mallocasync:SIZE[:STREAM=0]         cuMemAllocAsync (mallocasyncptsz: _ptsz)
  *   mallocmanaged:SIZE[:FLAGS=1]        cuMemAllocManaged        out = device pointer
  *   hostalloc:SIZE[:FLAGS=0]            cuMemHostAlloc           out = host pointer
+ *   allochost:SIZE                      cuMemAllocHost_v2        out = host pointer
+ *   mallocpitch:W:H[:ELEM=4]            cuMemAllocPitch_v2       out = device pointer, pitch=
+ *   freehost[:HOSTPTR]                  cuMemFreeHost
  *   free[:PTR]                          cuMemFree_v2
  *   freeasync[:PTR[:STREAM=0]]          cuMemFreeAsync (freeasyncptsz: _ptsz)
  *   memcpy:N[:DST[:SRC]]                cuMemcpy (memcpyptds)    dst, src default: last device ptr
@@ -377,6 +380,19 @@ static void do_alloc(const struct op *op, struct outcome *r) {
         r->fn = "cuMemAllocManaged";
         r->ret = cuMemAllocManaged(&ptr, size, flags);
         add(r, " size=%zu flags=%u", size, flags);
+    } else if (is(op, "mallocpitch")) {
+        size_t pitch = 0, height = need_num(op, 2);
+        unsigned elem = num_at(op, 3, 4);
+        r->fn = "cuMemAllocPitch_v2";
+        r->ret = cuMemAllocPitch_v2(&ptr, &pitch, size, height, elem);
+        add(r, " width=%zu height=%zu elementSize=%u pitch=%zu", size, height, elem, pitch);
+    } else if (is(op, "allochost")) {
+        void *host = NULL;
+        r->fn = "cuMemAllocHost_v2";
+        r->ret = cuMemAllocHost_v2(&host, size);
+        add(r, " size=%zu", size);
+        produced(r, HOST, (uintptr_t)host);
+        return;
     } else {   /* hostalloc */
         void *host = NULL;
         unsigned flags = num_at(op, 2, 0);
@@ -391,7 +407,12 @@ static void do_alloc(const struct op *op, struct outcome *r) {
 
 static void do_free(const struct op *op, struct outcome *r) {
     CUdeviceptr ptr = ref_at(op, 1, DEV);
-    if (is(op, "free")) {
+    if (is(op, "freehost")) {
+        void *host = (void *)(uintptr_t)ref_at(op, 1, HOST);
+        r->fn = "cuMemFreeHost";
+        r->ret = cuMemFreeHost(host);
+        add(r, " ptr=0x%lx", (unsigned long)(uintptr_t)host);
+    } else if (is(op, "free")) {
         r->fn = "cuMemFree_v2";
         r->ret = cuMemFree_v2(ptr);
         add(r, " ptr=0x%llx", ptr);
@@ -637,7 +658,8 @@ static const struct {
     {"init", do_context}, {"ctxcreate", do_context}, {"ctxcreate4", do_context},
     {"primaryctx", do_context}, {"ctxdestroy", do_context}, {"ctxsync", do_context},
     {"malloc", do_alloc}, {"mallocasync", do_alloc}, {"mallocasyncptsz", do_alloc},
-    {"mallocmanaged", do_alloc}, {"hostalloc", do_alloc},
+    {"mallocmanaged", do_alloc}, {"hostalloc", do_alloc}, {"mallocpitch", do_alloc},
+    {"allochost", do_alloc}, {"freehost", do_free},
     {"free", do_free}, {"freeasync", do_free}, {"freeasyncptsz", do_free},
     {"memcpy", do_copy}, {"memcpyptds", do_copy}, {"htod", do_copy}, {"htodptds", do_copy},
     {"dtoh", do_copy}, {"dtohptds", do_copy}, {"dtod", do_copy}, {"dtodptds", do_copy},

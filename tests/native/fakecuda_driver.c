@@ -39,6 +39,9 @@
  *                                      2 (OUT_OF_MEMORY) if n > 1<<40
  *   cuMemHostAlloc(p, n, flags)        1 if p NULL or flags > 15; 2 if n > 1<<40
  *   cuMemFree_v2, cuMemFreeAsync(+_ptsz)   0 (NULL too)
+ *   cuMemAllocHost_v2(p, n)            a host pointer, as cuMemHostAlloc; cuMemFreeHost 0
+ *   cuMemAllocPitch_v2(p, pitch, w, h, e)  *pitch = w rounded up to 512, a device pointer of
+ *                                      pitch * h bytes; 1 if pitch NULL or e not 4, 8 or 16
  *   cuMemcpy*(dst, src, n[, stream])   1 if dst or src is 0; copies nothing (all variants)
  *   cuMemsetD8/D32(_v2, Async)(p, v, n[, s])   1 if p is 0
  *   cuMemCreate(h, size, prop, flags)  1 if h or prop NULL, size 0 or flags != 0
@@ -266,6 +269,25 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { (void)dptr; return ready(15); }
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    return alloc(pp, bytesize, &host_allocs, HOST_BASE, 90);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) { (void)p; return ready(91); }
+
+/* pitch = width rounded up to 512 bytes; the allocation is pitch * height bytes. */
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width,
+                                   size_t height, unsigned int elementSize) {
+    if (ready(92) == CUDA_SUCCESS && (pPitch == NULL || (elementSize != 4 && elementSize != 8
+                                                          && elementSize != 16)))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (width + 511) & ~(size_t)511;
+    CUresult r = alloc(dptr, pitch * height, &device_allocs, DEVICE_BASE, 92);
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return r;
+}
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     (void)dptr; (void)hStream;
