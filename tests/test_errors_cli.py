@@ -66,7 +66,7 @@ def files(cc, robust, tmp_path_factory):
     ("truncated", ["-p", "{cut}"], ElfError, ["truncated"]),
     ("32-bit", ["-p", "{elf32}"], ElfError, ["32-bit"]),
     ("stripped", ["-p", "{stripped}"], ElfError, ["stripped"]),
-    ("no cuda", ["-p", "{nocuda}"], NoCudaSymbolsError, ["defines none"]),
+    ("no cuda", ["-p", "{nocuda}"], NoCudaSymbolsError, ["none"]),
     ("unknown function", ["-p", "{lib}", "--functions", "cudaNoSuchThing"], UsageError,
      ["cudaNoSuchThing"]),
     ("pid and command", ["-d", "1", "--", "true"], UsageError, ["PID or a command"]),

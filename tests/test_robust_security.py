@@ -108,3 +108,18 @@ def test_only_the_users_command_and_ldconfig_are_run():
     loads = [code.strip() for p in _package_sources() for _, code in _code_lines(p)
              if "CDLL(" in code]
     assert all(re.search(r"CDLL\((None|name)\b", code) for code in loads), loads
+
+
+def test_save_refuses_a_symlink_of_another_user(root, robust, tmp_path):
+    lib, prog = robust
+    precious = tmp_path / "precious"
+    precious.write_text("keep me\n")
+    link = tmp_path / "trace.save"
+    link.symlink_to(precious)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    done = run_cli(["-p", lib, "--functions", "cudaMemcpy", "--save", link, "-o", os.devnull,
+                    "--", prog, "threads", 1, 3])
+    if "No such option" in done.stderr:
+        pytest.skip("no --save option")
+    assert done.returncode == UsageError.exit_code, done.stderr
+    assert "symbolic link" in done.stderr and precious.read_text() == "keep me\n"
