@@ -17,7 +17,7 @@ from . import aggregates, apis, discovery, probes, record
 from .apis import Api
 from .arch import current as current_arch
 from .elf import open_elf
-from .errors import AttachError, TracerError, UsageError
+from .errors import AttachError, NoCudaSymbolsError, TracerError, UsageError
 from .events import Decoder, Event
 from .maps import HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
 from .programs import EXPECTED_UPROBE_MULTI, Program
@@ -151,8 +151,6 @@ class Tracer:
         for path in paths:
             elf = open_elf(path)
             symbols = [s for api in self.apis for s in api.symbols]
-            if self.library:
-                elf.require_any(symbols)
             target = Target(os.path.realpath(path))
             defined = elf.has_any(symbols)
             for api in self.apis:
@@ -166,8 +164,8 @@ class Tracer:
             else:
                 self.log("%s: none of the selected functions, skipped" % path)
         if not targets:
-            raise TracerError("none of the selected functions is defined in %s"
-                              % ", ".join(paths))
+            raise NoCudaSymbolsError("none of the %d selected functions is defined in %s"
+                                     % (len(self.apis), ", ".join(paths)))
         return targets
 
     def _target_paths(self) -> List[str]:
