@@ -17,7 +17,7 @@ from .output.chrome_trace import ChromeTraceWriter
 from .output.html_report import HtmlReport
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
-from .tracer import DEFAULT_RING_SIZE, Tracer
+from .tracer import DEFAULT_RING_SIZE, NAMED_CATEGORIES, Tracer
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -143,7 +143,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     analyses = _analyses(namer, summary, leaks)
     sinks = [namer] + analyses + _event_sinks(output, as_json, no_timestamps, namer,
                                               events_wanted=not analyses and not (
-                                                  trace_out or report_html))
+                                                  trace_out or report_html or save))
     sinks += _file_sinks(trace_out, report_html, namer)
     with tracer:
         _install_signals(tracer)  # first: a signal after the start line must not kill us
@@ -229,12 +229,15 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     """Read until the end, decoding each batch once and handing it to every sink."""
     for sink in sinks:
         sink.header()
-    decode = tracer.decoder.decode_frames
+    decode = tracer.decoder.decode_batch
+    # Saving alone needs only launches decoded (to name kernels while processes live).
+    only = tracer.fn_ids(NAMED_CATEGORIES) if all(s in (saver, sinks[0]) for s in sinks) \
+        and saver is not None else None
     try:
         for frames in tracer.frames():
             if saver is not None:
                 saver.write_frames(frames)
-            events = list(decode(frames))
+            events = decode(frames, only)
             for sink in sinks:
                 sink.write(events)
             sys.stdout.flush()  # a person watching sees each batch as it comes

@@ -8,7 +8,7 @@ Field names are the JSON keys (see `Event.to_json`).
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import record
 from .apis import TABLE, Api, Kind, arg_cells
@@ -102,34 +102,53 @@ def decode_value(kind: str, cells: Sequence[int]) -> Any:
     return raw
 
 
+_FN_ID_WORD = (8 + record.FN_ID) // 2  # the function id in a frame, in u16 words
+_RAW_KINDS = (Kind.PTR, Kind.HANDLE, Kind.SIZE, Kind.U64)  # the cell is the value
+_ARGS_AT = 9  # index of the first argument cell in an unpacked record
+_RET_AT = _ARGS_AT + record.ARG_CELLS
+_OUTS_AT = _RET_AT + 1
+
+
 class _RowDecoder:
-    """Precomputed per-row decoding: (name, kind, first cell) of each shown argument."""
+    """Precomputed decoding of one row: where each shown value sits in an unpacked record
+    (plain 64-bit values are taken as they are; the rest go through `decode_value`)."""
 
     def __init__(self, api: Api) -> None:
         self.api = api
-        self.args = [(arg.name, arg.kind, cell) for arg, cell in arg_cells(api) if arg.show]
-        self.outs = [(out.name, out.kind) for out in api.outs]
-        self.learns = api.learn_name is not None
+        self.name = api.name
+        shown = [(arg.name, arg.kind, _ARGS_AT + cell) for arg, cell in arg_cells(api)
+                 if arg.show]
+        self.raw_args = [(name, at) for name, kind, at in shown if kind in _RAW_KINDS]
+        self.other_args = [(name, kind, at) for name, kind, at in shown
+                           if kind not in _RAW_KINDS]
+        self.outs = [(out.name, out.kind, _OUTS_AT + j) for j, out in enumerate(api.outs)]
+        self.learns = api.learn_name is not None or api.name == "cuKernelGetFunction"
+        self._ret_names: Dict[int, str] = {}
 
-    def decode_args(self, cells: Sequence[int]) -> Dict[str, Any]:
-        args: Dict[str, Any] = {}
-        for name, kind, cell in self.args:
+    def decode_args(self, fields: Sequence[int]) -> Dict[str, Any]:
+        args = {name: fields[at] for name, at in self.raw_args}
+        for name, kind, at in self.other_args:
             if kind == Kind.LAUNCH_CONFIG:
-                args.update(decode_launch_config(cells[cell:cell + 5]))
+                args.update(decode_launch_config(fields[at:at + 5]))
             else:
-                args[name] = decode_value(kind, cells[cell:cell + 2])
+                args[name] = decode_value(kind, fields[at:at + 2])
         return args
 
-    def decode_outs(self, cells: Sequence[int], ret: int, flags: int) -> Tuple[dict, tuple]:
-        if ret != 0 or not self.outs:
-            return {}, ()
+    def decode_outs(self, fields: Sequence[int], flags: int) -> Tuple[dict, tuple]:
+        """Out-parameters of a successful call; those whose read faulted are named apart."""
         outs, faults = {}, []
-        for j, (name, kind) in enumerate(self.outs):
+        for j, (name, kind, at) in enumerate(self.outs):
             if flags & (record.FLAG_OUT0_FAULT << j):
                 faults.append(name)
             else:
-                outs[name] = decode_value(kind, cells[j:j + 1])
+                outs[name] = fields[at] if kind in _RAW_KINDS else decode_value(kind, (fields[at],))
         return outs, tuple(faults)
+
+    def ret_name(self, ret: int) -> str:
+        name = self._ret_names.get(ret)
+        if name is None:
+            name = self._ret_names[ret] = error_name(ret, self.api.driver)
+        return name
 
 
 class Decoder:
@@ -157,35 +176,52 @@ class Decoder:
 
     def decode_frames(self, frames: bytes) -> Iterator[Event]:
         """Events of a batch of ring frames (8-byte header + record, back to back)."""
+        return iter(self.decode_batch(frames))
+
+    def decode_batch(self, frames: bytes, only: Optional[Set[int]] = None) -> List[Event]:
+        """The events of a batch of ring frames, as a list (the fast path); with `only`,
+        just the records of those function ids (the others are not decoded at all)."""
         if len(frames) % _FRAME.size:
             raise DecodeError("a batch of %d bytes is not a whole number of %d-byte frames"
                               % (len(frames), _FRAME.size))
-        for fields in _FRAME.iter_unpack(frames):
-            yield from self._events(fields)
+        events: List[Event] = []
+        add = events.extend
+        if only is None:
+            for fields in _FRAME.iter_unpack(frames):
+                add(self._events(fields))
+            return events
+        ids = memoryview(frames).cast("H")[_FN_ID_WORD::_FRAME.size // 2].tolist()
+        for i, fn_id in enumerate(ids):
+            if fn_id in only:
+                add(self._events(_FRAME.unpack_from(frames, i * _FRAME.size)))
+        return events
 
     def decode_record(self, payload: bytes) -> List[Event]:
         """Events of one record (payload only)."""
         if len(payload) != record.SIZE:
             raise DecodeError("a record has %d bytes, expected %d" % (len(payload), record.SIZE))
-        return list(self._events(record.LAYOUT.unpack(payload)))
+        return self._events(record.LAYOUT.unpack(payload))
 
-    def _events(self, fields: tuple) -> Iterator[Event]:
+    def _events(self, fields: tuple) -> List[Event]:
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
-        if fn_id >= len(self.rows) or phase not in (record.PHASE_ENTER, record.PHASE_CALL):
-            raise DecodeError("record with unknown function id %d or phase %d" % (fn_id, phase))
-        cells = fields[9:9 + record.ARG_CELLS]
-        row = self.rows[fn_id]
-        name, comm_s, args = row.api.name, self._comm(comm), row.decode_args(cells)
-        offset = self.clock_offset_ns
-        yield Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, name, ENTER, args)
-        if phase == record.PHASE_CALL:
-            ret = fields[9 + record.ARG_CELLS] & 0xFFFFFFFF
-            outs, faults = row.decode_outs(fields[10 + record.ARG_CELLS:], ret, flags)
-            if ret == 0 and (row.learns or name == "cuKernelGetFunction"):
-                self._learn(row.api, pid, args, outs)
-            yield Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, name, EXIT, args,
-                        ret, error_name(ret, row.api.driver), ts_exit - ts_enter, outs, faults,
-                        stack_id)
+        try:
+            row = self.rows[fn_id]
+        except IndexError:
+            raise DecodeError("record with unknown function id %d" % fn_id) from None
+        args, comm_s, offset = row.decode_args(fields), self._comm(comm), self.clock_offset_ns
+        enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
+                      args)
+        if phase == record.PHASE_ENTER:
+            return [enter]
+        if phase != record.PHASE_CALL:
+            raise DecodeError("record with unknown phase %d" % phase)
+        ret = fields[_RET_AT] & 0xFFFFFFFF
+        outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
+        if ret == 0 and row.learns:
+            self._learn(row.api, pid, args, outs)
+        return [enter, Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
+                             args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults,
+                             stack_id)]
 
     def _learn(self, api: Api, pid: int, args: Dict[str, Any], outs: Dict[str, Any]) -> None:
         """Remember which kernel name a handle stands for (and show it as out `kernel_name`)."""

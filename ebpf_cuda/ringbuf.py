@@ -236,13 +236,13 @@ class RingBuffer:
 
     # -- fixed-size records ------------------------------------------------------------------
 
-    def drain_frames(self, record_size: int) -> bytes:
+    def drain_frames(self, record_size: int, max_records: Optional[int] = None) -> bytes:
         """All committed records of payload size `record_size` as one bytes object of frames.
 
         Each frame is the 8-byte header followed by the payload, so a decoder reads them all
         with `struct.iter_unpack("=8x" + payload_format, frames)`: one copy, no per-record
         Python work. `record_size` must be a positive multiple of 8 (frames are then
-        back to back). Discarded records are left out; draining stops at a BUSY record.
+        back to back). `max_records` bounds the batch (and so the memory it takes). Discarded records are left out; draining stops at a BUSY record.
         A committed record of another size ends the batch; when it is the first one,
         `DecodeError` is raised (it and those after it stay in the ring for `consume()`).
         """
@@ -255,6 +255,7 @@ class RingBuffer:
         mask, base = self._mask, self.page_size
         step = stride // 4
         chunks = []  # type: List[bytes]
+        taken = 0
         cons = consumer[0]
         try:
             while True:
@@ -263,6 +264,10 @@ class RingBuffer:
                     break
                 off = base + (cons & mask)
                 count = (prod - cons) // stride
+                if max_records is not None:
+                    count = min(count, max_records - taken)
+                    if count <= 0:
+                        break
                 good = 0
                 if count:
                     first = off >> 2
@@ -276,6 +281,7 @@ class RingBuffer:
                 if good:
                     chunks.append(data[off:off + good * stride])  # copied after the headers
                     cons += good * stride
+                    taken += good
                     continue
                 hdr = words[off >> 2]
                 if hdr & BUSY_BIT:

@@ -11,7 +11,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import aggregates, apis, discovery, probes, record
 from .apis import Api
@@ -30,7 +30,9 @@ INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LR
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 NAMED_CATEGORIES = ("launch", "module")  # rows that always emit (see `emit`)
-POLL_INTERVAL_S = 0.1  # how often to check whether the target is still alive
+BATCH_RECORDS = 8192  # records handed over at once: bounds the memory of a batch
+WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
+POLL_INTERVAL_S = 0.05  # otherwise the reader looks every 50 ms (and checks the target)
 _FRAME_SIZE = 8 + record.SIZE  # ring header + record
 _PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) half of pid_tgid, in u32 words
 
@@ -145,6 +147,11 @@ class Tracer:
     def apis_table(self) -> Sequence[Api]:
         return apis.TABLE
 
+    @staticmethod
+    def fn_ids(categories: Sequence[str]) -> Set[int]:
+        """Record function ids of the table rows in these categories."""
+        return {i for i, api in enumerate(apis.TABLE) if api.category in categories}
+
     def _find_targets(self) -> List[Target]:
         paths = self._target_paths()
         targets = []
@@ -231,7 +238,8 @@ class Tracer:
 
     def _load_programs(self) -> None:
         plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
-                                    emit=self.emit, aggregate=self.aggregate)
+                                    emit=self.emit, aggregate=self.aggregate,
+                                    wakeup_bytes=self.ring_size // WAKEUP_FRACTION)
         with_stack = dataclasses.replace(plain, stacks=True)
         arch = current_arch()
         attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
@@ -371,7 +379,7 @@ class Tracer:
     def _drain_frames(self) -> Iterator[bytes]:
         assert self._ring is not None
         while True:
-            frames = self._ring.drain_frames(record.SIZE)
+            frames = self._ring.drain_frames(record.SIZE, BATCH_RECORDS)
             if not frames:
                 return
             if self._tree is not None:
