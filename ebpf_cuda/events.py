@@ -118,17 +118,17 @@ class _RowDecoder:
         self.name = api.name
         shown = [(arg.name, arg.kind, _ARGS_AT + cell) for arg, cell in arg_cells(api)
                  if arg.show]
-        self.raw_args = [(name, at) for name, kind, at in shown if kind in _RAW_KINDS]
-        self.other_args = [(name, kind, at) for name, kind, at in shown
-                           if kind not in _RAW_KINDS]
+        self.args = [(name, kind, at, kind in _RAW_KINDS) for name, kind, at in shown]
         self.outs = [(out.name, out.kind, _OUTS_AT + j) for j, out in enumerate(api.outs)]
         self.learns = api.learn_name is not None or api.name == "cuKernelGetFunction"
         self._ret_names: Dict[int, str] = {}
 
     def decode_args(self, fields: Sequence[int]) -> Dict[str, Any]:
-        args = {name: fields[at] for name, at in self.raw_args}
-        for name, kind, at in self.other_args:
-            if kind == Kind.LAUNCH_CONFIG:
+        args: Dict[str, Any] = {}
+        for name, kind, at, raw in self.args:  # in declaration order
+            if raw:
+                args[name] = fields[at]
+            elif kind == Kind.LAUNCH_CONFIG:
                 args.update(decode_launch_config(fields[at:at + 5]))
             else:
                 args[name] = decode_value(kind, fields[at:at + 2])
