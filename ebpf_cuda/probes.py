@@ -50,12 +50,13 @@ class ProbeOptions:
     wakeup_bytes: int = 0
     stacks: bool = False  # return records carry the caller's user stack id (`stacks` map)
     emit: bool = True  # the return probe writes a record per call
+    follow: bool = False  # only processes in the `followed` map (see follow.py) are traced
     aggregate: bool = False  # the return probe adds the call to in-kernel aggregates
 
 
 def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
-    prog: Items = [asm.mov(R6, R1)]
+    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
     if options.emit_entry or not options.stash:
         prog += _emit_enter_record(api, fn_id, arch, options)
     if options.stash:
@@ -67,7 +68,8 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
     """Instructions of the return probe of `api`: one complete-call record (`emit`) and/or
     in-kernel aggregates (`aggregate`), from the state the entry probe saved."""
     # On return the callee has popped what `call` pushed: x86-64's return address.
-    prog: Items = [asm.mov(R6, R1)] + _inflight_key(arch, arch.stack_args_start)
+    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
+    prog += _inflight_key(arch, arch.stack_args_start)
     prog += [
         asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
         asm.call(Helper.MAP_LOOKUP_ELEM),
@@ -116,6 +118,18 @@ def _emit_call_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -
     prog += [asm.ja("emitted"), asm.Label("ring_full")]
     prog += _count(record.STAT_RING_FULL)
     return prog + [asm.Label("emitted")]
+
+
+def _only_followed() -> Items:
+    """Return at once unless this process is in the `followed` map."""
+    from .follow import FOLLOWED_MAP
+
+    return [
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, _STAT_KEY, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(), asm.Label("followed"),
+    ]
 
 
 def _inflight_key(arch: Arch, sp_adjust: int) -> Items:

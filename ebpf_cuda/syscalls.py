@@ -41,6 +41,8 @@ BPF_NOEXIST = 1
 BPF_EXIST = 2
 
 BPF_PROG_TYPE_KPROBE = 2
+BPF_PROG_TYPE_TRACEPOINT = 5
+PERF_TYPE_TRACEPOINT = 2
 
 # attach and link types
 BPF_PERF_EVENT = 41
@@ -602,6 +604,18 @@ def perf_event_open_uprobe(path: str, offset: int, retprobe: bool = False,
         kind = "uretprobe" if retprobe else "uprobe"
         raise kernel_error("opening a %s perf event at %s:0x%x" % (kind, path, offset), err)
     return Fd(res, "uprobe perf event")
+
+
+def perf_event_open_tracepoint(tracepoint_id: int, what: str) -> Fd:
+    """perf_event_open for a kernel tracepoint (by its tracefs id), all processes; a BPF
+    program attached to it runs on every CPU (disabled until `perf_event_enable`)."""
+    attr = _attr(PERF_ATTR_SIZE)
+    struct.pack_into("<IIQ", attr, 0, PERF_TYPE_TRACEPOINT, PERF_ATTR_SIZE, tracepoint_id)
+    res, err = _syscall(arch.current().nr_perf_event_open, ctypes.addressof(attr), -1, 0, -1,
+                        PERF_FLAG_FD_CLOEXEC)
+    if res < 0:
+        raise kernel_error("opening the tracepoint %s" % what, err)
+    return Fd(res, "tracepoint perf event")
 
 
 def perf_event_enable(fd: int) -> None:

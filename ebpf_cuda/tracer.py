@@ -22,6 +22,7 @@ from .events import Decoder, Event
 from .maps import HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
+from .follow import FOLLOWED_MAP, ProcessFollower
 from .processes import ProcessTree
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
@@ -89,7 +90,8 @@ class Tracer:
         self.apis = _select(functions, api, everything)
         self.api = api
         self.follow_children = follow_children
-        self._tree: Optional[ProcessTree] = None
+        self._tree: Optional[ProcessTree] = None  # user-space fallback of _follower
+        self._follower: Optional[ProcessFollower] = None
         self.library = list(library or [])
         self.pid = pid
         self.command = list(command or [])
@@ -132,6 +134,8 @@ class Tracer:
                 discovery.process_mappings(self.pid)  # ProcessError for a dead PID
             self.targets = self._find_targets()
             self._create_maps()
+            if self.command and self.follow_children:
+                self._follower = self._start_follower()
             self._load_programs()
             if self.command:
                 self._fork_command()
@@ -237,8 +241,12 @@ class Tracer:
                                                          value_struct=struct.Struct("<Q"))
 
     def _load_programs(self) -> None:
+        maps = dict(self._maps)
+        if self._follower is not None:
+            maps[FOLLOWED_MAP] = self._follower.map
         plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
                                     emit=self.emit, aggregate=self.aggregate,
+                                    follow=self._follower is not None,
                                     wakeup_bytes=self.ring_size // WAKEUP_FRACTION)
         with_stack = dataclasses.replace(plain, stacks=True)
         arch = current_arch()
@@ -254,7 +262,7 @@ class Tracer:
             if not self.emit and api.category in NAMED_CATEGORIES:
                 options = dataclasses.replace(options, emit=True)
             for retprobe, generate in kinds:
-                program = Program(generate(api, fn_id, arch, options), self._maps,
+                program = Program(generate(api, fn_id, arch, options), maps,
                                   name=probes.program_name(fn_id, retprobe),
                                   expected_attach_type=attach_type)
                 self.programs[(api.name, retprobe)] = program.load()
@@ -297,6 +305,16 @@ class Tracer:
             self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
                                            offset))
 
+    def _start_follower(self) -> Optional[ProcessFollower]:
+        """Follow the command's processes in the kernel; None (then /proc is read to place
+        processes, which misses children that end before their first event is read) when
+        the kernel's fork and exit tracepoints cannot be used."""
+        try:
+            return ProcessFollower()
+        except TracerError as err:
+            self.log("children followed from /proc only: %s" % err)
+            return None
+
     def _fork_command(self) -> None:
         """Start the command in a child that waits until the probes are attached."""
         read_fd, write_fd = os.pipe()
@@ -316,7 +334,10 @@ class Tracer:
         os.close(read_fd)
         self._child, self._release_fd = pid, write_fd
         if self.follow_children:
-            self._tree = ProcessTree([pid])
+            if self._follower is not None:
+                self._follower.add(pid)
+            else:
+                self._tree = ProcessTree([pid])
 
     def run(self) -> None:
         """Let a held command run (once)."""
@@ -478,6 +499,9 @@ class Tracer:
         for program in self.programs.values():
             program.close()
         self.programs = {}
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
         for m in self._maps.values():
             m.close()  # type: ignore[attr-defined]
         self._maps = {}

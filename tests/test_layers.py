@@ -269,9 +269,6 @@ def test_grandchildren_under_a_shell_are_followed(root, driver_prog):
     assert len(calls) == 8 and events == []
 
 
-@pytest.mark.xfail(strict=False, reason="a child that exits (and is reaped) before the tracer "
-                   "decodes its first event cannot be placed in the command's tree from /proc "
-                   "and its events are dropped (ProcessTree.unplaced); racy")
 def test_short_lived_grandchildren_are_followed(root, driver_prog):
     lib, prog = driver_prog
     script = "%s %s; true" % (prog, " ".join(QUICK_OPS))

@@ -175,12 +175,6 @@ def test_unrelated_process_using_the_library_is_not_in_a_command_trace(root, rob
         stranger.kill()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "events of a child that exits and is reaped before the reader decodes its first event "
-    "cannot be placed in the command's process tree (/proc has forgotten its parent), so they "
-    "are dropped without being counted; fixing it needs the tree kept in the kernel (a "
-    "sched_process_fork program adding children of followed processes to a map the probes "
-    "check), see docs/robustness.md"))
 def test_short_lived_children_reaped_before_their_events_are_read(root, robust, tmp_path):
     lib, prog = robust
     out = tmp_path / "trace.jsonl"

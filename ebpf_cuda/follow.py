@@ -1,0 +1,93 @@
+"""Following a command's processes in the kernel.
+
+The `followed` map holds the process ids (tgids) being traced. A program on the
+sched:sched_process_fork tracepoint adds every child of a followed process as it is created;
+one on sched:sched_process_exit removes a process when its last thread exits. The uprobe
+programs return at once in any process not in the map (see probes.ProbeOptions.follow), so
+children are traced from their first call, however short they live, and other processes
+using the same library cost only the uprobe trap.
+"""
+import struct
+from typing import List
+
+from . import asm, syscalls, tracepoints
+from .asm import FP, R0, R1, R2, R3, R4, R6, W, Helper
+from .errors import KernelError
+from .maps import HashMap
+from .programs import Program
+
+FOLLOWED_MAP = "followed"
+MAX_PROCESSES = 1 << 16
+_PID = struct.Struct("<I")
+
+
+def on_fork(child_pid_offset: int) -> list:
+    """sched_process_fork (runs in the parent): followed[child] = 1 if the parent is followed."""
+    return [
+        asm.mov(R6, R1),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, -4, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -4),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "out"),
+        asm.ldx(W, R1, R6, child_pid_offset), asm.stx(W, FP, -8, R1),
+        asm.st(W, FP, -12, 1),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -8),
+        asm.mov(R3, FP), asm.add(R3, -12), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+def on_exit(group_dead_offset: int) -> list:
+    """sched_process_exit: forget a process once its whole thread group is gone."""
+    return [
+        asm.ldx(asm.B, R6, R1, group_dead_offset),
+        asm.jeq(R6, 0, "out"),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, -4, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -4),
+        asm.call(Helper.MAP_DELETE_ELEM),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+class ProcessFollower:
+    """The `followed` map and the two tracepoint programs that keep it up to date.
+    Raises UnsupportedKernelError when the tracepoints cannot be found."""
+
+    def __init__(self) -> None:
+        fork = tracepoints.find("sched", "sched_process_fork")
+        exit_ = tracepoints.find("sched", "sched_process_exit")
+        self.map = HashMap(4, 4, MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=_PID,
+                           value_struct=_PID)
+        self._fds: List[syscalls.Fd] = []
+        self._programs: List[Program] = []
+        try:
+            self._attach(fork, on_fork(fork.offset("child_pid")), "follow_fork")
+            self._attach(exit_, on_exit(exit_.offset("group_dead")), "follow_exit")
+        except KernelError:
+            self.close()
+            raise
+
+    def _attach(self, tracepoint: tracepoints.Tracepoint, code: list, name: str) -> None:
+        program = Program(code, {FOLLOWED_MAP: self.map}, name=name,
+                          prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT).load()
+        self._programs.append(program)
+        event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
+        self._fds.append(event)
+        syscalls.perf_event_set_bpf(event.value, program.fd)
+        syscalls.perf_event_enable(event.value)
+
+    def add(self, pid: int) -> None:
+        """Follow process `pid` (and, from now on, the processes it starts)."""
+        self.map[pid] = 1
+
+    def followed(self) -> List[int]:
+        return list(self.map.keys())
+
+    def close(self) -> None:
+        for fd in self._fds:
+            fd.close()
+        for program in self._programs:
+            program.close()
+        self.map.close()
+        self._fds, self._programs = [], []

@@ -1,0 +1,92 @@
+"""Kernel tracepoints: their ids and record layouts, from tracefs.
+
+tracefs is often not mounted. Rather than mount it for everyone, a short-lived child process
+mounts it in a private mount namespace, reads what is needed and exits.
+"""
+import ctypes
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+from .errors import UnsupportedKernelError
+
+TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+_FIELD = re.compile(r"field:[^;]*?(\w+)(\[\d*\])?;\s*offset:(\d+);\s*size:(\d+);")
+
+
+@dataclass(frozen=True)
+class Tracepoint:
+    """A tracepoint's id and its record's fields (name → (offset, size))."""
+
+    name: str
+    id: int
+    fields: Dict[str, Tuple[int, int]]
+
+    def offset(self, field: str) -> int:
+        if field not in self.fields:
+            raise UnsupportedKernelError("tracepoint %s has no field %s" % (self.name, field))
+        return self.fields[field][0]
+
+
+def parse_format(text: str) -> Dict[str, Tuple[int, int]]:
+    """name → (offset, size) of every field of a tracefs `format` file."""
+    return {m.group(1): (int(m.group(3)), int(m.group(4))) for m in _FIELD.finditer(text)}
+
+
+def find(category: str, name: str) -> Tracepoint:
+    """The tracepoint `category:name`; UnsupportedKernelError if tracefs cannot tell."""
+    for root in TRACEFS_ROOTS:
+        folder = os.path.join(root, "events", category, name)
+        if os.path.isfile(os.path.join(folder, "id")):
+            return _from_texts(category, name, *_read_texts(folder))
+    return _from_texts(category, name, *_read_in_private_mount(category, name))
+
+
+def _read_texts(folder: str) -> Tuple[str, str]:
+    with open(os.path.join(folder, "id")) as f_id, open(os.path.join(folder, "format")) as f:
+        return f_id.read(), f.read()
+
+
+def _from_texts(category: str, name: str, id_text: str, format_text: str) -> Tracepoint:
+    try:
+        return Tracepoint("%s:%s" % (category, name), int(id_text), parse_format(format_text))
+    except ValueError:
+        raise UnsupportedKernelError("tracepoint %s:%s has no readable id" % (category, name))
+
+
+def _read_in_private_mount(category: str, name: str) -> Tuple[str, str]:
+    """Mount tracefs where only a child process sees it, and read the tracepoint there."""
+    folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read_end)
+            libc = ctypes.CDLL(None, use_errno=True)
+            if (libc.unshare(CLONE_NEWNS) == 0
+                    and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+                    and libc.mount(b"nodev", folder.encode(), b"tracefs", 0, None) == 0):
+                texts = _read_texts(os.path.join(folder, "events", category, name))
+                os.write(write_end, json.dumps(texts).encode())
+                status = 0
+        except BaseException:
+            pass
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    os.rmdir(folder)
+    if not data:
+        raise UnsupportedKernelError("tracepoint %s:%s: tracefs is not mounted and could not be "
+                                     "mounted privately" % (category, name))
+    id_text, format_text = json.loads(data.decode())
+    return id_text, format_text

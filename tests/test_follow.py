@@ -1,0 +1,65 @@
+"""Following a command's processes in the kernel (follow.py, tracepoints.py)."""
+import os
+import subprocess
+import sys
+import time
+
+from ebpf_cuda import tracepoints
+from ebpf_cuda.follow import ProcessFollower
+
+FORK_FORMAT = """name: sched_process_fork
+ID: 366
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:pid_t parent_pid;\toffset:12;\tsize:4;\tsigned:1;
+\tfield:char child_comm[16];\toffset:16;\tsize:16;\tsigned:0;
+\tfield:pid_t child_pid;\toffset:32;\tsize:4;\tsigned:1;
+"""
+
+
+def test_format_fields_are_parsed():
+    fields = tracepoints.parse_format(FORK_FORMAT)
+    assert fields["parent_comm"] == (8, 4)
+    assert fields["child_comm"] == (16, 16)
+    assert fields["child_pid"] == (32, 4)
+    assert fields["common_pid"] == (4, 4)
+
+
+def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root):
+    before = open("/proc/self/mountinfo").read().count(" tracefs ")
+    point = tracepoints.find("sched", "sched_process_fork")
+    assert point.id > 0 and "child_pid" in point.fields
+    assert open("/proc/self/mountinfo").read().count(" tracefs ") == before  # nothing left
+
+
+def test_children_and_grandchildren_join_and_leave_the_followed_set(root):
+    script = ("import os, sys, time\n"
+              "r, w = os.pipe()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    g = os.fork()\n"
+              "    if g == 0:\n"
+              "        os.write(w, b'%d ' % os.getpid()); time.sleep(0.5); os._exit(0)\n"
+              "    os.write(w, b'%d ' % os.getpid()); os.waitpid(g, 0); os._exit(0)\n"
+              "print(os.getpid(), flush=True)\n"
+              "os.close(w); time.sleep(0.2); print(os.read(r, 100).decode(), flush=True)\n"
+              "os.waitpid(pid, 0)\n")
+    follower = ProcessFollower()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(1)\n" + script],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        follower.add(proc.pid)
+        proc.stdin.write("x")
+        proc.stdin.close()
+        top = int(proc.stdout.readline())
+        kids = {int(p) for p in proc.stdout.readline().split()}
+        assert len(kids) == 2
+        assert {top} | kids <= set(follower.followed())
+        proc.wait(timeout=10)
+        time.sleep(0.1)
+        assert not ({top} | kids) & set(follower.followed())  # gone when they exit
+    finally:
+        follower.close()
