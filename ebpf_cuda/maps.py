@@ -300,3 +300,30 @@ class StackTraceMap(_ElementMap):
             return []
         words = struct.unpack("<%dQ" % (len(raw) // 8), raw)
         return [w for w in words if w]
+
+
+class TaskStorageMap(Map):
+    """BPF_MAP_TYPE_TASK_STORAGE: `value_size` bytes per thread, created on first use by a
+    program (bpf_task_storage_get) and freed with the thread. Needs BTF for its types
+    (built here) and a kernel with task storage (5.11+) and its own BTF (get_current_task_btf).
+    Programs reach it; user space does not need to."""
+
+    map_type = syscalls.BPF_MAP_TYPE_TASK_STORAGE
+    NO_PREALLOC = 1
+
+    def __init__(self, value_size: int, name: str = "") -> None:
+        from . import btf
+
+        self._btf = syscalls.btf_load(btf.key_and_bytes(value_size))
+        try:
+            self.name, self.key_size, self.value_size, self.max_entries = name, 4, value_size, 0
+            self._fd = syscalls.map_create(
+                self.map_type, 4, value_size, 0, self.NO_PREALLOC, name,
+                btf=(self._btf.value, btf.INT_TYPE_ID, btf.BYTES_TYPE_ID))
+        except BaseException:
+            self._btf.close()
+            raise
+
+    def close(self) -> None:
+        super().close()
+        self._btf.close()

@@ -21,6 +21,8 @@ from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP
 EVENTS_MAP = "events"
 INFLIGHT_MAP = "inflight"
 STATS_MAP = "stats"
+TASKS_MAP = "tasks"
+BPF_LOCAL_STORAGE_GET_F_CREATE = 1
 STACKS_MAP = "stacks"
 NAMES_MAP = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
 SCRATCH_MAP = "scratch"  # per-CPU room to build a names entry (too big for the stack)
@@ -51,6 +53,9 @@ class ProbeOptions:
     stacks: bool = False  # return records carry the caller's user stack id (`stacks` map)
     emit: bool = True  # the return probe writes a record per call
     follow: bool = False  # only processes in the `followed` map (see follow.py) are traced
+    # Keep calls in flight in task-local storage (`tasks` map: a small per-thread stack)
+    # rather than the `inflight` hash map: no hashing, no deletes, nothing left by dead threads.
+    task_storage: bool = False
     aggregate: bool = False  # the return probe adds the call to in-kernel aggregates
 
 
@@ -60,7 +65,7 @@ def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> It
     if options.emit_entry or not options.stash:
         prog += _emit_enter_record(api, fn_id, arch, options)
     if options.stash:
-        prog += _stash_entry(api, arch)
+        prog += _stash_in_task(api, arch) if options.task_storage else _stash_entry(api, arch)
     return prog + [asm.mov(R0, 0), asm.exit()]
 
 
@@ -70,24 +75,18 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
     # On return the callee has popped what `call` pushed: x86-64's return address.
     prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
     prog += _inflight_key(arch, arch.stack_args_start)
-    prog += [
-        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
-        asm.call(Helper.MAP_LOOKUP_ELEM),
-        asm.jeq(R0, 0, "no_entry"),
-        asm.mov(R7, R0),
-        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, NOW, R0),
-    ]
+    prog += _find_in_task() if options.task_storage else _find_in_map()
+    prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, NOW, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
     if options.aggregate:
         from .aggregates import aggregate_call
 
         prog += aggregate_call(api, fn_id, arch)
-    prog += [
-        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
-        asm.call(Helper.MAP_DELETE_ELEM),
-        asm.ja("done"), asm.Label("no_entry"),
-    ]
+    if not options.task_storage:  # (a task's stack was popped when the entry was found)
+        prog += [asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+                 asm.call(Helper.MAP_DELETE_ELEM)]
+    prog += [asm.ja("done"), asm.Label("no_entry")]
     prog += _count(record.STAT_NO_ENTRY)
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
 
@@ -130,6 +129,78 @@ def _only_followed() -> Items:
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(), asm.Label("followed"),
     ]
+
+
+def _find_in_map() -> Items:
+    """R7 = this call's entry in the inflight map (key at fp-16), else jump to no_entry."""
+    return [
+        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "no_entry"),
+        asm.mov(R7, R0),
+    ]
+
+
+def _task_storage(create: bool) -> Items:
+    """R0 = this thread's `tasks` value (created when asked), or NULL."""
+    return [
+        asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
+        asm.ld_map(R1, TASKS_MAP), asm.mov(R3, 0),
+        asm.mov(R4, BPF_LOCAL_STORAGE_GET_F_CREATE if create else 0),
+        asm.call(Helper.TASK_STORAGE_GET),
+    ]
+
+
+def _stash_in_task(api: Api, arch: Arch) -> Items:
+    """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
+    on this thread's stack of calls in flight. A full stack (entries whose return never
+    came: longjmp, exceptions) is emptied, and counted."""
+    slot = record.TASK_SLOT
+    prog = _task_storage(create=True) + [
+        asm.jeq(R0, 0, "stash_lost"),
+        asm.mov(R9, R0),
+        asm.ldx(DW, R1, R9, 0),
+        asm.jlt(R1, record.TASK_DEPTH, "depth_ok"),
+        asm.st(DW, R9, 0, 0),
+    ] + _count(record.STAT_INFLIGHT_FULL, "full") + [
+        asm.mov(R1, 0),
+        asm.Label("depth_ok"),
+        asm.mov(R8, R1), asm.mul(R8, slot), asm.add(R8, R9), asm.add(R8, 8),
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.INFLIGHT_TS, R0),
+    ]
+    prog += _load_args(api, arch, R6, R8, record.INFLIGHT_ARGS)
+    for j in range(record.OUT_CELLS):
+        where = record.INFLIGHT_OUTPTRS + 8 * j
+        if j < len(api.outs):
+            prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, R8, where, R1)]
+        else:
+            prog.append(asm.st(DW, R8, where, 0))
+    return prog + [
+        asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
+        asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
+        asm.ja("stashed"), asm.Label("stash_lost"),
+    ] + _count(record.STAT_INFLIGHT_FULL, "lost") + [asm.Label("stashed")]
+
+
+def _find_in_task() -> Items:
+    """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
+    the one at fp-8), popping it and anything above; else jump to no_entry."""
+    prog = _task_storage(create=False) + [
+        asm.jeq(R0, 0, "no_entry"),
+        asm.mov(R9, R0),
+        asm.ldx(DW, R1, FP, _KEY + 8), asm.ldx(DW, R2, R9, 0),
+    ]
+    for level in reversed(range(record.TASK_DEPTH)):
+        at = 8 + level * record.TASK_SLOT
+        prog += [
+            asm.jle(R2, level, "below_%d" % level),
+            asm.ldx(DW, R3, R9, at + record.INFLIGHT_SP),
+            asm.jne(R3, R1, "below_%d" % level),
+            asm.mov(R7, R9), asm.add(R7, at), asm.st(DW, R9, 0, level),
+            asm.ja("found"),
+            asm.Label("below_%d" % level),
+        ]
+    return prog + [asm.ja("no_entry"), asm.Label("found")]
 
 
 def _inflight_key(arch: Arch, sp_adjust: int) -> Items:
@@ -320,9 +391,10 @@ def _submit(options: ProbeOptions) -> Items:
     ]
 
 
-def _count(stat: int) -> Items:
-    """stats[stat] += 1 on this CPU (a per-CPU slot needs no atomic)."""
-    label = "counted_%d" % stat
+def _count(stat: int, tag: str = "") -> Items:
+    """stats[stat] += 1 on this CPU (a per-CPU slot needs no atomic); `tag` tells apart two
+    counts of one stat in a program."""
+    label = "counted_%d%s" % (stat, tag)
     return [
         asm.st(W, FP, _STAT_KEY, stat),
         asm.ld_map(R1, STATS_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),

@@ -40,6 +40,13 @@ INFLIGHT_ARGS = 8
 INFLIGHT_OUTPTRS = INFLIGHT_ARGS + 8 * ARG_CELLS
 INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
 
+# With task storage (the fast path) each thread has a small stack of the same entries, each
+# followed by the entry stack pointer that identifies it: {u64 depth, slot[TASK_DEPTH]}.
+INFLIGHT_SP = INFLIGHT_VALUE_SIZE
+TASK_SLOT = INFLIGHT_SP + 8
+TASK_DEPTH = 4  # calls in flight on one thread at once (runtime → driver nests 2 deep)
+TASK_VALUE_SIZE = 8 + TASK_DEPTH * TASK_SLOT
+
 # Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
 STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignored

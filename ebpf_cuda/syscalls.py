@@ -24,6 +24,7 @@ BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_PROG_LOAD = 5
 BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_BTF_LOAD = 18
 BPF_LINK_CREATE = 28
 
 # map types (enum bpf_map_type)
@@ -34,6 +35,7 @@ BPF_MAP_TYPE_PERCPU_ARRAY = 6
 BPF_MAP_TYPE_LRU_HASH = 9
 BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
 BPF_MAP_TYPE_STACK_TRACE = 7
+BPF_MAP_TYPE_TASK_STORAGE = 29
 BPF_MAP_TYPE_RINGBUF = 27
 
 BPF_ANY = 0
@@ -212,16 +214,29 @@ def check_name(name: str) -> bytes:
 
 
 def map_create(map_type: int, key_size: int, value_size: int, max_entries: int,
-               flags: int = 0, name: str = "") -> Fd:
-    """BPF_MAP_CREATE; returns the map's fd."""
+               flags: int = 0, name: str = "", btf: Optional[Tuple[int, int, int]] = None) -> Fd:
+    """BPF_MAP_CREATE; returns the map's fd. `btf` is (btf fd, key type id, value type id),
+    which some map types need (task storage)."""
     # map_type@0 key_size@4 value_size@8 max_entries@12 map_flags@16 inner_map_fd@20
-    # numa_node@24 map_name[16]@28
-    attr = _attr(48)
+    # numa_node@24 map_name[16]@28 map_ifindex@44 btf_fd@48 btf_key_type_id@52
+    # btf_value_type_id@56
+    attr = _attr(60 if btf else 48)
     struct.pack_into("<IIIII", attr, 0, map_type, key_size, value_size, max_entries, flags)
     struct.pack_into("16s", attr, 28, check_name(name))
+    if btf:
+        struct.pack_into("<III", attr, 48, *btf)
     what = "creating map %r (type %d, key %d B, value %d B, %d entries)" % (
         name, map_type, key_size, value_size, max_entries)
     return Fd(bpf(BPF_MAP_CREATE, attr, what), "map %r" % name)
+
+
+def btf_load(blob: bytes) -> Fd:
+    """BPF_BTF_LOAD: type information some maps need; returns the BTF object's fd."""
+    # btf@0 btf_log_buf@8 btf_size@16 btf_log_size@20 btf_log_level@24
+    data = ctypes.create_string_buffer(blob, len(blob))
+    attr = _attr(28)
+    struct.pack_into("<QQI", attr, 0, ctypes.addressof(data), 0, len(blob))
+    return Fd(bpf(BPF_BTF_LOAD, attr, "loading BTF type information"), "BTF")
 
 
 def _elem_attr(fd: int, key: Optional[ctypes.Array], value: Optional[ctypes.Array],

@@ -17,9 +17,10 @@ from . import aggregates, apis, discovery, probes, record
 from .apis import Api
 from .arch import current as current_arch
 from .elf import open_elf
-from .errors import AttachError, NoCudaSymbolsError, TracerError, UsageError
+from .errors import AttachError, KernelError, NoCudaSymbolsError, TracerError, UsageError
 from .events import Decoder, Event
-from .maps import HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap
+from .maps import (HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMap,
+                   TaskStorageMap)
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .follow import FOLLOWED_MAP, ProcessFollower
@@ -219,9 +220,7 @@ class Tracer:
 
     def _create_maps(self) -> None:
         self._maps[probes.EVENTS_MAP] = RingBufMap(self.ring_size, name="events")
-        self._maps[probes.INFLIGHT_MAP] = LruHashMap(
-            record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE, INFLIGHT_ENTRIES,
-            name="inflight")
+        self._maps.update(self._inflight_map())
         if self.stacks:
             self._maps[probes.STACKS_MAP] = StackTraceMap(STACK_ENTRIES, name="stacks")
         self._maps[probes.NAMES_MAP] = LruHashMap(probes.NAME_KEY_SIZE, probes.NAME_SIZE,
@@ -240,6 +239,17 @@ class Tracer:
         self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
                                                          value_struct=struct.Struct("<Q"))
 
+    def _inflight_map(self) -> Dict[str, object]:
+        """Where entries wait for their return: task-local storage when the kernel has it
+        (and its own BTF), else an LRU hash map."""
+        try:
+            return {probes.TASKS_MAP: TaskStorageMap(record.TASK_VALUE_SIZE, name="tasks")}
+        except KernelError as err:
+            self.log("no task storage (%s): calls in flight go to a hash map" % err)
+            return {probes.INFLIGHT_MAP: LruHashMap(
+                record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE, INFLIGHT_ENTRIES,
+                name="inflight")}
+
     def _load_programs(self) -> None:
         maps = dict(self._maps)
         if self._follower is not None:
@@ -247,6 +257,7 @@ class Tracer:
         plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
                                     emit=self.emit, aggregate=self.aggregate,
                                     follow=self._follower is not None,
+                                    task_storage=probes.TASKS_MAP in self._maps,
                                     wakeup_bytes=self.ring_size // WAKEUP_FRACTION)
         with_stack = dataclasses.replace(plain, stacks=True)
         arch = current_arch()
