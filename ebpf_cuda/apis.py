@@ -72,6 +72,9 @@ class Api:
     # (handle field, string-pointer field): on success the probe stores the string under
     # (pid, handle) in the `names` map, e.g. cuModuleGetFunction's function name.
     learn_name: Optional[Tuple[str, str]] = None
+    # (handle field, address field): the handle stands for the host function at that address
+    # (CUDA 13 launches pass a cudaKernel_t obtained from __cudaGetKernel for the stub).
+    learn_func: Optional[Tuple[str, str]] = None
 
     @property
     def symbols(self) -> Tuple[str, ...]:
@@ -202,6 +205,10 @@ TABLE: Tuple[Api, ...] = (
         "graph", ("cudaStreamBeginCapture_ptsz",)),
     Api("cudaStreamEndCapture", R, (_a("stream", K.HANDLE, 0), _hidden("pGraph", 1)),
         (Out("graph", K.HANDLE, 1),), "graph", ("cudaStreamEndCapture_ptsz",)),
+    Api("__cudaGetKernel", R, (_hidden("pKernel", 0), _a("entry", K.PTR, 1)),
+        (Out("kernel", K.HANDLE, 0),), "module", learn_func=("kernel", "entry")),
+    Api("cudaGetKernel", R, (_hidden("pKernel", 0), _a("entry", K.PTR, 1)),
+        (Out("kernel", K.HANDLE, 0),), "module", learn_func=("kernel", "entry")),
     Api("cudaGetLastError", R, (), (), "error", default=False),
     Api("cudaPeekAtLastError", R, (), (), "error", default=False),
     # The driver API (libcuda.so.1). cuda.h maps most names to versioned symbols.

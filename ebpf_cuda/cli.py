@@ -139,7 +139,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                     emit=not _summary_only(summary, leaks, as_json, output, save, trace_out,
                                            report_html) or no_returns,
                     log=_log(verbose))
-    namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle))
+    namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle),
+                        functions=lambda pid, handle: tracer.decoder.handle_func(pid, handle))
     analyses = _analyses(namer, summary, leaks)
     sinks = [namer] + analyses + _event_sinks(output, as_json, no_timestamps, namer,
                                               events_wanted=not analyses and not (

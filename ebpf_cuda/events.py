@@ -120,7 +120,8 @@ class _RowDecoder:
                  if arg.show]
         self.args = [(name, kind, at, kind in _RAW_KINDS) for name, kind, at in shown]
         self.outs = [(out.name, out.kind, _OUTS_AT + j) for j, out in enumerate(api.outs)]
-        self.learns = api.learn_name is not None or api.name == "cuKernelGetFunction"
+        self.learns = (api.learn_name is not None or api.learn_func is not None
+                       or api.name == "cuKernelGetFunction")
         self._ret_names: Dict[int, str] = {}
 
     def decode_args(self, fields: Sequence[int]) -> Dict[str, Any]:
@@ -166,6 +167,8 @@ class Decoder:
         # (pid, function or kernel handle) -> kernel name, from cuModuleGetFunction,
         # cuLibraryGetKernel, cuKernelGetFunction and cuFuncGetName events.
         self.handle_names: Dict[Tuple[int, int], str] = {}
+        # (pid, cudaKernel_t) -> the host stub's address, from __cudaGetKernel.
+        self.handle_funcs: Dict[Tuple[int, int], int] = {}
         self._comms: Dict[bytes, str] = {}
 
     def _comm(self, raw: bytes) -> str:
@@ -219,13 +222,18 @@ class Decoder:
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
         if ret == 0 and row.learns:
             self._learn(row.api, pid, args, outs)
-        return [enter, Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
-                             args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults,
-                             stack_id)]
+        done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
+                     args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id)
+        # With --entries the enter event already came from its own record.
+        return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]
 
     def _learn(self, api: Api, pid: int, args: Dict[str, Any], outs: Dict[str, Any]) -> None:
         """Remember which kernel name a handle stands for (and show it as out `kernel_name`)."""
-        if api.learn_name is not None:
+        if api.learn_func is not None:
+            handle, address = outs.get(api.learn_func[0]), args.get(api.learn_func[1])
+            if handle and address:
+                self.handle_funcs[(pid, handle)] = address
+        elif api.learn_name is not None:
             handle = outs.get(api.learn_name[0], args.get(api.learn_name[0]))
             name = self.names(pid, handle) if self.names and handle is not None else None
             if name:
@@ -235,6 +243,10 @@ class Decoder:
             name = self.handle_names.get((pid, args["kernel"]))
             if name:
                 self.handle_names[(pid, outs["function"])] = name
+
+    def handle_func(self, pid: int, handle: int) -> Optional[int]:
+        """The host stub address a cudaKernel_t of process `pid` stands for, if learned."""
+        return self.handle_funcs.get((pid, handle))
 
     def handle_name(self, pid: int, handle: int) -> Optional[str]:
         """The kernel name of a CUfunction/CUkernel handle of process `pid`, if learned."""

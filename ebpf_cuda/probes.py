@@ -110,7 +110,7 @@ def _emit_call_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -
         else:
             prog.append(asm.st(DW, R8, record.ARGS + 8 * cell, 0))
     prog += [asm.ldx(DW, R1, R6, arch.ret), asm.stx(DW, R8, record.RET, R1)]
-    prog += _read_outs(api, arch)
+    prog += _read_outs(api, arch, record.FLAG_ENTRY_SENT if options.emit_entry else 0)
     if api.learn_name:
         prog += _learn_name(api, arch)
     prog += _submit(options)
@@ -293,9 +293,10 @@ def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
     return prog
 
 
-def _read_outs(api: Api, arch: Arch) -> Items:
-    """Out-parameters, read only when the call returned success (0); faults flagged."""
-    prog: Items = [asm.mov(R9, 0)]
+def _read_outs(api: Api, arch: Arch, flags: int = 0) -> Items:
+    """Out-parameters, read only when the call returned success (0); faults flagged (on top
+    of `flags`)."""
+    prog: Items = [asm.mov(R9, flags)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
     if api.outs:
         prog += [asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "outs_done")]

@@ -31,6 +31,7 @@ PHASE_CALL = 1  # a complete call: entry arguments, return value, out-parameters
 FLAG_OUT0_FAULT = 1 << 0  # probe_read_user of out-parameter 0 failed
 FLAG_OUT1_FAULT = 1 << 1
 FLAG_ARG_FAULT = 1 << 2  # probe_read_user of a stack or pointed-to argument failed
+FLAG_ENTRY_SENT = 1 << 3  # the entry probe already wrote this call's enter record
 
 # The inflight map: key (pid_tgid, entry stack pointer), value (entry time, argument cells,
 # out-parameter pointers). Keying on the stack pointer pairs nested and recursive calls.

@@ -40,7 +40,7 @@ MORE_FUNCTIONS = (
     "cudaStreamQuery", "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaEventQuery",
     "cudaEventElapsedTime", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
     "cudaGraphLaunch", "cudaGraphInstantiate", "cudaStreamBeginCapture", "cudaStreamEndCapture",
-    "cudaGetLastError", "cudaPeekAtLastError",
+    "cudaGetLastError", "cudaPeekAtLastError", "cudaGetKernel",
 )
 VARIANT_FUNCTIONS = (
     "cudaLaunchKernel_ptsz", "cudaMemcpy_ptds", "cudaMemcpyAsync_ptsz", "cudaMemsetAsync_ptsz",
@@ -52,7 +52,7 @@ FAKE_FUNCTIONS = SEED_FUNCTIONS + MORE_FUNCTIONS + VARIANT_FUNCTIONS
 # as a pragma) and give the symbols NVIDIA's version node.
 LIB_FLAGS = ("-fcf-protection=none", "-fno-shrink-wrap", "-fno-ipa-icf",
              "-fno-optimize-sibling-calls", "-Wl,-soname," + SONAME)
-VERSION_SCRIPT = SONAME + " {\n  global: cuda*;\n  local: *;\n};\n"
+VERSION_SCRIPT = SONAME + " {\n  global: cuda*; __cuda*;\n  local: *;\n};\n"
 
 
 def device_ptr(k: int) -> int:

@@ -102,3 +102,23 @@ def test_cli_summary_alone_prints_aggregate_tables(cc, root_module):
     assert malloc_row.split()[2] == "300"
     assert "   1   101  cudaErrorInvalidDevice  cudaSetDevice" in out.stdout
     assert "[ENTER]" not in out.stdout
+
+
+def test_summary_alone_counts_a_layered_copy_once(cc, root_module):
+    from ebpf_cuda.analysis.kernel_summary import aggregate_tables
+    from fakecuda_driver import build_layered_runtime
+
+    layered, driver, prog = build_layered_runtime(cc)
+    with Tracer(command=[str(prog), "malloc:4096", "memcpy:4096:1", "memcpy:4096:1",
+                         "memcpy:100:2"], library=[str(layered), str(driver)],
+                aggregate=True, emit=False) as tracer:
+        list(tracer.events())
+        agg = tracer.aggregates()
+    counts = Counter()
+    for f in agg.functions:
+        counts[f.api] += f.count
+    assert counts["cudaMemcpy"] == 3 and counts["cuMemcpyHtoD_v2"] == 2  # both layers seen
+    memory = aggregate_tables(agg)[2]
+    rows = {line.split()[-1]: line.split()[:2] for line in memory.splitlines()[4:]}
+    assert rows["Host-to-Device]"] == ["0.008", "2"]
+    assert rows["Device-to-Host]"] == ["0.000", "1"]

@@ -23,6 +23,7 @@ RET_NAMES = {0: "cudaSuccess", 1: "cudaErrorInvalidValue", 9: "cudaErrorInvalidC
 
 # Every runtime row, successes and documented failures, and every exported variant.
 OPS = (
+    "getkernel", "cudagetkernel",
     "malloc:4000", "mallocmanaged:8192:2", "mallocmanaged:64:3", "mallocasync:256:0x5005",
     "mallocpitch:1000:8", "mallochost:512", "hostalloc:1024:4", "hostalloc:8:16",
     "streamcreate", "streamcreateflags:1", "streamcreateprio:1:-3", "streamcreateprio:0:4",
@@ -102,7 +103,8 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
     "cudaLaunchKernel": _launch, "cudaLaunchCooperativeKernel": _launch,
     "cudaLaunchKernelExC": _launch,
     "cudaStreamBeginCapture": _n("stream", "mode"), "cudaStreamEndCapture": _n("stream"),
-    "cudaGraphInstantiate": _n("graph", "flags"), "cudaGraphLaunch": _n("stream",
+    "cudaGraphInstantiate": _n("graph", "flags"),
+    "__cudaGetKernel": _n("entry"), "cudaGetKernel": _n("entry"), "cudaGraphLaunch": _n("stream",
                                                                         graphExec="exec"),
     "cudaSetDevice": _n("device"),
 }
@@ -113,7 +115,8 @@ OUT_NAMES = {"cudaMalloc": "ptr", "cudaMallocManaged": "ptr", "cudaMallocAsync":
              "cudaStreamCreateWithPriority": "stream", "cudaEventCreate": "event",
              "cudaEventCreateWithFlags": "event", "cudaGetDeviceCount": "count",
              "cudaGetDevice": "device", "cudaMemGetInfo": "free",
-             "cudaStreamEndCapture": "graph", "cudaGraphInstantiate": "graphExec"}
+             "cudaStreamEndCapture": "graph", "cudaGraphInstantiate": "graphExec",
+             "__cudaGetKernel": "kernel", "cudaGetKernel": "kernel"}
 
 
 def expected_args(call: Call) -> Dict[str, Any]:

@@ -1,6 +1,7 @@
 """Summary tables from in-kernel aggregates (`--summary` alone: no record per call).
 
-Counts, totals, averages, minima, maxima, errors and bytes are exact. Medians and
+Counts, totals, averages, minima, maxima, errors and bytes are exact (but with both layers
+traced, copies are counted at the runtime layer only: see `_operations`). Medians and
 percentiles come from log2 histograms and are upper bounds of a power-of-two bucket (shown
 with `<=`); standard deviations come from squares of 64 ns-rounded durations (`~`).
 """
@@ -65,8 +66,14 @@ def _percentile_table(per_api: List[FunctionStats]) -> str:
 
 
 def _operations(agg: Aggregates):
-    """(operation, FunctionStats) of every copy/set function that moved bytes."""
+    """(operation, FunctionStats) of every copy/set function that moved bytes. The kernel
+    cannot tell a runtime copy's own driver copy from a direct driver copy, so when runtime
+    copies were seen, driver copies are left out (each runtime copy makes one)."""
+    runtime_copies = any(not BY_NAME[f.api].driver and operation_of(f.api) is not None
+                         for f in agg.functions)
     for f in agg.functions:
+        if runtime_copies and BY_NAME[f.api].driver:
+            continue
         kind = memcpy_kind_name(f.kind) if f.kind is not None else "Default"
         operation = operation_of(f.api, kind)
         if operation is not None and f.count > f.errors:

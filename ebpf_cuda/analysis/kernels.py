@@ -152,9 +152,11 @@ class KernelNamer:
     decoder's names learned from cuModuleGetFunction and co.) when given."""
 
     def __init__(self, resolver: Optional[AddressResolver] = None,
-                 handles: Optional[HandleNamer] = None) -> None:
+                 handles: Optional[HandleNamer] = None,
+                 functions: Optional[Callable[[int, int], Optional[int]]] = None) -> None:
         self.resolver = resolver or AddressResolver()
         self.handles = handles
+        self.functions = functions  # (pid, cudaKernel_t) -> host stub address
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
         self._handle_apis: Dict[str, bool] = {}
 
@@ -189,7 +191,10 @@ class KernelNamer:
     def handle_name(self, pid: int, handle: int) -> Optional[str]:
         """The demangled kernel name of a CUfunction/CUkernel handle, if it was learned."""
         name = self.handles(pid, handle) if self.handles is not None else None
-        return demangle(name) if name else None
+        if name:
+            return demangle(name)
+        stub = self.functions(pid, handle) if self.functions is not None else None
+        return self.name(pid, stub) if stub else None
 
     # Sink protocol: snapshot processes as their events arrive.
     def header(self) -> None:

@@ -61,6 +61,9 @@
  *                                    GRID and BLOCK are DIMS
  *   launchptsz, coop (cudaLaunchCooperativeKernel), launchex (cudaLaunchKernelExC): same fields
  *   launchnull:GRID:BLOCK            cudaLaunchKernel with func = NULL
+ *   getkernel | cudagetkernel        __cudaGetKernel | cudaGetKernel of vec_add_kernel
+ *                                    out = the kernel handle
+ *   launchhandle:GRID:BLOCK          cudaLaunchKernel with func = the last kernel handle
  *   capture[:S[:MODE=0]]             cudaStreamBeginCapture
  *   endcapture[:S]                   cudaStreamEndCapture   out = graph
  *   instantiate[:GRAPH]              cudaGraphInstantiate   out = graph exec
@@ -458,19 +461,39 @@ static void do_memset(const struct op *op, struct outcome *r) {
     }
 }
 
+cudaError_t __cudaGetKernel(void **kernel, const void *entry);
+cudaError_t cudaGetKernel(void **kernel, const void *entry);
+static __thread void *last_kernel;
+
+static void do_get_kernel(const struct op *op, struct outcome *r) {
+    int public = strcmp(op->field[0], "cudagetkernel") == 0;
+    void *kernel = NULL;
+    r->fn = public ? "cudaGetKernel" : "__cudaGetKernel";
+    r->ret = public ? cudaGetKernel(&kernel, (const void *)vec_add_kernel)
+                    : __cudaGetKernel(&kernel, (const void *)vec_add_kernel);
+    if (r->ret == 0)
+        last_kernel = kernel;
+    r->printed_out = 1;
+    r->out = (uintptr_t)kernel;
+    add(r, " entry=%p", (const void *)vec_add_kernel);
+}
+
 static void do_launch(const struct op *op, struct outcome *r) {
     const char *name = op->field[0];
     static int n = 1000;   /* static: `args` must point at storage that outlives the call */
     static __thread void *a, *b, *c;
     void *args[4] = {&a, &b, &c, &n};
     const void *func = strcmp(name, "launchnull") == 0 ? NULL : (const void *)vec_add_kernel;
+    if (strcmp(name, "launchhandle") == 0)
+        func = last_kernel;
     dim3 grid = dims_at(op, 1), block = dims_at(op, 2);
     size_t smem = num_at(op, 3, 0);
     void *stream = ref_or(op, 4, STREAM, 0);
     a = (void *)nth_from_end(DEV, 2);
     b = (void *)nth_from_end(DEV, 1);
     c = (void *)nth_from_end(DEV, 0);
-    if (strcmp(name, "launch") == 0 || strcmp(name, "launchnull") == 0) {
+    if (strcmp(name, "launch") == 0 || strcmp(name, "launchnull") == 0
+        || strcmp(name, "launchhandle") == 0) {
         r->fn = "cudaLaunchKernel";
         r->ret = cudaLaunchKernel(func, grid, block, args, smem, stream);
     } else if (strcmp(name, "launchptsz") == 0) {
@@ -688,7 +711,8 @@ static const struct {
     {"eventrecordptsz", do_event}, {"eventsync", do_event}, {"eventquery", do_event},
     {"eventdestroy", do_event}, {"elapsed", do_event},
     {"launch", do_launch}, {"launchptsz", do_launch}, {"coop", do_launch},
-    {"launchex", do_launch}, {"launchnull", do_launch},
+    {"launchex", do_launch}, {"launchnull", do_launch}, {"launchhandle", do_launch},
+    {"getkernel", do_get_kernel}, {"cudagetkernel", do_get_kernel},
     {"capture", do_graph}, {"endcapture", do_graph}, {"instantiate", do_graph},
     {"graphlaunch", do_graph},
 };

@@ -67,6 +67,9 @@
  *   cudaStreamBeginCapture(s, mode)      1 if mode > 2
  *   cudaStreamEndCapture(s, g)           1 if g NULL; *g = next graph handle
  *   cudaGraphInstantiate(x, g, flags)    1 if x or g NULL; *x = next exec handle
+ *   __cudaGetKernel(k, entry), cudaGetKernel(k, entry)
+ *                                        1 if k or entry NULL; *k = 0x9000 + k-th kernel handle
+ *                                        (CUDA 13's nvcc code launches with such a handle)
  *   cudaGraphLaunch(x, s)                400 if x NULL
  *   cudaGetLastError()                   the thread's last error, then resets it to 0
  *   cudaPeekAtLastError()                the thread's last error, without resetting it
@@ -123,12 +126,13 @@ enum {
 #define STREAM_BASE 0x5000ULL
 #define EVENT_BASE 0xe000ULL
 #define GRAPH_BASE 0x6000ULL
+#define KERNEL_BASE 0x9000ULL
 #define EXEC_BASE 0x7000ULL
 #define MAX_ALLOC (1ULL << 40)
 #define DEVICE_COUNT 2
 #define PITCH_ALIGN 512
 
-static unsigned long long device_allocs, host_allocs, streams, events, graphs, execs;
+static unsigned long long device_allocs, host_allocs, streams, events, graphs, execs, kernels;
 static __thread int current_device;
 static __thread cudaError_t last_error;
 
@@ -459,6 +463,21 @@ EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCapture
 EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
     (void)stream;
     return new_handle(pGraph, &graphs, GRAPH_BASE);
+}
+
+HELPER cudaError_t get_kernel(void **kernel, const void *entry, int variant) {
+    (void)variant;
+    if (kernel == NULL || entry == NULL)
+        return result(cudaErrorInvalidValue);
+    return new_handle(kernel, &kernels, KERNEL_BASE);
+}
+
+EXPORT cudaError_t __cudaGetKernel(void **kernel, const void *entry) {
+    return get_kernel(kernel, entry, 1);
+}
+
+EXPORT cudaError_t cudaGetKernel(void **kernel, const void *entry) {
+    return get_kernel(kernel, entry, 2);
 }
 
 EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
