@@ -17,7 +17,7 @@ from .output.chrome_trace import ChromeTraceWriter
 from .output.html_report import HtmlReport
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
-from .tracer import DEFAULT_RING_SIZE, NAMED_CATEGORIES, Tracer
+from .tracer import DEFAULT_RING_SIZE, Tracer
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -230,17 +230,22 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     """Read until the end, decoding each batch once and handing it to every sink."""
     for sink in sinks:
         sink.header()
-    decode = tracer.decoder.decode_batch
-    # Saving alone needs only launches decoded (to name kernels while processes live).
-    only = tracer.fn_ids(NAMED_CATEGORIES) if all(s in (saver, sinks[0]) for s in sinks) \
-        and saver is not None else None
+    decoder = tracer.decoder
+    # Saving alone decodes only the calls that teach kernel names; launches are named from a
+    # bulk scan of their records (while their processes live), the rest is written raw.
+    save_only = saver is not None and all(s in (saver, sinks[0]) for s in sinks)
+    only = tracer.fn_ids(("module",)) if save_only else None
+    table = tracer.apis_table
     try:
         for frames in tracer.frames():
             if saver is not None:
                 saver.write_frames(frames)
-            events = decode(frames, only)
+            events = decoder.decode_batch(frames, only)
             for sink in sinks:
                 sink.write(events)
+            if save_only:
+                saver.learn((table[i].name, pid, func)
+                            for i, pid, func in decoder.launch_keys(frames))
             sys.stdout.flush()  # a person watching sees each batch as it comes
     finally:
         for sink in sinks:

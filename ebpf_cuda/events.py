@@ -103,6 +103,7 @@ def decode_value(kind: str, cells: Sequence[int]) -> Any:
 
 
 _FN_ID_WORD = (8 + record.FN_ID) // 2  # the function id in a frame, in u16 words
+_PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) in a frame, in u32 words
 _RAW_KINDS = (Kind.PTR, Kind.HANDLE, Kind.SIZE, Kind.U64)  # the cell is the value
 _ARGS_AT = 9  # index of the first argument cell in an unpacked record
 _RET_AT = _ARGS_AT + record.ARG_CELLS
@@ -169,6 +170,11 @@ class Decoder:
         self.handle_names: Dict[Tuple[int, int], str] = {}
         # (pid, cudaKernel_t) -> the host stub's address, from __cudaGetKernel.
         self.handle_funcs: Dict[Tuple[int, int], int] = {}
+        self._func_cells: Dict[int, Set[int]] = {}  # cell of `func` → launch rows with it
+        for fn_id, api in enumerate(table):
+            for arg, cell in arg_cells(api):
+                if arg.name == "func" and api.category == "launch":
+                    self._func_cells.setdefault(cell, set()).add(fn_id)
         self._comms: Dict[bytes, str] = {}
 
     def _comm(self, raw: bytes) -> str:
@@ -198,6 +204,19 @@ class Decoder:
             if fn_id in only:
                 add(self._events(_FRAME.unpack_from(frames, i * _FRAME.size)))
         return events
+
+    def launch_keys(self, frames: bytes) -> Set[Tuple[int, int, int]]:
+        """(fn_id, pid, func) of every launch record in a batch of frames, read in bulk
+        without decoding the records (for naming kernels when nothing else is decoded)."""
+        words = memoryview(frames)
+        stride = _FRAME.size
+        ids = words.cast("H")[_FN_ID_WORD::stride // 2].tolist()
+        pids = words.cast("I")[_PID_WORD::stride // 4].tolist()
+        keys: Set[Tuple[int, int, int]] = set()
+        for cell, fn_ids in self._func_cells.items():
+            funcs = words.cast("Q")[(8 + record.ARGS) // 8 + cell::stride // 8].tolist()
+            keys.update((i, p, f) for i, p, f in zip(ids, pids, funcs) if i in fn_ids)
+        return keys
 
     def decode_record(self, payload: bytes) -> List[Event]:
         """Events of one record (payload only)."""

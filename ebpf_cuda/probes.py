@@ -50,6 +50,7 @@ class ProbeOptions:
     # wakeup, one per record when the reader keeps up, which costs the traced thread about
     # half a microsecond each time); the reader also polls on a short timeout.
     wakeup_bytes: int = 0
+    wake_now: bool = False  # wake the reader at once (calls that teach kernel names: rare)
     stacks: bool = False  # return records carry the caller's user stack id (`stacks` map)
     emit: bool = True  # the return probe writes a record per call
     follow: bool = False  # only processes in the `followed` map (see follow.py) are traced
@@ -379,8 +380,9 @@ def _comm() -> Items:
 
 def _submit(options: ProbeOptions) -> Items:
     """Submit the record at R8, waking the reader as `wakeup_bytes` says."""
-    if not options.wakeup_bytes:
-        return [asm.mov(R1, R8), asm.mov(R2, 0), asm.call(Helper.RINGBUF_SUBMIT)]
+    if options.wake_now or not options.wakeup_bytes:
+        flags = RB_FORCE_WAKEUP if options.wake_now else 0
+        return [asm.mov(R1, R8), asm.mov(R2, flags), asm.call(Helper.RINGBUF_SUBMIT)]
     return [
         asm.ld_map(R1, EVENTS_MAP), asm.mov(R2, BPF_RB_AVAIL_DATA),
         asm.call(Helper.RINGBUF_QUERY),

@@ -31,7 +31,7 @@ DEFAULT_RING_SIZE = 8 << 20
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
-NAMED_CATEGORIES = ("launch", "module")  # rows that always emit (see `emit`)
+NAMED_CATEGORIES = ("module",)  # rows that always emit (see `emit`): they teach names
 BATCH_RECORDS = 8192  # records handed over at once: bounds the memory of a batch
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
 POLL_INTERVAL_S = 0.05  # otherwise the reader looks every 50 ms (and checks the target)
@@ -105,8 +105,8 @@ class Tracer:
         if not emit and not (aggregate and return_probes):
             raise UsageError("without event records, in-kernel aggregation (with return "
                              "probes) is the only output")
-        # With emit=False, launches and module loads still write records (few, and kernel
-        # names can only be resolved while their process lives).
+        # With emit=False, the calls that teach kernel names still write records (few; the
+        # names must be learned while their process lives); launches are counted in the kernel.
         self.log = log or (lambda message: None)
         self.targets: List[Target] = []
         self.attachments: List[Attachment] = []
@@ -270,8 +270,9 @@ class Tracer:
             if self.return_probes:
                 kinds.append((True, probes.return_program))
             options = with_stack if self.stacks and api.category == "memory" else plain
-            if not self.emit and api.category in NAMED_CATEGORIES:
-                options = dataclasses.replace(options, emit=True)
+            if api.category in NAMED_CATEGORIES:
+                # Their process must still live when they are read: no waiting to batch.
+                options = dataclasses.replace(options, emit=True, wake_now=True)
             for retprobe, generate in kinds:
                 program = Program(generate(api, fn_id, arch, options), maps,
                                   name=probes.program_name(fn_id, retprobe),

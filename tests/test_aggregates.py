@@ -81,14 +81,17 @@ def test_launches_by_geometry_match(both):
     assert sum(launches.values()) == 4
 
 
-def test_summary_alone_uses_the_kernel_and_only_launches_travel(cc, root_module):
+def test_summary_alone_uses_the_kernel_and_only_name_lookups_travel(cc, root_module):
     lib, prog = build_fake_cuda(cc)
-    with Tracer(command=[str(prog), "loop:200:malloc:64", "launch:4,1,1:256,1,1"],
+    with Tracer(command=[str(prog), "loop:200:malloc:64", "getkernel", "launch:4,1,1:256,1,1",
+                         "loop:300:launchhandle:2:32"],
                 library=[str(lib)], aggregate=True, emit=False) as tracer:
         apis = Counter(e.api for e in tracer.events() if e.phase == "exit")
-        counts = {f.api: f.count for f in tracer.aggregates().functions}
-    assert apis == {"cudaLaunchKernel": 1}  # records only for launches (kernel names)
-    assert counts == {"cudaMalloc": 200, "cudaLaunchKernel": 1}
+        aggregates = tracer.aggregates()
+    counts = {f.api: f.count for f in aggregates.functions}
+    assert apis == {"__cudaGetKernel": 1}  # records only for calls that teach kernel names
+    assert counts == {"cudaMalloc": 200, "__cudaGetKernel": 1, "cudaLaunchKernel": 301}
+    assert sorted(n for _pid, _api, _cells, n, _ns in aggregates.launches) == [1, 300]
 
 
 def test_cli_summary_alone_prints_aggregate_tables(cc, root_module):
@@ -102,6 +105,18 @@ def test_cli_summary_alone_prints_aggregate_tables(cc, root_module):
     assert malloc_row.split()[2] == "300"
     assert "   1   101  cudaErrorInvalidDevice  cudaSetDevice" in out.stdout
     assert "[ENTER]" not in out.stdout
+
+
+def test_cli_summary_alone_names_kernels_from_the_kernel_counts(cc, root_module):
+    lib, prog = build_fake_cuda(cc)
+    out = subprocess.run([sys.executable, "-m", "ebpf_cuda", "--summary", "-p", str(lib), "--",
+                          str(prog), "getkernel", "loop:500:launchhandle:2:32",
+                          "launch:4,1,1:256,1,1", "sleep:200"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    kernels = out.stdout.split("** Kernel Launches:")[1]
+    assert "     500  (2,1,1)  (32,1,1)              0  vec_add_kernel" in kernels
+    assert "       1  (4,1,1)  (256,1,1)             0  vec_add_kernel" in kernels
 
 
 def test_summary_alone_counts_a_layered_copy_once(cc, root_module):

@@ -6,11 +6,12 @@ percentiles come from log2 histograms and are upper bounds of a power-of-two buc
 with `<=`); standard deviations come from squares of 64 ns-rounded durations (`~`).
 """
 import math
-from typing import List
+from typing import List, Tuple
 
 from ..aggregates import SUMSQ_SHIFT, Aggregates, FunctionStats
 from ..apis import BY_NAME
 from ..cuda_enums import error_name, memcpy_kind_name
+from ..events import Event
 from ._table import decimal, integer, table
 from .summary import MB, operation_of
 
@@ -116,3 +117,22 @@ def _error_table(agg: Aggregates) -> str:
             for (api, code), count in sorted(agg.errors.items(),
                                              key=lambda i: (-i[1], i[0][0], i[0][1]))]
     return title + table(("Count", "Code", "Error", "Name"), rows, left=(2, 3))
+
+
+def launch_events(agg: Aggregates) -> List[Tuple[Event, int]]:
+    """The in-kernel launch counts as (a launch event, count), arguments decoded from the
+    counted cells. With both layers traced only driver launches are kept (each runtime
+    launch makes one)."""
+    from ..events import EXIT, Decoder, _ARGS_AT
+
+    decoder = Decoder(clock_offset_ns=0)
+    rows = {row.name: row for row in decoder.rows}
+    driver_launches = any(BY_NAME[api].driver for _pid, api, _c, _n, _t in agg.launches)
+    out = []
+    for pid, api, cells, count, _total in agg.launches:
+        if driver_launches and not BY_NAME[api].driver:
+            continue
+        fields = (0,) * _ARGS_AT + tuple(cells)
+        args = rows[api].decode_args(fields)
+        out.append((Event(0.0, 0, pid, pid, "", api, EXIT, args, 0, "", 0), count))
+    return out

@@ -179,14 +179,18 @@ class KernelNamer:
         return name
 
     def __call__(self, event: Event, address: int) -> Optional[str]:
-        handle = self._handle_apis.get(event.api)
+        return self.name_for(event.pid, event.api, address)
+
+    def name_for(self, pid: int, api: str, address: int) -> Optional[str]:
+        """The kernel a launch by function `api` of process `pid` with `func` = `address`
+        runs: a driver launch's is a handle; a runtime launch's a host stub's address or,
+        in CUDA 13, a cudaKernel_t (the CUkernel of cuLibraryGetKernel)."""
+        handle = self._handle_apis.get(api)
         if handle is None:
-            handle = self._handle_apis[event.api] = _takes_handle(event.api)
+            handle = self._handle_apis[api] = _takes_handle(api)
         if handle:
-            return self.handle_name(event.pid, address)
-        # CUDA 13's runtime may pass a cudaKernel_t (the CUkernel of cuLibraryGetKernel)
-        # instead of the host stub's address.
-        return self.name(event.pid, address) or self.handle_name(event.pid, address)
+            return self.handle_name(pid, address)
+        return self.name(pid, address) or self.handle_name(pid, address)
 
     def handle_name(self, pid: int, handle: int) -> Optional[str]:
         """The demangled kernel name of a CUfunction/CUkernel handle, if it was learned."""

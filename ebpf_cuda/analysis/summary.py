@@ -147,7 +147,7 @@ class Summary:
             if is_synchronous_copy(event):
                 self.sync_copies[operation].append((size, event.duration_ns or 0))
 
-    def _launched(self, event: Event) -> None:
+    def _launched(self, event: Event, count: int = 1) -> None:
         # One GPU launch through both layers counts once, as the driver launch (its kernel
         # handle names every kernel, cuBLAS's and Triton's too).
         if _is_driver(event.api):
@@ -158,7 +158,7 @@ class Summary:
         key = (event.pid, args["func"])
         if key not in self._names:
             self._names[key] = self.namer(event, key[1]) if self.namer is not None else None
-        self.launches[key + _geometry(args)] += 1
+        self.launches[key + _geometry(args)] += count
 
     # Sink protocol
     def header(self) -> None:
@@ -175,8 +175,10 @@ class Summary:
         """Every summary table, one after the other. With in-kernel `aggregates` (then only
         launch events were collected here), the call tables come from those."""
         if aggregates is not None:
-            from .kernel_summary import aggregate_tables
+            from .kernel_summary import aggregate_tables, launch_events
 
+            for event, count in launch_events(aggregates):
+                self._launched(event, count)
             return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()])
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
                             self.bandwidth_table(), self.error_table(), self.kernel_table()])
