@@ -161,20 +161,23 @@ class Components:
 
     def variants(self) -> Dict[str, Callable[[], LoopResult]]:
         arch = current_arch()
-        lib = lambda flags: (  # noqa: E731
-            probes.entry_program(self.api, self.fn_id, arch, probes.ProbeOptions()),
-            probes.return_program(self.api, self.fn_id, arch,
-                                  probes.ProbeOptions(wakeup_flags=flags)))
+        def lib(**options):  # the library's own programs, with these ProbeOptions
+            opts = probes.ProbeOptions(**options)
+            return (probes.entry_program(self.api, self.fn_id, arch, opts),
+                    probes.return_program(self.api, self.fn_id, arch, opts))
+
+        batched = 1 << 20  # the tracer's default: wake the reader at 1/8 of an 8 MiB ring
         return {
             "c:hash": lambda: self.run(hash_entry(), hash_return()),
             "c:ring": lambda: self.run(counter_only(), ring_only(0)),
             "c:ring-nowake": lambda: self.run(counter_only(), ring_only(BPF_RB_NO_WAKEUP)),
-            "c:lib": lambda: self.run(*lib(0)),
-            "c:lib-nowake": lambda: self.run(*lib(BPF_RB_NO_WAKEUP)),
+            "c:lib": lambda: self.run(*lib(task_storage=True, wakeup_bytes=batched)),
+            "c:lib-wake": lambda: self.run(*lib(task_storage=True)),
+            "c:lib-hash": lambda: self.run(*lib(wakeup_bytes=batched)),
         }
 
     def _maps(self) -> Dict[str, object]:
-        from ebpf_cuda.maps import ArrayMap
+        from ebpf_cuda.maps import ArrayMap, TaskStorageMap
         return {
             "events": RingBufMap(8 << 20, name="events"),
             "inflight": LruHashMap(record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE,
@@ -184,6 +187,7 @@ class Components:
             "scratch": PerCpuArrayMap(probes.NAME_KEY_SIZE + probes.NAME_SIZE, 1,
                                       name="scratch"),
             "counts": ArrayMap(16, 1, "bench_counts"),
+            "tasks": TaskStorageMap(record.TASK_VALUE_SIZE, name="tasks"),
         }
 
     def run(self, entry: list, ret: list) -> LoopResult:
@@ -312,8 +316,8 @@ def report(results: Dict[str, List[float]], walls: Dict[str, List[float]],
              % record.SIZE),
             ("c:ring-nowake", "bare-pair", "the same with BPF_RB_NO_WAKEUP"),
             ("c:lib", "bare-pair", "the library's programs (same as `tracer`, own harness)"),
-            ("c:lib-nowake", "bare-pair", "the library's programs with BPF_RB_NO_WAKEUP"),
-            ("c:lib", "c:lib-nowake", "consumer wakeups in the library's programs")):
+            ("c:lib-wake", "c:lib", "a reader wakeup per record (the kernel's adaptive mode)"),
+            ("c:lib-hash", "c:lib", "calls in flight in an LRU hash instead of task storage")):
         if name in med and base in med:
             print("  %-13s - %-13s = %6.0f ns  %s" % (name, base, med[name] - med[base], what))
     for name in ("tracer", "tracer -r", "cli text", "cli summary"):
