@@ -8,13 +8,10 @@ from typing import IO, List, Optional, Tuple
 
 import click
 
-from . import apis
+from . import apis, savefile
 from .analysis import KernelNamer, LeakTracker, Summary, format_leaks
 from .errors import TracerError, UsageError, VerifierError
 from .output import Sink
-from . import savefile
-from .output.chrome_trace import ChromeTraceWriter
-from .output.html_report import HtmlReport
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
@@ -210,8 +207,12 @@ def _file_sinks(trace_out: Optional[str], report_html: Optional[str], namer) -> 
     """The timeline (--trace-out) and HTML report (--report) writers."""
     sinks: List[Sink] = []
     if trace_out:
+        from .output.chrome_trace import ChromeTraceWriter  # only when asked for
+
         sinks.append(ChromeTraceWriter(_open_output(trace_out), namer=namer))
     if report_html:
+        from .output.html_report import HtmlReport  # only when asked for
+
         sinks.append(HtmlReport(_open_output(report_html), namer=namer))
     return sinks
 

@@ -274,10 +274,10 @@ class Tracer:
                 # Their process must still live when they are read: no waiting to batch.
                 options = dataclasses.replace(options, emit=True, wake_now=True)
             for retprobe, generate in kinds:
-                program = Program(generate(api, fn_id, arch, options), maps,
-                                  name=probes.program_name(fn_id, retprobe),
-                                  expected_attach_type=attach_type)
-                self.programs[(api.name, retprobe)] = program.load()
+                self.programs[(api.name, retprobe)] = Program(
+                    generate(api, fn_id, arch, options), maps,
+                    name=probes.program_name(fn_id, retprobe), expected_attach_type=attach_type)
+        _load_all(list(self.programs.values()))
 
     def _attach_all(self) -> None:
         pid = self.pid
@@ -534,6 +534,19 @@ def _select(functions: Optional[Sequence[str]], api: str, everything: bool) -> L
     except KeyError as err:
         raise UsageError("unknown function %s (known: %s)"
                          % (err.args[0], ", ".join(a.name for a in apis.TABLE))) from None
+
+
+def _load_all(programs: List[Program]) -> None:
+    """Load programs in parallel: the verifier runs in the caller's thread, with the GIL
+    released, so the CPUs share the work (start-up time)."""
+    if len(programs) < 2:
+        for program in programs:
+            program.load()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(programs), os.cpu_count() or 1, 16)) as pool:
+        list(pool.map(Program.load, programs))
 
 
 def _close_all(links: List[Link]) -> None:
