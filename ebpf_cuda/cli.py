@@ -128,14 +128,14 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         return
     if no_returns and entries:
         raise UsageError("--entries needs return probes; it cannot go with -r")
+    # --summary alone: the kernel sums the calls up, no record per call.
+    in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html)
+                 and not no_returns)
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=parse_size(ring_size), stacks=stacks,
-                    aggregate=summary and not no_returns,
-                    emit=not _summary_only(summary, leaks, as_json, output, save, trace_out,
-                                           report_html) or no_returns,
-                    log=_log(verbose))
+                    ring_size=parse_size(ring_size), stacks=stacks, aggregate=in_kernel,
+                    emit=not in_kernel, log=_log(verbose))
     namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle),
                         functions=lambda pid, handle: tracer.decoder.handle_func(pid, handle))
     analyses = _analyses(namer, summary, leaks)
