@@ -532,8 +532,12 @@ def _select(functions: Optional[Sequence[str]], api: str, everything: bool) -> L
     try:
         return apis.select(functions, api, everything)
     except KeyError as err:
-        raise UsageError("unknown function %s (known: %s)"
-                         % (err.args[0], ", ".join(a.name for a in apis.TABLE))) from None
+        import difflib
+
+        close = difflib.get_close_matches(err.args[0], [a.name for a in apis.TABLE], n=3)
+        hint = "did you mean %s? " % ", ".join(close) if close else ""
+        raise UsageError("unknown function %s (%s--list-functions lists them)"
+                         % (err.args[0], hint)) from None
 
 
 def _load_all(programs: List[Program]) -> None:
