@@ -29,6 +29,15 @@ def parse_size(text: str) -> int:
     return int(number) * _UNITS[unit]
 
 
+SUMMARY_RING_SIZE = 1 << 20  # --summary alone: only calls that teach kernel names travel
+
+
+def _ring_size(text: Optional[str], in_kernel: bool) -> int:
+    if text is not None:
+        return parse_size(text)
+    return SUMMARY_RING_SIZE if in_kernel else DEFAULT_RING_SIZE
+
+
 def _split_functions(value: Optional[str]) -> Optional[List[str]]:
     if not value:
         return None
@@ -92,8 +101,9 @@ def _log(verbose: int):
                    "not the processes it starts.")
 @click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
-@click.option("--ring-size", default=str(DEFAULT_RING_SIZE), show_default=True,
-              help="Ring buffer size (power of two, e.g. 256K, 8M).")
+@click.option("--ring-size", metavar="SIZE",
+              help="Ring buffer size (power of two, e.g. 256K, 8M; default 4M, or 1M with "
+                   "--summary alone, where few records travel).")
 @click.option("--entries", is_flag=True,
               help="Also emit each call's entry as it happens (for calls that block).")
 @click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
@@ -117,7 +127,7 @@ def _log(verbose: int):
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
-          ring_size: str, entries: bool, list_functions: bool, summary: bool, leaks: bool,
+          ring_size: Optional[str], entries: bool, list_functions: bool, summary: bool, leaks: bool,
           stacks: bool, save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
@@ -134,7 +144,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=parse_size(ring_size), stacks=stacks, aggregate=in_kernel,
+                    ring_size=_ring_size(ring_size, in_kernel), stacks=stacks,
+                    aggregate=in_kernel,
                     emit=not in_kernel, log=_log(verbose))
     namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle),
                         functions=lambda pid, handle: tracer.decoder.handle_func(pid, handle))
