@@ -1,11 +1,13 @@
 """Generate the eBPF programs for a row of the function table.
 
 For each traced function, with return probes on (the default):
-- the entry program saves the entry time, the argument cells and the out-parameter pointers
-  in the `inflight` map, keyed by (pid_tgid, entry stack pointer);
-- the return program looks that up, reserves one record in the `events` ring buffer, fills
-  it (times, ids, comm, arguments, return value, out-parameters read with probe_read_user
-  when the call succeeded) and submits it.
+- the entry program saves the entry time, the argument cells, the out-parameter pointers and
+  the entry stack pointer: on a small per-thread stack in task-local storage (`tasks`), or,
+  on kernels without it, in the `inflight` LRU hash keyed by (pid_tgid, entry stack pointer);
+- the return program finds that entry, reserves one record in the `events` ring buffer,
+  fills it (times, ids, comm, arguments, return value, out-parameters read with
+  probe_read_user when the call succeeded) and submits it, and/or adds the call to the
+  in-kernel aggregates (aggregates.py).
 With return probes off, or `emit_entry=True`, the entry program writes a record itself.
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
@@ -22,7 +24,6 @@ EVENTS_MAP = "events"
 INFLIGHT_MAP = "inflight"
 STATS_MAP = "stats"
 TASKS_MAP = "tasks"
-BPF_LOCAL_STORAGE_GET_F_CREATE = 1
 STACKS_MAP = "stacks"
 NAMES_MAP = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
 SCRATCH_MAP = "scratch"  # per-CPU room to build a names entry (too big for the stack)
@@ -30,12 +31,12 @@ NAME_KEY_SIZE = 16
 NAME_SIZE = 256
 BPF_F_USER_STACK = 1 << 8
 BPF_RB_AVAIL_DATA = 0  # ringbuf_query: bytes not yet consumed
+BPF_LOCAL_STORAGE_GET_F_CREATE = 1
 
 _KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
 _VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
 _STAT_KEY = _VALUE - 8  # a u32 stats index: fp-128
-NOW = _STAT_KEY - 8  # return probe: the exit time, fp-136
-SCRATCH = NOW  # return probe: stack room below NOW is free for aggregation keys
+NOW = _STAT_KEY - 8  # return probe: the exit time, fp-136 (below it: aggregation keys)
 
 Items = List[object]
 
