@@ -102,8 +102,6 @@ def decode_value(kind: str, cells: Sequence[int]) -> Any:
     return raw
 
 
-_FN_ID_WORD = (8 + record.FN_ID) // 2  # the function id in a frame, in u16 words
-_PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) in a frame, in u32 words
 _RAW_KINDS = (Kind.PTR, Kind.HANDLE, Kind.SIZE, Kind.U64)  # the cell is the value
 _ARGS_AT = 9  # index of the first argument cell in an unpacked record
 _RET_AT = _ARGS_AT + record.ARG_CELLS
@@ -199,7 +197,7 @@ class Decoder:
             for fields in _FRAME.iter_unpack(frames):
                 add(self._events(fields))
             return events
-        ids = memoryview(frames).cast("H")[_FN_ID_WORD::_FRAME.size // 2].tolist()
+        ids = record.frame_column(frames, record.FN_ID, "H")
         for i, fn_id in enumerate(ids):
             if fn_id in only:
                 add(self._events(_FRAME.unpack_from(frames, i * _FRAME.size)))
@@ -208,13 +206,11 @@ class Decoder:
     def launch_keys(self, frames: bytes) -> Set[Tuple[int, int, int]]:
         """(fn_id, pid, func) of every launch record in a batch of frames, read in bulk
         without decoding the records (for naming kernels when nothing else is decoded)."""
-        words = memoryview(frames)
-        stride = _FRAME.size
-        ids = words.cast("H")[_FN_ID_WORD::stride // 2].tolist()
-        pids = words.cast("I")[_PID_WORD::stride // 4].tolist()
+        ids = record.frame_column(frames, record.FN_ID, "H")
+        pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         keys: Set[Tuple[int, int, int]] = set()
         for cell, fn_ids in self._func_cells.items():
-            funcs = words.cast("Q")[(8 + record.ARGS) // 8 + cell::stride // 8].tolist()
+            funcs = record.frame_column(frames, record.ARGS + 8 * cell, "Q")
             keys.update((i, p, f) for i, p, f in zip(ids, pids, funcs) if i in fn_ids)
         return keys
 

@@ -6,6 +6,7 @@ arguments travel to it through the `inflight` map. With return probes off (or `-
 the entry probe writes a record too, with PHASE_ENTER and no exit fields.
 """
 import struct
+from typing import List
 
 ARG_CELLS = 10  # u64 cells for entry arguments (cuLaunchKernel needs 9)
 OUT_CELLS = 2  # u64 cells for out-parameters read at return
@@ -57,3 +58,17 @@ STAT_COUNT = 4
 
 LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
 assert LAYOUT.size == SIZE, (LAYOUT.size, SIZE)
+
+# The ring hands records over as frames: an 8-byte header, then the record (SIZE is a
+# multiple of 8, so frames lie back to back).
+FRAME_HEADER = 8
+FRAME_SIZE = FRAME_HEADER + SIZE
+_WIDTHS = {"H": 2, "I": 4, "Q": 8}
+
+
+def frame_column(frames: bytes, offset: int, fmt: str) -> List[int]:
+    """One field (at record `offset`, of type "H", "I" or "Q") of every frame in a batch,
+    read in bulk without unpacking the records."""
+    width = _WIDTHS[fmt]
+    return memoryview(frames).cast(fmt)[(FRAME_HEADER + offset) // width::FRAME_SIZE // width]\
+        .tolist()

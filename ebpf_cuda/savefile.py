@@ -34,18 +34,12 @@ from .events import Decoder, Event
 
 MAGIC = b"EBPFCUDA"
 FORMAT_VERSION = 1
-FRAME_HEADER = 8
 _HEADER = struct.Struct("<8sHHqQI")
 _FBYTES_AT = 20  # offset of fbytes in the header
 _UNKNOWN = (1 << 64) - 1  # fbytes of a file still being written (or whose writer died)
 READ_FRAMES = 4096  # frames per batch when reading back
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) -> kernel name
-
-
-def frame_size(record_size: int = record.SIZE) -> int:
-    """Bytes of one ring frame holding a record of `record_size` bytes (8-byte aligned)."""
-    return (FRAME_HEADER + record_size + 7) & ~7
 
 
 class SaveWriter:
@@ -158,7 +152,7 @@ class SavedTrace:
 
     def frames(self, per_batch: int = READ_FRAMES) -> Iterator[bytes]:
         """Batches of whole raw frames, in the order they were saved."""
-        size = frame_size()
+        size = record.FRAME_SIZE
         left = None if self._frame_bytes == _UNKNOWN else self._frame_bytes  # None: to EOF
         with self._open() as f:
             f.seek(self._data_start)

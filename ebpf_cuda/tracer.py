@@ -35,8 +35,6 @@ NAMED_CATEGORIES = ("module",)  # rows that always emit (see `emit`): they teach
 BATCH_RECORDS = 8192  # records handed over at once: bounds the memory of a batch
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
 POLL_INTERVAL_S = 0.05  # otherwise the reader looks every 50 ms (and checks the target)
-_FRAME_SIZE = 8 + record.SIZE  # ring header + record
-_PID_WORD = (8 + record.PID_TGID + 4) // 4  # the pid (tgid) half of pid_tgid, in u32 words
 
 
 @dataclass
@@ -66,9 +64,9 @@ class Tracer:
     `functions`: glob patterns of function names (default: the table's default set, or
     every row with `everything`); `api`: "runtime", "driver" or "all" (both);
     `library`: files to probe (default: found from the pid, the command or the usual places);
-    `follow_children`: with a command, also trace the processes it starts (probes are then
-    attached for all processes and events outside the command's process tree are dropped);
-    without it the kernel filters on the command's PID.
+    `follow_children`: with a command, also trace the processes it starts (the kernel keeps
+    the set of followed processes, see follow.py; without it the kernel filters on the
+    command's PID).
     `return_probes=False` attaches entry probes only (enter events, no durations);
     `entries=True` also emits an enter record at entry (for calls that block for long);
     `stacks=True` captures the user call stack of memory calls (see `stack()`);
@@ -401,11 +399,7 @@ class Tracer:
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
                     break
-            try:
-                ready = self._ring.poll(wait)
-            except InterruptedError:
-                ready = True
-            if ready:
+            if self._ring.poll(wait):  # (Python retries epoll_wait after a signal)
                 yield from self._drain_frames()
         yield from self._drain_frames()
 
@@ -422,14 +416,12 @@ class Tracer:
 
     def _only_tree(self, frames: bytes) -> bytes:
         """The frames of processes in the followed command's tree (all of them, usually)."""
-        words = memoryview(frames).cast("I")
-        stride = _FRAME_SIZE // 4
-        pids = words[_PID_WORD::stride].tolist()
+        pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         keep = [self.keeps(pid) for pid in pids]
         if all(keep):
             return frames
-        return b"".join(frames[i * _FRAME_SIZE:(i + 1) * _FRAME_SIZE]
-                        for i, kept in enumerate(keep) if kept)
+        size = record.FRAME_SIZE
+        return b"".join(frames[i * size:(i + 1) * size] for i, kept in enumerate(keep) if kept)
 
     @property
     def decoder(self) -> Decoder:
