@@ -171,7 +171,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
 
 def _summary_only(summary: bool, *other_outputs) -> bool:
     """--summary and nothing that needs every event: then the kernel aggregates the calls
-    and writes records only for launches (see Tracer's `emit`)."""
+    and writes records only for the calls that teach kernel names (see Tracer's `emit`)."""
     return summary and not any(other_outputs)
 
 
@@ -245,7 +245,8 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     decoder = tracer.decoder
     # Saving alone decodes only the calls that teach kernel names; launches are named from a
     # bulk scan of their records (while their processes live), the rest is written raw.
-    save_only = saver is not None and all(s in (saver, sinks[0]) for s in sinks)
+    save_only = saver is not None and all(s is saver or isinstance(s, KernelNamer)
+                                          for s in sinks)
     only = tracer.fn_ids(("module",)) if save_only else None
     table = tracer.apis_table
     try:
