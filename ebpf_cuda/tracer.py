@@ -24,7 +24,6 @@ from .maps import (HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMa
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .follow import FOLLOWED_MAP, ProcessFollower
-from .processes import ProcessTree
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (mapped twice): ~27k records, ~50 ms of a 500k/s stream
@@ -89,7 +88,6 @@ class Tracer:
         self.apis = _select(functions, api, everything)
         self.api = api
         self.follow_children = follow_children
-        self._tree: Optional[ProcessTree] = None  # user-space fallback of _follower
         self._follower: Optional[ProcessFollower] = None
         self.library = list(library or [])
         self.pid = pid
@@ -279,8 +277,8 @@ class Tracer:
 
     def _attach_all(self) -> None:
         pid = self.pid
-        if self._child is not None and not self.follow_children:
-            pid = self._child
+        if self._child is not None and self._follower is None:
+            pid = self._child  # the command alone, filtered by the kernel
         multi = uprobe_multi_supported()
         for target in self.targets:
             self.log("probing %s (%d functions%s)" % (
@@ -316,13 +314,13 @@ class Tracer:
                                            offset))
 
     def _start_follower(self) -> Optional[ProcessFollower]:
-        """Follow the command's processes in the kernel; None (then /proc is read to place
-        processes, which misses children that end before their first event is read) when
-        the kernel's fork and exit tracepoints cannot be used."""
+        """Follow the command's processes in the kernel; None (then only the command's own
+        process is traced, and a warning says so) when the kernel's fork and exit
+        tracepoints cannot be used."""
         try:
             return ProcessFollower()
         except TracerError as err:
-            self.log("children followed from /proc only: %s" % err)
+            self.failures.append("the processes the command starts are not traced: %s" % err)
             return None
 
     def _fork_command(self) -> None:
@@ -343,11 +341,8 @@ class Tracer:
                 os._exit(127)
         os.close(read_fd)
         self._child, self._release_fd = pid, write_fd
-        if self.follow_children:
-            if self._follower is not None:
-                self._follower.add(pid)
-            else:
-                self._tree = ProcessTree([pid])
+        if self._follower is not None:
+            self._follower.add(pid)
 
     def run(self) -> None:
         """Let a held command run (once)."""
@@ -374,11 +369,6 @@ class Tracer:
         for frames in self.frames(timeout):
             yield from self.decoder.decode_frames(frames)
 
-    def keeps(self, pid: int) -> bool:
-        """Whether events of process `pid` belong to this trace: with a followed command,
-        the probes fire for every process and only its process tree is kept."""
-        return self._tree is None or self._tree.contains(pid)
-
     def on_event(self, callback: Callable[[Event], None],
                  timeout: Optional[float] = None) -> None:
         """Call `callback` with each event until the end (as `events()`); returns then."""
@@ -387,8 +377,7 @@ class Tracer:
 
     def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
         """Like `events()`, but batches of raw ring frames (8-byte header + record each),
-        for callers that save or count records without decoding them. With a followed
-        command, frames of processes outside its tree are already left out."""
+        for callers that save or count records without decoding them."""
         self.start()
         self.run()
         assert self._ring is not None
@@ -409,19 +398,7 @@ class Tracer:
             frames = self._ring.drain_frames(record.SIZE, BATCH_RECORDS)
             if not frames:
                 return
-            if self._tree is not None:
-                frames = self._only_tree(frames)
-            if frames:
-                yield frames
-
-    def _only_tree(self, frames: bytes) -> bytes:
-        """The frames of processes in the followed command's tree (all of them, usually)."""
-        pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
-        keep = [self.keeps(pid) for pid in pids]
-        if all(keep):
-            return frames
-        size = record.FRAME_SIZE
-        return b"".join(frames[i * size:(i + 1) * size] for i, kept in enumerate(keep) if kept)
+            yield frames
 
     @property
     def decoder(self) -> Decoder:
