@@ -75,6 +75,9 @@ class Api:
     # (handle field, address field): the handle stands for the host function at that address
     # (CUDA 13 launches pass a cudaKernel_t obtained from __cudaGetKernel for the stub).
     learn_func: Optional[Tuple[str, str]] = None
+    # (new handle field, known handle field): the new handle runs the same kernel as the known
+    # one (cuKernelGetFunction: a CUfunction for a CUkernel).
+    learn_alias: Optional[Tuple[str, str]] = None
 
     @property
     def symbols(self) -> Tuple[str, ...]:
@@ -296,7 +299,7 @@ TABLE: Tuple[Api, ...] = (
                                   _a("name", K.PTR, 2, show=False)),
         (Out("kernel", K.HANDLE, 0),), "module", learn_name=("kernel", "name")),
     Api("cuKernelGetFunction", D, (_hidden("pFunc", 0), _a("kernel", K.HANDLE, 1)),
-        (Out("function", K.HANDLE, 0),), "module"),
+        (Out("function", K.HANDLE, 0),), "module", learn_alias=("function", "kernel")),
     Api("cuFuncGetName", D, (_hidden("pName", 0), _a("function", K.HANDLE, 1)),
         (Out("name_ptr", K.PTR, 0),), "module", learn_name=("function", "name_ptr")),
 )

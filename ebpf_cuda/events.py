@@ -119,8 +119,7 @@ class _RowDecoder:
                  if arg.show]
         self.args = [(name, kind, at, kind in _RAW_KINDS) for name, kind, at in shown]
         self.outs = [(out.name, out.kind, _OUTS_AT + j) for j, out in enumerate(api.outs)]
-        self.learns = (api.learn_name is not None or api.learn_func is not None
-                       or api.name == "cuKernelGetFunction")
+        self.learns = any((api.learn_name, api.learn_func, api.learn_alias))
         self._ret_names: Dict[int, str] = {}
 
     def decode_args(self, fields: Sequence[int]) -> Dict[str, Any]:
@@ -254,10 +253,11 @@ class Decoder:
             if name:
                 outs["kernel_name"] = name
                 self.handle_names[(pid, handle)] = name
-        elif "function" in outs:  # cuKernelGetFunction: the function runs that kernel
-            name = self.handle_names.get((pid, args["kernel"]))
-            if name:
-                self.handle_names[(pid, outs["function"])] = name
+        elif api.learn_alias is not None:
+            new, known = api.learn_alias
+            name = self.handle_names.get((pid, args.get(known, outs.get(known))))
+            if name and outs.get(new):
+                self.handle_names[(pid, outs[new])] = name
 
     def handle_func(self, pid: int, handle: int) -> Optional[int]:
         """The host stub address a cudaKernel_t of process `pid` stands for, if learned."""
