@@ -30,6 +30,11 @@ class Kind:
     LAUNCH_CONFIG = "launch_config"
 
 
+# Naming conventions the outputs rely on (tests/test_apis.py checks them): an argument named
+# `func` is the launched kernel, and only launch rows have one; `size` is the byte count of a
+# memory call.
+
+
 @dataclass(frozen=True)
 class Arg:
     """An argument read at entry from ABI slot `slot` (a DIM3 takes slots slot and slot+1)."""
