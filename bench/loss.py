@@ -151,6 +151,11 @@ def consumer_rates(count: int = 52000, batch: int = 4096) -> Dict[str, float]:
         rates["decode + text"] = time_it(lambda f: text.write(list(decoder.decode_frames(f))))
         json = JsonWriter(null)
         rates["decode + json"] = time_it(lambda f: json.write(list(decoder.decode_frames(f))))
+        # what the CLI runs when text or JSON is the only output: lines from frames
+        fast_text = TextWriter(null)
+        rates["text from frames"] = time_it(lambda f: fast_text.write_frames(f, decoder))
+        fast_json = JsonWriter(null)
+        rates["json from frames"] = time_it(lambda f: fast_json.write_frames(f, decoder))
     raw = io.BytesIO()
     rates["save (raw write)"] = time_it(raw.write)
     try:

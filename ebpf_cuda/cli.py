@@ -249,8 +249,13 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
                                           for s in sinks)
     only = tracer.fn_ids(("module",)) if save_only else None
     table = tracer.apis_table
+    lines_only = _lines_writer(sinks)
     try:
         for frames in tracer.frames():
+            if lines_only is not None:  # text or JSON alone: lines straight from the frames
+                lines_only.write_frames(frames, decoder)
+                sys.stdout.flush()
+                continue
             if saver is not None:
                 saver.write_frames(frames)
             events = decoder.decode_batch(frames, only)
@@ -263,6 +268,15 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     finally:
         for sink in sinks:
             sink.close()
+
+
+def _lines_writer(sinks: List[Sink]):
+    """The text or JSON writer when it is the only output (besides the kernel namer it
+    uses): it can then format lines from the frames without decoding them into events."""
+    writers = [s for s in sinks if not isinstance(s, KernelNamer)]
+    if len(writers) == 1 and isinstance(writers[0], (TextWriter, JsonWriter)):
+        return writers[0]
+    return None
 
 
 def _report_start(tracer: Tracer, verbose: int) -> None:

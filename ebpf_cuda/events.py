@@ -160,6 +160,7 @@ class Decoder:
         if clock_offset_ns is None:
             clock_offset_ns = time.time_ns() - time.monotonic_ns()
         self.clock_offset_ns = clock_offset_ns
+        self.table = list(table)
         self.rows = [_RowDecoder(api) for api in table]
         self.names = names  # (pid, handle) -> name the probes learned (the `names` map)
         # (pid, function or kernel handle) -> kernel name, from cuModuleGetFunction,
@@ -173,6 +174,10 @@ class Decoder:
                 if arg.name == "func" and api.category == "launch":
                     self._func_cells.setdefault(cell, set()).add(fn_id)
         self._comms: Dict[bytes, str] = {}
+
+    def comm(self, raw: bytes) -> str:
+        """The process name of a record's comm field."""
+        return self._comm(raw)
 
     def _comm(self, raw: bytes) -> str:
         name = self._comms.get(raw)
@@ -218,6 +223,10 @@ class Decoder:
         if len(payload) != record.SIZE:
             raise DecodeError("a record has %d bytes, expected %d" % (len(payload), record.SIZE))
         return self._events(record.LAYOUT.unpack(payload))
+
+    def events_of(self, fields: tuple) -> List[Event]:
+        """Events of one unpacked record (fields as `record.LAYOUT` gives them)."""
+        return self._events(fields)
 
     def _events(self, fields: tuple) -> List[Event]:
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]

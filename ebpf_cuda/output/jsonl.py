@@ -1,8 +1,8 @@
 """JSON Lines: one object per event (keys: see `Event.to_json`)."""
 import json
-from typing import IO, Callable, Iterable, Optional
+from typing import IO, Callable, Iterable, List, Optional
 
-from ..events import Event
+from ..events import Decoder, Event
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, address) -> kernel name
 
@@ -14,12 +14,28 @@ class JsonWriter:
         self.stream = stream
         self.namer = namer  # launch events get a `kernel` key when it names their func
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
+        self._frame_lines = None
 
     def header(self) -> None:
         """JSON Lines has no header."""
 
+    def lines(self, events: Iterable[Event]) -> List[str]:
+        """The JSON lines of some events (no newlines)."""
+        return [self._encode(self._object(ev)) for ev in events]
+
     def write(self, events: Iterable[Event]) -> None:
-        lines = [self._encode(self._object(ev)) for ev in events]
+        self._emit(self.lines(events))
+
+    def write_frames(self, frames: bytes, decoder: Decoder) -> None:
+        """Write a batch of ring frames without decoding them into events (the fast path;
+        `namer` must then be a KernelNamer or None)."""
+        if self._frame_lines is None:
+            from .lines import JsonLines
+
+            self._frame_lines = JsonLines(decoder.table, decoder, self.lines, self.namer)
+        self._emit(self._frame_lines.lines(frames))
+
+    def _emit(self, lines: List[str]) -> None:
         if lines:
             self.stream.write("\n".join(lines) + "\n")
 

@@ -5,10 +5,10 @@
     16:40:01.123470 basic02          4242    cudaMalloc             [EXIT] returned=cudaSuccess ptr=0x7f2a00000000 (12.3 us)
 """
 import time
-from typing import IO, Any, Callable, Dict, Iterable, Optional
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
 from ..apis import BY_NAME, Kind
-from ..events import ENTER, Event, field_kinds
+from ..events import ENTER, Decoder, Event, field_kinds
 
 HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",
                                                       "DETAILS")
@@ -75,17 +75,35 @@ class TextWriter:
         self.stream = stream
         self.timestamps = timestamps
         self.namer = namer
+        self._frame_lines = None
 
     def header(self) -> None:
         self.stream.write((HEADER_WITH_TIME if self.timestamps else HEADER_NO_TIME) + "\n")
 
-    def write(self, events: Iterable[Event]) -> None:
+    def lines(self, events: Iterable[Event]) -> List[str]:
+        """The lines of some events (no newlines)."""
         lines = []
         for ev in events:
             name = None
             if self.namer is not None and "func" in ev.args:
                 name = self.namer(ev, ev.args["func"])
             lines.append(format_event(ev, self.timestamps, name))
+        return lines
+
+    def write(self, events: Iterable[Event]) -> None:
+        self._emit(self.lines(events))
+
+    def write_frames(self, frames: bytes, decoder: Decoder) -> None:
+        """Write a batch of ring frames without decoding them into events (the fast path;
+        `namer` must then be a KernelNamer or None)."""
+        if self._frame_lines is None:
+            from .lines import TextLines
+
+            self._frame_lines = TextLines(decoder.table, decoder, self.lines, self.namer,
+                                          self.timestamps)
+        self._emit(self._frame_lines.lines(frames))
+
+    def _emit(self, lines: List[str]) -> None:
         if lines:
             self.stream.write("\n".join(lines) + "\n")
 

@@ -1,0 +1,349 @@
+"""Text and JSON lines straight from ring frames: the fast path of the default outputs.
+
+Decoding every record into `Event`s and formatting each one costs several microseconds a call
+in CPython, which is what made text and JSON lose events above ~50k calls/s. Here each row of
+the table is compiled once into a %-template and the expressions that pick its values out of
+an unpacked record, so a record becomes its line(s) with one tuple build and one format per
+line. Records that need more (calls that teach kernel names, values of rare kinds, failed
+out-parameter reads) go through the decoder and the writer's own formatting, in order, so
+the output is the same line for line (tests/test_lines.py checks this on every row).
+"""
+import json
+import struct
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import record
+from ..apis import Api, Kind, arg_cells
+from ..cuda_enums import error_name, memcpy_kind_name
+from ..events import Decoder, Event
+
+_FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))
+_ARGS_AT = 9  # unpacked record: ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack, comm
+_RET_AT = _ARGS_AT + record.ARG_CELLS
+_OUTS_AT = _RET_AT + 1
+_M32 = 0xFFFFFFFF
+
+# kind → (text template, JSON template, value expressions over the record `f` at cell {a})
+_SIMPLE = {
+    Kind.SIZE: ("%d bytes", "%d", ("f[{a}]",)),
+    Kind.PTR: ("0x%x", "%d", ("f[{a}]",)),
+    Kind.HANDLE: ("0x%x", "%d", ("f[{a}]",)),
+    Kind.U64: ("%d", "%d", ("f[{a}]",)),
+    Kind.UINT: ("%d", "%d", ("f[{a}] & 0xFFFFFFFF",)),
+    # a signed 32-bit value: the low half, minus 2**32 when its sign bit is set
+    Kind.INT: ("%d", "%d", ("(f[{a}] & 0xFFFFFFFF) - ((f[{a}] & 0x80000000) << 1)",)),
+    Kind.DIM3: ("(%d,%d,%d)", "[%d,%d,%d]",
+                ("f[{a}] & 0xFFFFFFFF", "f[{a}] >> 32", "f[{b}] & 0xFFFFFFFF")),
+    Kind.MEMCPY_KIND: ("%s", "%s", ("_kind(f[{a}] & 0xFFFFFFFF)",)),
+}
+
+
+def _dim_exprs(a: int, first_half: bool) -> Tuple[str, ...]:
+    """Three u32 of a launch configuration, starting in cell `a` (low or high half)."""
+    if first_half:  # x y | z -
+        return ("f[%d] & 0xFFFFFFFF" % a, "f[%d] >> 32" % a, "f[%d] & 0xFFFFFFFF" % (a + 1))
+    return ("f[%d] >> 32" % a, "f[%d] & 0xFFFFFFFF" % (a + 1), "f[%d] >> 32" % (a + 1))
+
+
+def _fields(api: Api) -> Optional[List[Tuple[str, str, Tuple[str, ...]]]]:
+    """(name, kind, value expressions) of every shown argument, or None if a kind is rare."""
+    shown = []
+    for arg, cell in arg_cells(api):
+        a = _ARGS_AT + cell
+        if not arg.show:
+            continue
+        if arg.kind == Kind.LAUNCH_CONFIG:
+            shown += [("grid", Kind.DIM3, _dim_exprs(a, True)),
+                      ("block", Kind.DIM3, _dim_exprs(a + 1, False)),
+                      ("smem", Kind.UINT, ("f[%d] & 0xFFFFFFFF" % (a + 3),)),
+                      ("stream", Kind.HANDLE, ("f[%d]" % (a + 4),))]
+        elif arg.kind in _SIMPLE:
+            shown.append((arg.name, arg.kind,
+                          tuple(e.format(a=a, b=a + 1) for e in _SIMPLE[arg.kind][2])))
+        else:
+            return None
+    return shown
+
+
+def _outs(api: Api) -> Optional[List[Tuple[str, str, Tuple[str, ...]]]]:
+    outs = []
+    for j, out in enumerate(api.outs):
+        if out.kind not in _SIMPLE or out.kind == Kind.DIM3:
+            return None
+        outs.append((out.name, out.kind,
+                     tuple(e.format(a=_OUTS_AT + j, b=0) for e in _SIMPLE[out.kind][2])))
+    return outs
+
+
+# Every compiled line function takes the same arguments: the unpacked record `f`; the clock
+# text and microseconds of the entry (c0, u0) and exit (c1, u1) times (JSON: u0/u1 are the
+# timestamps); the thread's columns `h` and suffix `t`; the return's name `e`; and `fn`, the
+# launch's kernel name (text: or its address in hex; JSON: the "kernel" member or ""); the
+# duration's text `d` (text only: "%.1f" of the microseconds, kept per value, as float
+# formatting is the costliest part of a line).
+_PARAMS = "f, c0, u0, c1, u1, h, t, e, fn, d=''"
+
+
+def _compile(pieces: Sequence[Tuple[str, Sequence[str]]]) -> Callable[..., str]:
+    """A function of _PARAMS formatting the (template, expressions) pieces with one `%`."""
+    template = "".join(t for t, _ in pieces)
+    exprs = [e for _, es in pieces for e in es]
+    body = "%r %% (%s,)" % (template, ", ".join(exprs)) if exprs else repr(template)
+    return eval("lambda %s: %s" % (_PARAMS, body), {"_kind": memcpy_kind_name})
+
+
+def _literal(text: str) -> Tuple[str, Sequence[str]]:
+    return text.replace("%", "%%"), ()
+
+
+class _Row:
+    """A row compiled for one output: each attribute a function of _PARAMS giving the enter
+    line, both lines of a call (successful or not), or the exit line alone."""
+
+    def __init__(self, api: Api, func_at: Optional[int],
+                 enter: List[Tuple[str, Sequence[str]]],
+                 exit_ok: List[Tuple[str, Sequence[str]]],
+                 exit_err: List[Tuple[str, Sequence[str]]]) -> None:
+        self.api = api
+        self.func_at = func_at
+        self.enter = _compile(enter)
+        self.both_ok = _compile(enter + [("\n", ())] + exit_ok)
+        self.both_err = _compile(enter + [("\n", ())] + exit_err)
+        self.exit_ok = _compile(exit_ok)
+        self.exit_err = _compile(exit_err)
+        self.ret_names: Dict[int, str] = {}
+
+    def ret_name(self, ret: int) -> str:
+        name = self.ret_names.get(ret)
+        if name is None:
+            name = self.ret_names[ret] = error_name(ret, self.api.driver)
+        return name
+
+
+def _func_at(api: Api) -> Optional[int]:
+    for arg, cell in arg_cells(api):
+        if arg.name == "func" and arg.show:
+            return _ARGS_AT + cell
+    return None
+
+
+_UNCOMPILED = object()
+
+
+def _clock(ts: float) -> str:
+    """HH:MM:SS of a wall-clock time."""
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+class _FrameLines:
+    """Lines of a batch of frames; subclasses compile the rows (on first use) for their
+    format and say how a record's per-thread and per-return values are written."""
+
+    def __init__(self, table: Sequence[Api], decoder: Decoder,
+                 slow: Callable[[List[Event]], List[str]], namer=None) -> None:
+        self.decoder = decoder
+        self.slow = slow  # the writer's own formatting, for records the rows do not cover
+        self.namer = namer  # KernelNamer or None
+        self.table = list(table)
+        # indexed by a record's u16 function id: ids past the table take the slow path
+        self._rows: List[Any] = [_UNCOMPILED] * len(self.table) + [None] * (
+            (1 << 16) - len(self.table))
+        self._seen_pids: set = set()
+        self._names: Dict[Tuple[int, int, int], str] = {}
+        self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
+        self._durations: Dict[int, str] = {}
+
+    @property
+    def rows(self) -> List[Optional[_Row]]:
+        """Every row compiled (None: its records take the slow path)."""
+        return [self.row(i) for i in range(len(self.table))]
+
+    def row(self, fn_id: int) -> Optional[_Row]:
+        row = self._rows[fn_id]
+        if row is _UNCOMPILED:
+            api = self.table[fn_id]
+            shown, outs = _fields(api), _outs(api)
+            row = None
+            if shown is not None and outs is not None and not (
+                    api.learn_name or api.learn_func or api.learn_alias):
+                row = self._compile_row(api, shown, outs)
+            self._rows[fn_id] = row
+        return row
+
+    def _compile_row(self, api: Api, shown, outs) -> _Row:
+        raise NotImplementedError
+
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+        raise NotImplementedError
+
+    def kernel_name(self, row: _Row, pid: int, func: int) -> Optional[str]:
+        """The launch's kernel name; known names are kept (unknown ones may come later)."""
+        key = (pid, id(row), func)
+        name = self._names.get(key)
+        if name is None and self.namer is not None:
+            name = self.namer.name_for(pid, row.api.name, func)
+            if name:
+                self._names[key] = name
+        return name
+
+    def observe(self, frames: bytes) -> None:
+        """Let the namer snapshot the mappings of processes seen for the first time."""
+        if self.namer is None:
+            return
+        pids = set(record.frame_column(frames, record.PID_TGID + 4, "I")) - self._seen_pids
+        for pid in pids:
+            self.namer.resolver.observe(pid)
+        self._seen_pids |= pids
+
+    def lines(self, frames: bytes) -> List[str]:
+        """The lines of a batch (no newlines between records), in record order."""
+        self.observe(frames)
+        out: List[str] = []
+        rows, compiled, threads, durations = self._rows, self.row, self._threads, self._durations
+        offset = self.decoder.clock_offset_ns
+        odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+        second, clock = -1, ""  # the last second seen and its HH:MM:SS
+        for f in _FRAME.iter_unpack(frames):
+            row = rows[f[4]]
+            if row is _UNCOMPILED:
+                row = compiled(f[4])
+            if row is None or f[6] & odd_flags or f[5] > record.PHASE_CALL:
+                out += self.slow(self.decoder.events_of(f))
+                continue
+            who = threads.get((f[2], f[8])) or self._thread(f)
+            fn = self.launch_text(row, f) if row.func_at is not None else ""
+            t0 = (f[0] + offset) / 1e9
+            if f[5] == record.PHASE_ENTER:
+                out.append(row.enter(f, _clock(t0), t0, "", 0, who[0], who[1], "", fn))
+                continue
+            t1 = (f[1] + offset) / 1e9
+            if int(t1) != second:
+                second, clock = int(t1), _clock(t1)
+            ret = f[_RET_AT] & _M32
+            if f[6] & record.FLAG_ENTRY_SENT:
+                line = row.exit_ok if ret == 0 else row.exit_err
+            else:
+                line = row.both_ok if ret == 0 else row.both_err
+            duration = durations.get(f[1] - f[0]) or self._duration(f[1] - f[0])
+            out.append(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1,
+                            who[0], who[1], self.ret_text(row, ret) if ret else "", fn,
+                            duration))
+        return out
+
+    def _thread(self, f: tuple) -> Tuple[str, str]:
+        """The columns of a record's thread, kept (keyed by tid and comm: a thread's pid
+        never changes, its name can)."""
+        if len(self._threads) > 4096:
+            self._threads.clear()
+        who = self._threads[(f[2], f[8])] = self._who(f[8], f[3], f[2])
+        return who
+
+    def _duration(self, ns: int) -> str:
+        """A duration in microseconds as text lines show it, kept (values repeat a lot)."""
+        if len(self._durations) > 65536:
+            self._durations.clear()
+        text = self._durations[ns] = "%.1f" % (ns / 1000.0)
+        return text
+
+    def launch_text(self, row: _Row, f: tuple) -> str:
+        raise NotImplementedError
+
+    def ret_text(self, row: _Row, ret: int) -> str:
+        return row.ret_name(ret)
+
+
+def _usec(which: str) -> str:
+    """Microseconds of the second, from the float time (as output/text.py computes them)."""
+    return "int(%s * 1e6) %% 1000000" % which
+
+
+class TextLines(_FrameLines):
+    """The seed tool's text lines (see output/text.py), from frames."""
+
+    def __init__(self, table: Sequence[Api], decoder: Decoder,
+                 slow: Callable[[List[Event]], List[str]], namer=None,
+                 timestamps: bool = True) -> None:
+        super().__init__(table, decoder, slow, namer)
+        self.timestamps = timestamps
+
+    def _clock_piece(self, which: int) -> Tuple[str, Sequence[str]]:
+        if not self.timestamps:
+            return "", ()
+        return "%s.%06d ", ("c%d" % which, _usec("u%d" % which))
+
+    def _compile_row(self, api: Api, shown, outs) -> _Row:
+        func_at = _func_at(api)
+        args = []
+        for name, kind, values in shown:
+            if name == "func" and self.namer is not None:
+                args.append(("func=%s", ("fn",)))  # the kernel name or the address
+            else:
+                args.append(("%s=%s" % (name, _SIMPLE[kind][0]), values))
+        enter = [self._clock_piece(0), ("%s", ("h",)),
+                 _literal("%-20s %8s " % (api.name, "[ENTER]"))]
+        for k, piece in enumerate(args):
+            enter += [(" " if k else "", ()), piece]
+        enter.append(("%s", ("t",)))
+        exit_head = [self._clock_piece(1), ("%s", ("h",)),
+                     _literal("%-20s %8s returned=" % (api.name, "[EXIT]"))]
+        duration = (" (%s us)%s", ("d", "t"))
+        exit_ok = exit_head + [_literal(error_name(0, api.driver))]
+        for name, kind, values in outs:
+            exit_ok.append((" %s=%s" % (name, _SIMPLE[kind][0]), values))
+        return _Row(api, func_at, enter, exit_ok + [duration],
+                    exit_head + [("%s", ("e",)), duration])
+
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+        return ("%-16s %-7d " % (self.decoder.comm(comm), pid),
+                "" if tid == pid else " tid=%d" % tid)
+
+    def launch_text(self, row: _Row, f: tuple) -> str:
+        func = f[row.func_at]
+        return self.kernel_name(row, f[3], func) or "0x%x" % func
+
+
+_json_str = json.JSONEncoder().encode  # ensure_ascii, as JsonWriter
+
+
+class JsonLines(_FrameLines):
+    """JSON Lines objects (see output/jsonl.py and Event.to_json), from frames."""
+
+    def _compile_row(self, api: Api, shown, outs) -> _Row:
+        args = ",".join('"%s":%s' % (name, _json_template(kind)) for name, kind, _ in shown)
+        arg_values = [e for _, _, values in shown for e in values]
+
+        def head(which: int) -> List[Tuple[str, Sequence[str]]]:
+            return [('{"ts":%r', ("u%d" % which,)), ("%s", ("h",)),
+                    _literal(',"api":"%s","phase":"%s",' % (api.name, ("enter", "exit")[which])),
+                    ('"args":{' + args + "}", arg_values)]
+
+        def exit_head(ret_name: Tuple[str, Sequence[str]]) -> List[Tuple[str, Sequence[str]]]:
+            return head(1) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
+                              ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
+
+        outs_piece = ("".join(',"%s":%s' % (name, _json_template(kind)) for name, kind, _ in outs),
+                      [e for _, _, values in outs for e in values])
+        tail = ("%s}", ("fn",))
+        success = _literal(_json_str(error_name(0, api.driver)))
+        return _Row(api, _func_at(api), head(0) + [tail],
+                    exit_head(success) + [outs_piece, tail], exit_head(("%s", ("e",))) + [tail])
+
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+        return (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm))),
+                "")
+
+    def launch_text(self, row: _Row, f: tuple) -> str:
+        if self.namer is None:
+            return ""
+        name = self.kernel_name(row, f[3], f[row.func_at])
+        return ',"kernel":' + _json_str(name) if name else ""
+
+    def ret_text(self, row: _Row, ret: int) -> str:
+        return _json_str(row.ret_name(ret))
+
+
+def _json_template(kind: str) -> str:
+    """A value's JSON template: strings (memcpy kinds) quoted, the rest as numbers/lists."""
+    template = _SIMPLE[kind][1]
+    return '"%s"' % template if kind == Kind.MEMCPY_KIND else template

@@ -1,0 +1,107 @@
+"""The fast path (output/lines.py: lines straight from frames) writes exactly what the
+writers write from decoded events, for every row of the table and every record shape."""
+import io
+import random
+import struct
+
+import pytest
+
+from ebpf_cuda import record
+from ebpf_cuda.apis import TABLE
+from ebpf_cuda.events import Decoder
+from ebpf_cuda.output.jsonl import JsonWriter
+from ebpf_cuda.output.lines import JsonLines, TextLines
+from ebpf_cuda.output.text import TextWriter
+
+COMMS = [b"basic02", b'we"ird\\name\xc3\xa9', b"x" * 16, b"python3\0garbage"]
+RETS = [0, 0, 0, 1, 35, 500, 999, -1]
+
+
+class FakeNamer:
+    """Names every third address; remembers which pids it was asked to observe."""
+
+    def __init__(self):
+        self.observed = set()
+        self.resolver = self
+
+    def observe(self, pid):
+        self.observed.add(pid)
+
+    def name_for(self, pid, api, address):
+        return "kernel<%s,%x>" % (api, address) if address % 3 == 0 else None
+
+    def __call__(self, event, address):
+        return self.name_for(event.pid, event.api, address)
+
+
+def _frame(rng: random.Random, fn_id: int) -> bytes:
+    phase = rng.choice([record.PHASE_CALL, record.PHASE_CALL, record.PHASE_ENTER])
+    flags = 0
+    if phase == record.PHASE_CALL:
+        flags = rng.choice([0, 0, 0, record.FLAG_ENTRY_SENT, record.FLAG_OUT0_FAULT,
+                            record.FLAG_OUT1_FAULT | record.FLAG_OUT0_FAULT])
+    pid = rng.randrange(1, 1 << 22)
+    tid = pid if rng.random() < 0.6 else rng.randrange(1, 1 << 22)
+    ts = rng.randrange(10**9, 10**15)
+
+    def cell():
+        return rng.choice([0, 1, 3, 2**31, 2**32 - 1, 2**63 + 5, rng.randrange(1 << 64),
+                           rng.randrange(1 << 32), 0x7F0012345678])
+
+    body = record.LAYOUT.pack(
+        ts, ts + rng.randrange(0, 10**7), tid, pid, fn_id, phase, flags, 0, rng.choice(COMMS),
+        *[cell() for _ in range(record.ARG_CELLS)], rng.choice(RETS),
+        *[cell() for _ in range(record.OUT_CELLS)])
+    return struct.pack("<II", record.SIZE, 0) + body
+
+
+def _frames(seed: int, per_row: int = 25) -> bytes:
+    rng = random.Random(seed)
+    frames = [_frame(rng, fn_id) for fn_id in range(len(TABLE)) for _ in range(per_row)]
+    rng.shuffle(frames)
+    return b"".join(frames)
+
+
+def _writers(as_json: bool, timestamps: bool, namer):
+    def make():
+        stream = io.StringIO()
+        if as_json:
+            return JsonWriter(stream, namer=namer), stream
+        return TextWriter(stream, timestamps=timestamps, namer=namer), stream
+    return make(), make()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+@pytest.mark.parametrize("timestamps", [True, False])
+@pytest.mark.parametrize("with_namer", [True, False])
+def test_fast_lines_equal_decoded_lines(as_json, timestamps, with_namer):
+    frames = _frames(seed=7)
+    namer = FakeNamer() if with_namer else None
+    (slow, slow_out), (fast, fast_out) = _writers(as_json, timestamps, namer)
+    offset = 1_700_000_000 * 10**9
+    slow.write(Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames))
+    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    expected, got = slow_out.getvalue().splitlines(), fast_out.getvalue().splitlines()
+    assert len(got) == len(expected) > len(TABLE) * 25
+    for want, have in zip(expected, got):
+        assert have == want
+
+
+def test_most_rows_take_the_fast_path():
+    """The compiled rows cover the table but for the name-teaching calls and rare kinds."""
+    lines = TextLines(TABLE, Decoder(TABLE), lambda events: [], None)
+    slow = [api.name for api, row in zip(TABLE, lines.rows) if row is None]
+    fast = [api.name for api, row in zip(TABLE, lines.rows) if row is not None]
+    assert "cudaLaunchKernel" in fast and "cuLaunchKernel" in fast and "cudaMemcpy" in fast
+    assert "cuModuleGetFunction" in slow and "cudaEventElapsedTime" in slow
+    assert len(fast) > 3 * len(slow)
+    assert [r is None for r in JsonLines(TABLE, Decoder(TABLE), list, None).rows] == \
+        [r is None for r in lines.rows]
+
+
+def test_fast_path_observes_each_process_once():
+    namer = FakeNamer()
+    frames = _frames(seed=3, per_row=2)
+    TextWriter(io.StringIO(), namer=namer).write_frames(frames, Decoder(TABLE))
+    pids = set(record.frame_column(frames, record.PID_TGID + 4, "I"))
+    assert namer.observed == pids
