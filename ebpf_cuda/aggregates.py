@@ -49,8 +49,19 @@ def _cell_of(api: Api, predicate) -> Optional[int]:
     return None
 
 
-def aggregate_call(api: Api, fn_id: int, arch: Arch) -> list:
-    """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value)."""
+def shape_of(api: Api) -> tuple:
+    """What `aggregate_call` reads of `api` (see probes.shape_of)."""
+    launch = None
+    if api.category == "launch":
+        launch = tuple(sorted({cell + k for arg, cell in arg_cells(api) if arg.show
+                               for k in range(arg.cells)}))
+    return (_cell_of(api, lambda a: a.name == "size"),
+            _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch)
+
+
+def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
+    """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
+    `fn_id` a constant or probes.FROM_COOKIE."""
     from .probes import NOW
 
     prog = [asm.ldx(DW, R8, FP, NOW), asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.sub(R8, R1)]
@@ -83,15 +94,20 @@ def aggregate_call(api: Api, fn_id: int, arch: Arch) -> list:
     return prog
 
 
-def _agg_index(api: Api, fn_id: int) -> list:
+def _agg_index(api: Api, fn_id) -> list:
     """fp-144 = fn_id * KIND_SLOTS + the call's memcpy kind (0 when none or out of range)."""
+    from .probes import FROM_COOKIE, fn_id_into
+
     kind_cell = _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND)
-    if kind_cell is None:
+    if kind_cell is None and fn_id is not FROM_COOKIE:
         return [asm.st(W, FP, _AGG_KEY, fn_id * KIND_SLOTS)]
-    return [
+    prog = fn_id_into(R2, fn_id) + [asm.mul(R2, KIND_SLOTS)]
+    if kind_cell is None:
+        return prog + [asm.stx(W, FP, _AGG_KEY, R2)]
+    return prog + [
         asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * kind_cell), asm.mov32(R1, R1),
         asm.jlt(R1, KIND_SLOTS, "kind_ok"), asm.mov(R1, 0), asm.Label("kind_ok"),
-        asm.add(R1, fn_id * KIND_SLOTS), asm.stx(W, FP, _AGG_KEY, R1),
+        asm.add(R1, R2), asm.stx(W, FP, _AGG_KEY, R1),
     ]
 
 
@@ -118,22 +134,27 @@ def _histogram() -> list:
     ]
 
 
-def _count_error(fn_id: int, arch: Arch) -> list:
+def _count_error(fn_id, arch: Arch) -> list:
     """errors[(fn_id, code)] += 1 for a failed call."""
-    prog = [
-        asm.ldx(DW, R1, R6, arch.ret), asm.jeq32(R1, 0, "error_done"),
-        asm.st(W, FP, _ERROR_KEY, fn_id), asm.stx(W, FP, _ERROR_KEY + 4, R1),
+    from .probes import fn_id_into
+
+    prog = [asm.ldx(DW, R1, R6, arch.ret), asm.jeq32(R1, 0, "error_done")]
+    prog += fn_id_into(R2, fn_id) + [
+        asm.stx(W, FP, _ERROR_KEY, R2), asm.stx(W, FP, _ERROR_KEY + 4, R1),
         asm.st(DW, FP, _ERROR_VALUE, 1),
     ]
     return prog + _hash_add(ERRORS_MAP, _ERROR_KEY, _ERROR_VALUE, [(0, None)], "error")
 
 
-def _count_launch(api: Api, fn_id: int) -> list:
+def _count_launch(api: Api, fn_id) -> list:
     """launches[(pid, fn_id, shown argument cells)] += (1, duration)."""
+    from .probes import fn_id_into
+
     shown = {cell + k for arg, cell in arg_cells(api) if arg.show for k in range(arg.cells)}
     prog = [
         asm.ldx(DW, R1, FP, -16), asm.rsh(R1, 32),  # pid from the inflight key (fp-16)
-        asm.mov(R2, fn_id), asm.lsh(R2, 32), asm.or_(R1, R2),
+    ] + fn_id_into(R2, fn_id) + [
+        asm.lsh(R2, 32), asm.or_(R1, R2),
         asm.stx(DW, FP, _LAUNCH_KEY, R1),
     ]
     for cell in range(record.ARG_CELLS):

@@ -12,7 +12,7 @@ With return probes off, or `emit_entry=True`, the entry program writes a record 
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import Hashable, List, Optional, Tuple
 
 from . import asm, record
 from .apis import Api, Kind, arg_cells
@@ -37,8 +37,49 @@ _KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
 _VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
 _STAT_KEY = _VALUE - 8  # a u32 stats index: fp-128
 NOW = _STAT_KEY - 8  # return probe: the exit time, fp-136 (below it: aggregation keys)
+FN_SLOT = -272  # the function id read from the attach cookie (below aggregates.py's keys)
 
 Items = List[object]
+
+# The function id of a program is either a constant (one program per function) or, with
+# FROM_COOKIE, the attach cookie of the probe that fired: then one program serves every
+# function of the same shape (see `shape_of`), attached with each function's id as cookie.
+FnId = Optional[int]
+FROM_COOKIE: FnId = None
+
+
+def shape_of(api: Api, retprobe: bool) -> Hashable:
+    """Everything the generated entry (or return) code of `api` depends on besides its
+    function id: rows of equal shape share that program when the id comes from the attach
+    cookie (tests/test_probes_shared.py checks that equal shapes mean equal code)."""
+    args = tuple((arg.slot, arg.cells, arg.deref) for arg in api.args)
+    if not retprobe:
+        return args, tuple(out.slot for out in api.outs)
+    from .aggregates import shape_of as aggregate_shape
+
+    learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
+    return (sum(arg.cells for arg in api.args), tuple(out.size for out in api.outs), learn,
+            aggregate_shape(api))
+
+
+def fn_id_into(reg, fn_id: FnId) -> Items:
+    """reg = the function id."""
+    if fn_id is FROM_COOKIE:
+        return [asm.ldx(DW, reg, FP, FN_SLOT)]
+    return [asm.mov(reg, fn_id)]
+
+
+def _read_cookie() -> Items:
+    """fp-272 = the attach cookie (R6 = ctx)."""
+    return [asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE), asm.stx(DW, FP, FN_SLOT, R0)]
+
+
+def _store_fn_and_phase(fn_id: FnId, phase: int) -> Items:
+    """The record's u16 function id and u8 phase (flags zeroed), at R8."""
+    if fn_id is FROM_COOKIE:
+        return fn_id_into(R1, fn_id) + [asm.or_(R1, phase << 16),
+                                       asm.stx(W, R8, record.FN_ID, R1)]
+    return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16)]
 
 
 @dataclass(frozen=True)
@@ -61,21 +102,23 @@ class ProbeOptions:
     aggregate: bool = False  # the return probe adds the call to in-kernel aggregates
 
 
-def entry_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
     prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
     if options.emit_entry or not options.stash:
+        prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)
     if options.stash:
         prog += _stash_in_task(api, arch) if options.task_storage else _stash_entry(api, arch)
     return prog + [asm.mov(R0, 0), asm.exit()]
 
 
-def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the return probe of `api`: one complete-call record (`emit`) and/or
     in-kernel aggregates (`aggregate`), from the state the entry probe saved."""
     # On return the callee has popped what `call` pushed: x86-64's return address.
     prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
+    prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += _inflight_key(arch, arch.stack_args_start)
     prog += _find_in_task() if options.task_storage else _find_in_map()
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, NOW, R0)]
@@ -93,15 +136,14 @@ def return_program(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> I
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
 
 
-def _emit_call_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Reserve, fill and submit the record of a complete call (R7 = the inflight value)."""
     prog = _reserve("ring_full")
     prog += [
         asm.ldx(DW, R1, FP, NOW), asm.stx(DW, R8, record.TS_EXIT, R1),
         asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.stx(DW, R8, record.TS_ENTER, R1),
         asm.ldx(DW, R1, FP, _KEY), asm.stx(DW, R8, record.PID_TGID, R1),
-        asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_CALL << 16),
-    ]
+    ] + _store_fn_and_phase(fn_id, record.PHASE_CALL)
     prog += _stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
     prog += _comm()
     used = sum(arg.cells for arg in api.args)
@@ -232,14 +274,14 @@ def _stash_entry(api: Api, arch: Arch) -> Items:
     ]
 
 
-def _emit_enter_record(api: Api, fn_id: int, arch: Arch, options: ProbeOptions) -> Items:
+def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Write an enter record straight into the ring buffer."""
     prog = _reserve("enter_lost")
     prog += [
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),
         asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
-        asm.st(W, R8, record.FN_ID, fn_id | record.PHASE_ENTER << 16),
+    ] + _store_fn_and_phase(fn_id, record.PHASE_ENTER) + [
         asm.st(W, R8, record.STACK_ID, 0),
     ]
     prog += _comm()
@@ -409,6 +451,7 @@ def _count(stat: int, tag: str = "") -> Items:
     ]
 
 
-def program_name(fn_id: int, retprobe: bool) -> str:
-    """A kernel-visible program name (at most 15 characters of [A-Za-z0-9_])."""
-    return "cuda%d_%s" % (fn_id, "ret" if retprobe else "ent")
+def program_name(fn_id: int, retprobe: bool, shared: bool = False) -> str:
+    """A kernel-visible program name (at most 15 characters of [A-Za-z0-9_]); a shared
+    program is named after its shape's number."""
+    return "cuda%s%d_%s" % ("s" if shared else "", fn_id, "ret" if retprobe else "ent")

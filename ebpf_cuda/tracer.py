@@ -11,7 +11,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import aggregates, apis, discovery, probes, record
 from .apis import Api
@@ -86,6 +86,7 @@ class Tracer:
         if api not in ("all", apis.RUNTIME, apis.DRIVER):
             raise UsageError("--api must be runtime, driver or all, not %r" % api)
         self.apis = _select(functions, api, everything)
+        self._default_set = not functions and not everything
         self.api = api
         self.follow_children = follow_children
         self._follower: Optional[ProcessFollower] = None
@@ -130,6 +131,8 @@ class Tracer:
             if self.pid is not None:
                 discovery.process_mappings(self.pid)  # ProcessError for a dead PID
             self.targets = self._find_targets()
+            if self._default_set:
+                self._launch_at_driver_only()
             self._create_maps()
             if self.command and self.follow_children:
                 self._follower = self._start_follower()
@@ -175,6 +178,24 @@ class Tracer:
             raise NoCudaSymbolsError("none of the %d selected functions is defined in %s"
                                      % (len(self.apis), ", ".join(paths)))
         return targets
+
+    def _launch_at_driver_only(self) -> None:
+        """Default set, both layers: when the driver's launch functions are probed, the
+        runtime's are not. The driver sees every launch (also those of libraries with their
+        own static runtime) and names it from the handles it learned; probing the runtime's
+        launch too would add two probe hits to each launch, the costliest call of a real
+        workload. Name them (--functions) or use --all to see them anyway."""
+        def runtime_launch(api: Api) -> bool:
+            return api.library == apis.RUNTIME and api.category == "launch"
+
+        if not any(api.library == apis.DRIVER and api.category == "launch"
+                   for target in self.targets for api, _, _ in target.functions):
+            return
+        for target in self.targets:
+            target.functions = [f for f in target.functions if not runtime_launch(f[0])]
+        self.targets = [target for target in self.targets if target.functions]
+        self.log("launches are probed in the driver only (the runtime's launch functions: "
+                 "with --all or --functions)")
 
     def _target_paths(self) -> List[str]:
         if self.library:
@@ -259,6 +280,10 @@ class Tracer:
         arch = current_arch()
         attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
         wanted = {api.name for target in self.targets for api, _, _ in target.functions}
+        # With uprobe_multi links each probe carries its function's id as attach cookie, so
+        # functions of one shape share their programs: fewer programs to verify at start.
+        shared = attach_type == EXPECTED_UPROBE_MULTI
+        loaded: Dict[Hashable, Program] = {}
         for fn_id, api in enumerate(apis.TABLE):
             if api.name not in wanted:
                 continue
@@ -270,10 +295,16 @@ class Tracer:
                 # Their process must still live when they are read: no waiting to batch.
                 options = dataclasses.replace(options, emit=True, wake_now=True)
             for retprobe, generate in kinds:
-                self.programs[(api.name, retprobe)] = Program(
-                    generate(api, fn_id, arch, options), maps,
-                    name=probes.program_name(fn_id, retprobe), expected_attach_type=attach_type)
-        _load_all(list(self.programs.values()))
+                key = ((probes.shape_of(api, retprobe), options, retprobe) if shared
+                       else (fn_id, retprobe))
+                if key not in loaded:
+                    number = len(loaded) if shared else fn_id
+                    loaded[key] = Program(
+                        generate(api, probes.FROM_COOKIE if shared else fn_id, arch, options),
+                        maps, name=probes.program_name(number, retprobe, shared),
+                        expected_attach_type=attach_type)
+                self.programs[(api.name, retprobe)] = loaded[key]
+        _load_all(list(loaded.values()))
 
     def _attach_all(self) -> None:
         pid = self.pid
@@ -285,30 +316,41 @@ class Tracer:
                 target.path, len({a.name for a, _, _ in target.functions}),
                 ", %d not in it: %s" % (len(target.missing), " ".join(target.missing))
                 if target.missing else ""))
+            # One link per program and file: a shared program takes all its functions' sites.
+            groups: Dict[Tuple[int, bool], List[Tuple[str, str, int]]] = {}
+            programs: Dict[Tuple[int, bool], Program] = {}
             for (api_name, retprobe), program in self.programs.items():
-                sites = [(s, off) for api, s, off in target.functions if api.name == api_name]
+                key = (id(program), retprobe)
+                programs[key] = program
+                groups.setdefault(key, []).extend(
+                    (api.name, symbol, offset) for api, symbol, offset in target.functions
+                    if api.name == api_name)
+            for key, sites in groups.items():
                 if sites:
-                    self._attach(program, target.path, api_name, sites, retprobe, pid, multi)
+                    self._attach(programs[key], target.path, sites, key[1], pid, multi)
         if not self._links:
             raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
 
-    def _attach(self, program: Program, path: str, api_name: str,
-                sites: List[Tuple[str, int]], retprobe: bool, pid: Optional[int],
-                multi: bool) -> None:
+    def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
+                retprobe: bool, pid: Optional[int], multi: bool) -> None:
+        """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
+        links carry each site's function id as cookie."""
+        names = sorted({api_name for api_name, _, _ in sites})
         try:
             if multi:
                 self._links.append(attach_uprobe_multi(
-                    program, path, [off for _, off in sites], retprobe=retprobe, pid=pid,
-                    what=api_name))
+                    program, path, [off for _, _, off in sites],
+                    cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
+                    retprobe=retprobe, pid=pid, what=", ".join(names)))
             else:
-                for symbol, offset in sites:
+                for _, symbol, offset in sites:
                     self._links.append(attach_uprobe(program, path, offset, retprobe=retprobe,
                                                      pid=pid, what=symbol))
         except AttachError as err:
             self.failures.append(str(err))
             self.log("not traced: %s" % err)
             return
-        for symbol, offset in sites:
+        for api_name, symbol, offset in sites:
             self.attachments.append(Attachment(path, api_name, symbol, offset, retprobe))
             self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
                                            offset))

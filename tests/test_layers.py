@@ -50,10 +50,31 @@ def layered(cc):
 
 @pytest.fixture(scope="module")
 def both(layered):
-    """The layered program traced with both layers' default rows (libraries found from it)."""
+    """The layered program traced with both layers' default rows, named (so that the
+    runtime's launches are probed too), libraries found from it."""
     need_root()
     _, _, prog = layered
-    return trace_command([prog, *(op for op, _ in LAYERED_OPS)])
+    return trace_command([prog, *(op for op, _ in LAYERED_OPS)],
+                         functions=[api.name for api in apis.TABLE if api.default])
+
+
+def test_default_set_probes_launches_in_the_driver_only(root, layered):
+    """With both layers and the default set, each launch is seen once, by the driver;
+    --all (or naming them) adds the runtime's launch functions."""
+    lib, _, prog = layered
+    ops = [op for op, _ in LAYERED_OPS]
+    events, calls, tracer = trace_command([prog, *ops])
+    assert tracer.exit_status == 0 and len(calls) == len(ops)
+    probed = {a.api for a in tracer.attachments}
+    assert {"cuLaunchKernel", "cuLaunchKernelEx", "cudaMalloc", "cudaMemcpy"} <= probed
+    assert not probed & {"cudaLaunchKernel", "cudaLaunchKernelExC",
+                         "cudaLaunchCooperativeKernel"}
+    launches = [e.api for e in exits(events) if apis.BY_NAME[e.api].category == "launch"]
+    assert launches == ["cuLaunchKernel", "cuLaunchKernelEx"]
+    events, _, tracer = trace_command([prog, *ops], everything=True)
+    launches = [e.api for e in exits(events) if apis.BY_NAME[e.api].category == "launch"]
+    assert sorted(launches) == ["cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernel",
+                                "cudaLaunchKernelExC"]
 
 
 def _span(event: Event) -> Tuple[int, int]:

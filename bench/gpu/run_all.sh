@@ -17,6 +17,8 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ebpf-cuda-gpu-bench}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+# option sets of the cudaloop and torch sections (labels of bench/gpu/traced.py --sets)
+SETS=${SETS:-untraced,default,-r,--all,--summary,--save}
 SECTIONS=${*:-env overhead cudaloop torch startup memory loss}
 BUILD=${EBPF_CUDA_BENCH_BUILD:-/tmp/ebpf-cuda-bench}
 export EBPF_CUDA_BENCH_BUILD=$BUILD
@@ -51,16 +53,16 @@ for s in $SECTIONS; do
       nvcc -O2 -cudart shared -o "$BUILD/cuda_loop" bench/gpu/cuda_loop.cu || continue
       LOOP_LIBS=$(ldd "$BUILD/cuda_loop" | awk '/libcudart/ {print $3}')
       LOOP_LIBS="$LOOP_LIBS $(echo "$LIBS" | grep 'libcuda\.so' | head -1)"
-      section cudaloop $PY bench/gpu/traced.py $(p_args "$LOOP_LIBS") --rounds 3 -- \
+      section cudaloop $PY bench/gpu/traced.py $(p_args "$LOOP_LIBS") --rounds 3 --sets "$SETS" -- \
         "$BUILD/cuda_loop" 100000 5 ;;
     torch)
       if ! $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
         echo "no torch with CUDA: skipped" | tee "$OUT/torch.txt"; continue; fi
       TORCH_LIBS=$($PY bench/gpu/find_libs.py torch)
-      section torch $PY bench/gpu/traced.py $(p_args "$TORCH_LIBS") --rounds 3 -- \
-        $PY bench/gpu/torch_bench.py mlp --steps 100 --reps 5
-      section torch $PY bench/gpu/traced.py $(p_args "$TORCH_LIBS") --rounds 3 -- \
-        $PY bench/gpu/torch_bench.py tiny --ops 20000 --reps 5 ;;
+      section torch $PY bench/gpu/traced.py $(p_args "$TORCH_LIBS") --rounds ${ROUNDS:-3} \
+        --sets "$SETS" -- $PY bench/gpu/torch_bench.py mlp --steps 100 --reps 5
+      section torch $PY bench/gpu/traced.py $(p_args "$TORCH_LIBS") --rounds ${ROUNDS:-3} \
+        --sets "$SETS" -- $PY bench/gpu/torch_bench.py tiny --ops 20000 --reps 5 ;;
     startup) section startup $PY bench/startup.py --runs 7 ;;
     memory) section memory $PY bench/memory.py --seconds 10 ;;
     loss) section loss $PY bench/loss.py --seconds 10 --rate-seconds 5 ;;

@@ -4,8 +4,10 @@
 
 The command prints `result name=<what> value=<figure>` lines (cuda_loop, torch_bench.py);
 for each option set the median over all repetitions and rounds is reported, and its ratio to
-the untraced figure. Option sets: untraced; default (-o /dev/null); -r; --all; --summary and
---save (when the CLI has them). `--lib` paths are passed to the CLI as -p.
+the untraced figure. Option sets (`--sets`): untraced; default (-o /dev/null); -r; --all;
++rt-launch (the default rows named, so the runtime's launch functions are probed besides the
+driver's); json; --summary and --save (when the CLI has them). `--lib` paths are passed to
+the CLI as -p.
 """
 import argparse
 import os
@@ -26,13 +28,24 @@ def cli_has(option: str) -> bool:
     return re.search(r"(^|\s)%s[\s,=]" % re.escape(option), done.stdout) is not None
 
 
-def option_sets(save_path: str) -> Dict[str, List[str]]:
+def option_sets(save_path: str, wanted: str = "") -> Dict[str, List[str]]:
+    """Option sets by label; `wanted` (comma-separated labels) picks some, untraced always."""
+    sys.path.insert(0, REPO)
+    from ebpf_cuda import apis
+
+    default_names = ",".join(api.name for api in apis.TABLE if api.default)
     sets = {"untraced": None, "default": ["-o", os.devnull], "-r": ["-r", "-o", os.devnull],
-            "--all": ["--all", "-o", os.devnull]}
+            "--all": ["--all", "-o", os.devnull],
+            # the default rows named: the runtime's launch functions are probed too
+            "+rt-launch": ["--functions", default_names, "-o", os.devnull],
+            "json": ["--json", "-o", os.devnull]}
     if cli_has("--summary"):
         sets["--summary"] = ["--summary"]
     if cli_has("--save"):
         sets["--save"] = ["--save", save_path]
+    if wanted:
+        labels = ["untraced"] + [w for w in wanted.split(",") if w in sets and w != "untraced"]
+        sets = {label: sets[label] for label in labels}
     return sets  # type: ignore[return-value]
 
 
@@ -56,10 +69,13 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--lib", action="append", default=[])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--save-path", default="/tmp/ebpf-cuda-bench-save.bin")
+    parser.add_argument("--sets", default="untraced,default,-r,--all,--summary,--save",
+                        help="option sets to run (labels: untraced, default, -r, --all, "
+                             "+rt-launch, json, --summary, --save)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    sets = option_sets(args.save_path)
+    sets = option_sets(args.save_path, args.sets)
     results: Dict[str, Dict[str, List[float]]] = {k: {} for k in sets}
     lost: Dict[str, int] = {k: 0 for k in sets}
     for round_no in range(args.rounds):

@@ -1,0 +1,48 @@
+"""Programs shared between functions (function id from the attach cookie): rows with equal
+shape keys must generate identical code, or one row would run another's program."""
+import dataclasses
+import itertools
+
+import pytest
+
+from ebpf_cuda import probes
+from ebpf_cuda.apis import TABLE
+from ebpf_cuda.arch import current as current_arch
+
+OPTIONS = [
+    probes.ProbeOptions(task_storage=True, wakeup_bytes=1 << 19, follow=True),
+    probes.ProbeOptions(task_storage=False, emit_entry=True),
+    probes.ProbeOptions(task_storage=True, emit=False, aggregate=True),
+    probes.ProbeOptions(task_storage=True, aggregate=True, stacks=True),
+    probes.ProbeOptions(stash=False),
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "options%d" % OPTIONS.index(o))
+@pytest.mark.parametrize("retprobe", [False, True])
+def test_equal_shapes_generate_equal_code(options, retprobe):
+    if retprobe and not options.stash:
+        pytest.skip("no return probes without the entry stash")
+    generate = probes.return_program if retprobe else probes.entry_program
+    arch = current_arch()
+    code = {}
+    for api in TABLE:
+        code.setdefault(probes.shape_of(api, retprobe), []).append(
+            (api.name, repr(generate(api, probes.FROM_COOKIE, arch, options))))
+    shared = 0
+    for rows in code.values():
+        for (name_a, code_a), (name_b, code_b) in itertools.combinations(rows, 2):
+            assert code_a == code_b, (name_a, name_b)
+        shared += len(rows) - 1
+    assert shared > len(TABLE) // 2  # sharing pays: most rows need no program of their own
+
+
+def test_cookie_id_and_constant_id_differ_only_in_where_the_id_comes_from():
+    api = next(a for a in TABLE if a.name == "cudaMemcpy")
+    options = dataclasses.replace(OPTIONS[0], aggregate=True)
+    arch = current_arch()
+    constant = repr(probes.return_program(api, 7, arch, options))
+    cookie = repr(probes.return_program(api, probes.FROM_COOKIE, arch, options))
+    assert constant != cookie
+    call_cookie = "imm=%d," % probes.Helper.GET_ATTACH_COOKIE
+    assert call_cookie in cookie and call_cookie not in constant
