@@ -8,8 +8,8 @@ from typing import IO, List, Optional, Tuple
 
 import click
 
-from . import apis, savefile
-from .analysis import KernelNamer, LeakTracker, Summary, format_leaks
+from . import apis
+from .analysis.kernels import KernelNamer
 from .errors import TracerError, UsageError, VerifierError
 from .output import Sink
 from .output.jsonl import JsonWriter
@@ -190,6 +190,8 @@ def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
 
 def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
     """Sinks that build end-of-run reports; leak warnings are printed as they happen."""
+    from .analysis import LeakTracker, Summary
+
     def warn(warning) -> None:
         click.echo("ebpf-cuda: warning: %s" % warning, err=True)
 
@@ -204,6 +206,8 @@ def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
 def _final_reports(analyses: List[Sink], tracer: Tracer, namer: KernelNamer,
                    stacks: bool) -> List[str]:
     """The reports of the analyses, rendered while the tracer (its stack map) is still open."""
+    from .analysis import LeakTracker, Summary, format_leaks
+
     reports = []
     for analysis in analyses:
         if isinstance(analysis, Summary):
@@ -232,6 +236,8 @@ def _saver(path: Optional[str], tracer: Tracer, namer, sinks: List[Sink]):
     """With --save: the raw-trace writer (also a sink, to learn kernel names)."""
     if not path:
         return None
+    from . import savefile
+
     _trusted_symlink(path)  # another user's symbolic link is refused, as for -o
     saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
     sinks.append(saver)
@@ -322,6 +328,9 @@ def report_cmd(path: str, no_timestamps: bool, as_json: bool, output: Optional[s
                report_html: Optional[str]) -> None:
     """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]. Needs no
     privileges; kernel names are those known when tracing."""
+    from . import savefile
+    from .analysis import Summary, format_leaks
+
     saved = savefile.load(path)
     analyses = _analyses(saved.namer, summary, leaks)
     sinks = analyses + _event_sinks(output, as_json, no_timestamps, saved.namer,

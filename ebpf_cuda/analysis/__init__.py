@@ -1,13 +1,24 @@
 """From events to answers: kernel names, memory correlation and leaks, summaries.
 
 Every class here works on any iterable of events (a live tracer, a saved trace, a test's
-hand-made list) and never prints: reports are returned as strings.
+hand-made list) and never prints: reports are returned as strings. The names below are
+imported from their modules on first use (the CLI's start-up needs only the kernel namer).
 """
-from .kernels import AddressResolver, Frame, KernelNamer, ProcessMaps
-from .memory import (ALLOCATORS, FREES, Allocation, Allocator, LeakTracker, MemoryWarning,
-                     format_leaks, format_stack)
-from .summary import Summary, copy_operation, percentile, stats
+import importlib
+from typing import Any
 
-__all__ = ["AddressResolver", "Frame", "KernelNamer", "ProcessMaps", "ALLOCATORS", "FREES",
-           "Allocation", "Allocator", "LeakTracker", "MemoryWarning", "format_leaks",
-           "format_stack", "Summary", "copy_operation", "percentile", "stats"]
+_HOMES = {
+    "kernels": ("AddressResolver", "Frame", "KernelNamer", "ProcessMaps"),
+    "memory": ("ALLOCATORS", "FREES", "Allocation", "Allocator", "LeakTracker", "MemoryWarning",
+               "format_leaks", "format_stack"),
+    "summary": ("Summary", "copy_operation", "percentile", "stats"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    return getattr(importlib.import_module("." + module, __name__), name)
