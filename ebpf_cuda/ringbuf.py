@@ -2,9 +2,11 @@
 
 Layout (kernel `ringbuf.c`): offset 0 of the map fd is the consumer page (we write
 `consumer_pos` there), offset one page is the producer page (`producer_pos`), followed by the
-data area, which the kernel maps twice back to back so that a record wrapping past the end is
-still contiguous in our mapping. Positions are ever-growing byte counters; `pos & (size - 1)`
-indexes the data area.
+data area. The kernel lets a reader map the data area twice back to back, so that a record
+wrapping past the end is contiguous; we map it once and join the two pieces of such a record
+ourselves, because every page of a mapping counts in our RSS (a second copy of a 4 MiB ring
+is 4 MiB more). Positions are ever-growing byte counters; `pos & (size - 1)` indexes the data
+area.
 
 Each record is an 8-byte header, `len` (u32: payload length in bits 0-29, BUSY bit 31 while
 the producer writes it, DISCARD bit 30 if it was dropped) and a kernel-internal `pg_off`,
@@ -86,7 +88,7 @@ class RingBuffer:
         self._consumer_map = _map(map_fd, page, mmap.PROT_READ | mmap.PROT_WRITE, 0,
                                   "consumer page")
         try:
-            self._data_map = _map(map_fd, page + 2 * size, mmap.PROT_READ, page,
+            self._data_map = _map(map_fd, page + size, mmap.PROT_READ, page,
                                   "producer page and data")
         except KernelError:
             self._consumer_map.close()
@@ -95,6 +97,14 @@ class RingBuffer:
         self._data_qwords = memoryview(self._data_map).cast("Q")  # [0] is producer_pos
         self._data_words = memoryview(self._data_map).cast("I")  # record `len` words
         self._epoll = None  # type: Optional[select.epoll]  # created by the first wait
+        self._data_end = page + size  # offset of the data area's end in our mapping
+
+    def _bytes_at(self, off: int, length: int) -> bytes:
+        """`length` bytes from mapping offset `off`, wrapping past the data area's end."""
+        end, data = off + length, self._data_map
+        if end <= self._data_end:
+            return data[off:end]
+        return data[off:self._data_end] + data[self.page_size:self.page_size + end - self._data_end]
 
     @classmethod
     def from_map(cls, ring_map: Any, callback: Optional[Callback] = None) -> "RingBuffer":
@@ -185,7 +195,7 @@ class RingBuffer:
         """Committed records one by one, publishing consumer_pos before each yield."""
         if self._closed:
             raise ValueError("ring buffer is closed")
-        data, words = self._data_map, self._data_words
+        words = self._data_words
         producer, consumer = self._data_qwords, self._consumer_words
         mask, base = self._mask, self.page_size
         while True:
@@ -198,7 +208,7 @@ class RingBuffer:
                 return
             consumer[0] = cons + (((hdr & LEN_MASK) + 15) & ~7)
             if not hdr & DISCARD_BIT:
-                yield data[off + 8:off + 8 + hdr]
+                yield self._bytes_at(off + 8, hdr)
 
     def _drain(self, sink: Callback, limit: int) -> int:
         if self._closed:
@@ -206,7 +216,7 @@ class RingBuffer:
         if limit == 0:
             return 0
         # The hot loop touches only locals: attribute lookups cost more than the work.
-        data, words = self._data_map, self._data_words
+        data, words, data_end = self._data_map, self._data_words, self._data_end
         producer, consumer = self._data_qwords, self._consumer_words
         mask, base = self._mask, self.page_size
         count = 0
@@ -222,7 +232,8 @@ class RingBuffer:
                     if hdr < DISCARD_BIT:  # the common case: no flag set, hdr is the length
                         cons += (hdr + 15) & ~7  # header + payload, rounded up to 8
                         off += 8
-                        sink(data[off:off + hdr])
+                        sink(data[off:off + hdr] if off + hdr <= data_end
+                             else self._bytes_at(off, hdr))
                         count += 1
                         if count == limit:
                             return count
@@ -263,11 +274,17 @@ class RingBuffer:
                 if cons >= prod:
                     break
                 off = base + (cons & mask)
-                count = (prod - cons) // stride
+                # the records that lie whole before the data area's end
+                count = min((prod - cons) // stride, (self._data_end - off) // stride)
                 if max_records is not None:
-                    count = min(count, max_records - taken)
-                    if count <= 0:
+                    if taken >= max_records:
                         break
+                    count = min(count, max_records - taken)
+                if count == 0 and prod - cons >= stride and words[off >> 2] == record_size:
+                    chunks.append(self._bytes_at(off, stride))  # a record wrapping the end
+                    cons += stride
+                    taken += 1
+                    continue
                 good = 0
                 if count:
                     first = off >> 2
@@ -296,7 +313,7 @@ class RingBuffer:
                 cons += record_stride(hdr & LEN_MASK)
         finally:
             consumer[0] = cons
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def drain_fixed(self, record_size: int) -> bytes:
         """Like `drain_frames` but with the headers stripped: payloads back to back.

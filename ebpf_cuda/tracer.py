@@ -31,7 +31,7 @@ INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LR
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 NAMED_CATEGORIES = ("module",)  # rows that always emit (see `emit`): they teach names
-BATCH_RECORDS = 8192  # records handed over at once: bounds the memory of a batch
+BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
 POLL_INTERVAL_S = 0.05  # otherwise the reader looks every 50 ms (and checks the target)
 

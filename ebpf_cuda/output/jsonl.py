@@ -29,15 +29,19 @@ class JsonWriter:
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
         `namer` must then be a KernelNamer or None)."""
+        from .lines import frame_chunks
+
         if self._frame_lines is None:
             from .lines import JsonLines
 
             self._frame_lines = JsonLines(decoder.table, decoder, self.lines, self.namer)
-        self._emit(self._frame_lines.lines(frames))
+        for chunk in frame_chunks(frames):
+            self._emit(self._frame_lines.lines(chunk))
 
     def _emit(self, lines: List[str]) -> None:
         if lines:
-            self.stream.write("\n".join(lines) + "\n")
+            self.stream.write("\n".join(lines))
+            self.stream.write("\n")
 
     def _object(self, event: Event) -> dict:
         obj = event.to_json()

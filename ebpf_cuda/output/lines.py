@@ -23,6 +23,13 @@ _ARGS_AT = 9  # unpacked record: ts_enter, ts_exit, tid, pid, fn_id, phase, flag
 _RET_AT = _ARGS_AT + record.ARG_CELLS
 _OUTS_AT = _RET_AT + 1
 _M32 = 0xFFFFFFFF
+CHUNK_RECORDS = 1024  # records formatted and written at once: bounds the text held in memory
+
+
+def frame_chunks(frames: bytes) -> List[memoryview]:
+    """A batch of frames in views of at most CHUNK_RECORDS frames (no copies)."""
+    view, step = memoryview(frames), CHUNK_RECORDS * record.FRAME_SIZE
+    return [view[start:start + step] for start in range(0, len(frames), step)]
 
 # kind → (text template, JSON template, value expressions over the record `f` at cell {a})
 _SIMPLE = {

@@ -96,16 +96,20 @@ class TextWriter:
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
         `namer` must then be a KernelNamer or None)."""
+        from .lines import frame_chunks
+
         if self._frame_lines is None:
             from .lines import TextLines
 
             self._frame_lines = TextLines(decoder.table, decoder, self.lines, self.namer,
                                           self.timestamps)
-        self._emit(self._frame_lines.lines(frames))
+        for chunk in frame_chunks(frames):
+            self._emit(self._frame_lines.lines(chunk))
 
     def _emit(self, lines: List[str]) -> None:
         if lines:
-            self.stream.write("\n".join(lines) + "\n")
+            self.stream.write("\n".join(lines))
+            self.stream.write("\n")
 
     def close(self) -> None:
         """Flush; close the stream unless it is stdout or stderr."""
