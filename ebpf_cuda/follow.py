@@ -8,7 +8,7 @@ children are traced from their first call, however short they live, and other pr
 using the same library cost only the uprobe trap.
 """
 import struct
-from typing import List
+from typing import List, Optional
 
 from . import asm, syscalls, tracepoints
 from .asm import FP, R0, R1, R2, R3, R4, R6, W, Helper
@@ -50,15 +50,21 @@ def on_exit(group_dead_offset: int) -> list:
     ]
 
 
-class ProcessFollower:
-    """The `followed` map and the two tracepoint programs that keep it up to date.
-    Raises UnsupportedKernelError when the tracepoints cannot be found."""
+def followed_map() -> HashMap:
+    """A new `followed` map: pid -> 1 for each process traced."""
+    return HashMap(4, 4, MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=_PID, value_struct=_PID)
 
-    def __init__(self) -> None:
+
+class ProcessFollower:
+    """The two tracepoint programs that keep a `followed` map up to date (`followed_map`;
+    a new one unless given: then the caller closes it). Raises UnsupportedKernelError when
+    the tracepoints cannot be found."""
+
+    def __init__(self, followed: Optional[HashMap] = None) -> None:
         fork = tracepoints.find("sched", "sched_process_fork")
         exit_ = tracepoints.find("sched", "sched_process_exit")
-        self.map = HashMap(4, 4, MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=_PID,
-                           value_struct=_PID)
+        self._own_map = followed is None
+        self.map = followed_map() if followed is None else followed
         self._fds: List[syscalls.Fd] = []
         self._programs: List[Program] = []
         try:
@@ -89,5 +95,6 @@ class ProcessFollower:
             fd.close()
         for program in self._programs:
             program.close()
-        self.map.close()
+        if self._own_map:
+            self.map.close()
         self._fds, self._programs = [], []

@@ -23,7 +23,7 @@ from .maps import (HashMap, LruHashMap, PerCpuArrayMap, RingBufMap, StackTraceMa
                    TaskStorageMap)
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
-from .follow import FOLLOWED_MAP, ProcessFollower
+from .follow import FOLLOWED_MAP, ProcessFollower, followed_map
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (mapped twice): ~27k records, ~50 ms of a 500k/s stream
@@ -134,9 +134,7 @@ class Tracer:
             if self._default_set:
                 self._launch_at_driver_only()
             self._create_maps()
-            if self.command and self.follow_children:
-                self._follower = self._start_follower()
-            self._load_programs()
+            self._load_programs()  # and start the follower meanwhile
             if self.command:
                 self._fork_command()
             self._attach_all()
@@ -253,6 +251,8 @@ class Tracer:
             self._maps[aggregates.LAUNCHES_MAP] = HashMap(
                 aggregates.LAUNCH_KEY.size, aggregates.LAUNCH_VALUE.size,
                 aggregates.LAUNCH_ENTRIES, name="launches")
+        if self.command and self.follow_children:
+            self._maps[FOLLOWED_MAP] = followed_map()  # kept up to date by the follower
         self._maps[probes.STATS_MAP] = PerCpuArrayMap(8, record.STAT_COUNT, name="stats",
                                                          value_struct=struct.Struct("<Q"))
 
@@ -268,12 +268,27 @@ class Tracer:
                 name="inflight")}
 
     def _load_programs(self) -> None:
+        """Generate the programs and load them, each as soon as it is generated (the
+        verifier runs in a worker thread without the GIL, so it overlaps the generation of
+        the next one); the follower's tracepoints are set up meanwhile."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(os.cpu_count() or 2, 16) + 1) as pool:
+            follower = pool.submit(self._start_follower) if FOLLOWED_MAP in self._maps else None
+            try:
+                loads = [pool.submit(program.load) for program in self._generate_programs()]
+                for load in loads:
+                    load.result()  # the first error, if any (the others finish first)
+            finally:
+                if follower is not None:  # kept even on error, so that close() frees it
+                    self._follower = follower.result()
+
+    def _generate_programs(self) -> Iterator[Program]:
+        """Fill `self.programs` (by function and probe kind); yield each new program."""
         maps = dict(self._maps)
-        if self._follower is not None:
-            maps[FOLLOWED_MAP] = self._follower.map
         plain = probes.ProbeOptions(stash=self.return_probes, emit_entry=self.entries,
                                     emit=self.emit, aggregate=self.aggregate,
-                                    follow=self._follower is not None,
+                                    follow=FOLLOWED_MAP in self._maps,
                                     task_storage=probes.TASKS_MAP in self._maps,
                                     wakeup_bytes=self.ring_size // WAKEUP_FRACTION)
         with_stack = dataclasses.replace(plain, stacks=True)
@@ -303,8 +318,8 @@ class Tracer:
                         generate(api, probes.FROM_COOKIE if shared else fn_id, arch, options),
                         maps, name=probes.program_name(number, retprobe, shared),
                         expected_attach_type=attach_type)
+                    yield loaded[key]
                 self.programs[(api.name, retprobe)] = loaded[key]
-        _load_all(list(loaded.values()))
 
     def _attach_all(self) -> None:
         pid = self.pid
@@ -360,7 +375,7 @@ class Tracer:
         process is traced, and a warning says so) when the kernel's fork and exit
         tracepoints cannot be used."""
         try:
-            return ProcessFollower()
+            return ProcessFollower(self._maps[FOLLOWED_MAP])
         except TracerError as err:
             self.failures.append("the processes the command starts are not traced: %s" % err)
             return None
@@ -383,8 +398,8 @@ class Tracer:
                 os._exit(127)
         os.close(read_fd)
         self._child, self._release_fd = pid, write_fd
-        if self._follower is not None:
-            self._follower.add(pid)
+        if FOLLOWED_MAP in self._maps:  # (without the follower: this process alone)
+            self._maps[FOLLOWED_MAP][pid] = 1
 
     def run(self) -> None:
         """Let a held command run (once)."""
@@ -549,19 +564,6 @@ def _select(functions: Optional[Sequence[str]], api: str, everything: bool) -> L
         hint = "did you mean %s? " % ", ".join(close) if close else ""
         raise UsageError("unknown function %s (%s--list-functions lists them)"
                          % (err.args[0], hint)) from None
-
-
-def _load_all(programs: List[Program]) -> None:
-    """Load programs in parallel: the verifier runs in the caller's thread, with the GIL
-    released, so the CPUs share the work (start-up time)."""
-    if len(programs) < 2:
-        for program in programs:
-            program.load()
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(len(programs), os.cpu_count() or 1, 16)) as pool:
-        list(pool.map(Program.load, programs))
 
 
 def _close_all(links: List[Link]) -> None:
