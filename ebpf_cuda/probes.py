@@ -104,7 +104,13 @@ class ProbeOptions:
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
-    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
+    prog: Items = [asm.mov(R6, R1)]
+    if options.follow and options.task_storage:
+        # Storage is created only for followed processes: a thread that has it needs no
+        # lookup in the `followed` map.
+        prog += _task_storage(create=False) + [asm.jne(R0, 0, "followed")] + _only_followed()
+    elif options.follow:
+        prog += _only_followed()
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)
@@ -117,7 +123,10 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     """Instructions of the return probe of `api`: one complete-call record (`emit`) and/or
     in-kernel aggregates (`aggregate`), from the state the entry probe saved."""
     # On return the callee has popped what `call` pushed: x86-64's return address.
-    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if options.follow else [])
+    # With task storage the followed-process check is the entry's alone: a thread of another
+    # process has no storage of ours, and its returns end at the lookup.
+    followed_check = options.follow and not options.task_storage
+    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if followed_check else [])
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += _inflight_key(arch, arch.stack_args_start)
     prog += _find_in_task() if options.task_storage else _find_in_map()
@@ -228,9 +237,10 @@ def _stash_in_task(api: Api, arch: Arch) -> Items:
 
 def _find_in_task() -> Items:
     """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
-    the one at fp-8), popping it and anything above; else jump to no_entry."""
+    the one at fp-8), popping it and anything above; else jump to no_entry (or, for a thread
+    without storage, one whose entries were never stashed, to done)."""
     prog = _task_storage(create=False) + [
-        asm.jeq(R0, 0, "no_entry"),
+        asm.jeq(R0, 0, "done"),
         asm.mov(R9, R0),
         asm.ldx(DW, R1, FP, _KEY + 8), asm.ldx(DW, R2, R9, 0),
     ]
