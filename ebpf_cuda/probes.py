@@ -105,17 +105,23 @@ class ProbeOptions:
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
     prog: Items = [asm.mov(R6, R1)]
-    if options.follow and options.task_storage:
-        # Storage is created only for followed processes: a thread that has it needs no
-        # lookup in the `followed` map.
-        prog += _task_storage(create=False) + [asm.jne(R0, 0, "followed")] + _only_followed()
-    elif options.follow:
+    # Storage is created only for followed processes: a thread that has it needs no lookup
+    # in the `followed` map (when nothing is written before the stash).
+    by_storage = (options.follow and options.task_storage and options.stash
+                  and not options.emit_entry)
+    if options.follow and not by_storage:
         prog += _only_followed()
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)
-    if options.stash:
-        prog += _stash_in_task(api, arch) if options.task_storage else _stash_entry(api, arch)
+    if options.stash and options.task_storage:
+        if by_storage:
+            prog += _task_storage(create=False) + [asm.jne(R0, 0, "have_storage")]
+            prog += _only_followed()
+        prog += _task_storage(create=True) + [asm.Label("have_storage")]
+        prog += _stash_in_task(api, arch)
+    elif options.stash:
+        prog += _stash_entry(api, arch)
     return prog + [asm.mov(R0, 0), asm.exit()]
 
 
@@ -206,10 +212,10 @@ def _task_storage(create: bool) -> Items:
 
 def _stash_in_task(api: Api, arch: Arch) -> Items:
     """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
-    on this thread's stack of calls in flight. A full stack (entries whose return never
-    came: longjmp, exceptions) is emptied, and counted."""
+    on this thread's stack of calls in flight (R0: its task storage, or NULL). A full stack
+    (entries whose return never came: longjmp, exceptions) is emptied, and counted."""
     slot = record.TASK_SLOT
-    prog = _task_storage(create=True) + [
+    prog = [
         asm.jeq(R0, 0, "stash_lost"),
         asm.mov(R9, R0),
         asm.ldx(DW, R1, R9, 0),

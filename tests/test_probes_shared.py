@@ -46,3 +46,21 @@ def test_cookie_id_and_constant_id_differ_only_in_where_the_id_comes_from():
     assert constant != cookie
     call_cookie = "imm=%d," % probes.Helper.GET_ATTACH_COOKIE
     assert call_cookie in cookie and call_cookie not in constant
+
+
+@pytest.mark.parametrize("emit_entry", [False, True])
+def test_entry_checks_the_followed_process_before_writing_anything(emit_entry):
+    """With task storage the check may be skipped for threads that already have storage,
+    but neither storage nor an enter record is ever created for a process not followed."""
+    from ebpf_cuda.asm import Helper
+    options = probes.ProbeOptions(task_storage=True, follow=True, emit_entry=emit_entry)
+    code = [i for i in probes.entry_program(TABLE[0], 0, current_arch(), options)
+            if hasattr(i, "opcode")]
+    followed = min(k for k, i in enumerate(code) if i.map_name == "followed")
+    create = probes.BPF_LOCAL_STORAGE_GET_F_CREATE
+    creates = [k for k, i in enumerate(code)  # mov r4, BPF_LOCAL_STORAGE_GET_F_CREATE
+               if i.opcode == 0xB7 and i.dst == 4 and i.imm == create]
+    reserves = [k for k, i in enumerate(code)
+                if i.opcode == 0x85 and i.imm == Helper.RINGBUF_RESERVE]
+    assert creates and all(followed < k for k in creates + reserves)
+    assert bool(reserves) == emit_entry
