@@ -332,3 +332,40 @@ def test_no_return_probes_gives_enter_events_only(root, fake):
         ("cudaMalloc", ENTER, {"size": 4000}), ("cudaSetDevice", ENTER, {"device": 7}),
         ("cudaFree", ENTER, {"ptr": calls[0].out})]
     assert all(e.ret is None and e.duration_ns is None for e in events)
+
+
+
+def _programs_and_distinct(lib) -> Tuple[int, int]:
+    """(probes, distinct programs) of a tracer on the stand-in's eleven functions."""
+    tracer = Tracer(library=[str(lib)], functions=list(SEED_FUNCTIONS))
+    tracer.start()
+    try:
+        return len(tracer.programs), len({id(p) for p in tracer.programs.values()})
+    finally:
+        tracer.close()
+
+
+def test_shared_programs_and_per_function_programs_give_the_same_events(root, fake,
+                                                                        monkeypatch):
+    """With uprobe_multi (this kernel) functions of one shape share a program and get their
+    id from the attach cookie; without it (older kernels: perf-event uprobes) each function
+    has its own programs with a constant id. Both must report every call exactly."""
+    from ebpf_cuda import uprobe
+    if not uprobe.uprobe_multi_supported():
+        pytest.skip("no uprobe_multi on this kernel")
+    lib, prog = fake
+    probes_, distinct = _programs_and_distinct(lib)
+    assert probes_ == 2 * len(SEED_FUNCTIONS) and distinct < probes_
+    for multi in (True, False):
+        monkeypatch.setattr(uprobe, "_multi_supported", multi)
+        if not multi:
+            assert _programs_and_distinct(lib) == (probes_, probes_)
+        events, calls, tracer = trace_command([prog, *ELEVEN_OPS], library=[str(lib)],
+                                              functions=list(SEED_FUNCTIONS))
+        pairs = _pairs(events)
+        assert [enter.api for enter, _ in pairs] == [c.fn for c in calls]
+        assert len(calls) == len(ELEVEN_OPS)
+        for (enter, exit_), call in zip(pairs, calls):
+            assert enter.args == expected_args(call), (multi, call)
+            assert (exit_.ret, exit_.outs) == (call.ret, expected_outs(call)), (multi, call)
+        assert tracer.stats_at_end == {"lost": 0, "unpaired": 0}
