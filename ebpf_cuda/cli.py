@@ -291,10 +291,14 @@ def _report_start(tracer: Tracer, verbose: int) -> None:
         len({a.api for a in tracer.attachments}), ", ".join(files)), err=True)
     for failure in tracer.failures:
         click.echo("ebpf-cuda: warning: %s" % failure, err=True)
-    if verbose >= 2:
+    if verbose >= 2:  # each program once, with the functions that share it
+        users: dict = {}
         for (name, retprobe), program in tracer.programs.items():
-            click.echo("-- %s %s --\n%s" % (name, "return" if retprobe else "entry",
-                                            program.disassembly()), err=True)
+            users.setdefault(id(program), (program, retprobe, []))[2].append(name)
+        for program, retprobe, names in users.values():
+            click.echo("-- %s %s (%s) --\n%s" % (program.name, "return" if retprobe else "entry",
+                                                 ", ".join(names), program.disassembly()),
+                       err=True)
 
 
 def _install_signals(tracer: Tracer) -> None:

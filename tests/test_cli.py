@@ -487,3 +487,22 @@ def test_dead_pid_with_a_path_is_a_process_error(root, lib):
     line = _one_line_error(run_cli("-p", lib, "-d", _dead_pid()),
                            errors.ProcessError.exit_code)
     assert "no process" in line
+
+
+def test_vv_shows_each_program_once_with_the_functions_sharing_it(root, lib, prog):
+    """cudaMalloc and cudaMallocHost have the same shape: one entry and one return program
+    serve both (with uprobe_multi); -vv prints each program once and names its functions."""
+    from ebpf_cuda.uprobe import uprobe_multi_supported
+    done = run_cli("-vv", "-p", lib, "--functions", "cudaMalloc,cudaMallocHost,cudaFree",
+                   "--", prog, "malloc:64", "free")
+    assert done.returncode == 0, done.stderr
+    headers = re.findall(r"^-- (\w+) (entry|return) \(([\w, ]+)\) --$", done.stderr, re.M)
+    assert sorted(kind for _, kind, _ in headers).count("entry") == len(headers) // 2
+    listed = sorted(name for _, _, names in headers for name in names.split(", "))
+    assert listed == sorted(["cudaFree", "cudaMalloc", "cudaMallocHost"] * 2)
+    if uprobe_multi_supported():
+        assert len(headers) == 4  # (cudaMalloc, cudaMallocHost) and (cudaFree), each way
+        assert ("entry", "cudaMalloc, cudaMallocHost") in [(k, n) for _, k, n in headers]
+        assert "call get_attach_cookie#174" in done.stderr  # the return programs read it
+    else:
+        assert len(headers) == 6
