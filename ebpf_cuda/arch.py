@@ -4,7 +4,7 @@ A uprobe program receives `struct pt_regs *` (arm64: `struct user_pt_regs *`); t
 below are byte offsets into that structure. Only x86-64 is tested; the arm64 row comes from
 the uapi headers.
 """
-import platform
+import os
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
@@ -73,7 +73,7 @@ ARCHES: Dict[str, Arch] = {m: a for a in (X86_64, ARM64) for m in a.machines}
 
 
 def for_machine(machine: str) -> Arch:
-    """The table for a `platform.machine()` string; UnsupportedKernelError if unknown."""
+    """The table for a machine name (`uname -m`); UnsupportedKernelError if unknown."""
     try:
         return ARCHES[machine.lower()]
     except KeyError:
@@ -84,4 +84,4 @@ def for_machine(machine: str) -> Arch:
 
 def current() -> Arch:
     """The table for the machine this process runs on."""
-    return for_machine(platform.machine())
+    return for_machine(os.uname().machine)

@@ -4,11 +4,9 @@ Python wheel locations, and executables that carry the CUDA runtime statically.
 import fnmatch
 import glob
 import os
-import platform
 import shutil
 import site
 import struct
-import subprocess
 import sys
 from collections import deque
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
@@ -197,7 +195,7 @@ def is_static_cudart(path: str) -> bool:
 # ---- library search --------------------------------------------------------------------
 
 def _triplets() -> Tuple[str, str]:
-    return _TRIPLETS.get(platform.machine().lower(), ("x86_64-linux-gnu", "x86_64-linux"))
+    return _TRIPLETS.get(os.uname().machine.lower(), ("x86_64-linux-gnu", "x86_64-linux"))
 
 
 def _split_path_list(value: Optional[str]) -> List[str]:
@@ -284,6 +282,8 @@ def ldconfig_entries() -> List[Tuple[str, str]]:
                                            else None)
     if program is None:
         return []
+    import subprocess  # only when the cache file cannot be read
+
     try:
         output = subprocess.run([program, "-p"], capture_output=True, text=True, timeout=10,
                                 check=False).stdout

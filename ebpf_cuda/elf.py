@@ -10,16 +10,13 @@ Every failure while reading a file (struct, I/O, a corrupted field) comes out as
 """
 import bisect
 import ctypes
-import ctypes.util
-import difflib
 import functools
 import gc
 import heapq
 import os
-import platform
 import stat
 import struct
-from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from .errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 
@@ -44,7 +41,7 @@ DYN_FORMAT = "<qQ"  # Elf64_Dyn: d_tag d_val
 DYN_SIZE = struct.calcsize(DYN_FORMAT)
 DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
 
-# e_machine values by `platform.machine()` name.
+# e_machine values by `os.uname().machine` name.
 MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
 MACHINE_NAMES = {3: "x86 (i386)", 8: "MIPS", 20: "PowerPC", 21: "PowerPC64", 40: "ARM",
                  62: "x86-64", 183: "AArch64", 243: "RISC-V"}
@@ -81,7 +78,7 @@ class _SymbolSection(NamedTuple):
 
 def running_machine() -> int:
     """The e_machine value of the machine this process runs on."""
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()
     if machine not in MACHINES:
         raise ElfError("unsupported architecture %r" % machine)
     return MACHINES[machine]
@@ -480,6 +477,8 @@ def suggest(name: str, names: Iterable[str], count: int = 5) -> List[str]:
         common = os.path.commonprefix
         pool = heapq.nlargest(2000, pool, key=lambda n: max(len(common((name, n))),
                                                             len(common((reverse, n[::-1])))))
+    import difflib  # only for the hint of an error message
+
     return difflib.get_close_matches(name, pool, n=count)
 
 
@@ -549,10 +548,21 @@ def is_elf_for_this_machine(path: str) -> bool:
     if len(header) < 20 or header[:4] != ELF_MAGIC:
         return False
     return header[4] == ELFCLASS64 and header[5] == ELFDATA2LSB and \
-        struct.unpack_from("<H", header, 18)[0] == MACHINES.get(platform.machine().lower())
+        struct.unpack_from("<H", header, 18)[0] == MACHINES.get(os.uname().machine.lower())
 
 
 # ---- C++ demangling ----------------------------------------------------------------------
+
+def _cxx_runtimes() -> Iterator[Optional[str]]:
+    """C++ runtimes that may export __cxa_demangle, the usual names first (find_library runs
+    ldconfig or gcc: only when those fail)."""
+    import ctypes.util
+
+    yield "libstdc++.so.6"
+    yield ctypes.util.find_library("stdc++")
+    yield "libc++.so.1"
+    yield ctypes.util.find_library("c++")
+
 
 class _Demangler:
     """`__cxa_demangle` from the C++ runtime through ctypes, loaded on first use."""
@@ -564,8 +574,7 @@ class _Demangler:
 
     def _load(self) -> None:
         self._loaded = True
-        for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++"), "libc++.so.1",
-                     ctypes.util.find_library("c++")):
+        for name in _cxx_runtimes():
             if not name:
                 continue
             try:

@@ -210,32 +210,34 @@ class _FrameLines:
         rows, compiled, threads, durations = self._rows, self.row, self._threads, self._durations
         offset = self.decoder.clock_offset_ns
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+        call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
+        add, ret_at, m32 = out.append, _RET_AT, _M32
         second, clock = -1, ""  # the last second seen and its HH:MM:SS
         for f in _FRAME.iter_unpack(frames):
             row = rows[f[4]]
             if row is _UNCOMPILED:
                 row = compiled(f[4])
-            if row is None or f[6] & odd_flags or f[5] > record.PHASE_CALL:
+            if row is None or f[6] & odd_flags or f[5] > call:
                 out += self.slow(self.decoder.events_of(f))
                 continue
             who = threads.get((f[2], f[8])) or self._thread(f)
-            fn = self.launch_text(row, f) if row.func_at is not None else ""
+            fn = "" if row.func_at is None else self.launch_text(row, f)
             t0 = (f[0] + offset) / 1e9
-            if f[5] == record.PHASE_ENTER:
-                out.append(row.enter(f, _clock(t0), t0, "", 0, who[0], who[1], "", fn))
+            if f[5] == enter:
+                add(row.enter(f, _clock(t0), t0, "", 0, who[0], who[1], "", fn))
                 continue
             t1 = (f[1] + offset) / 1e9
             if int(t1) != second:
                 second, clock = int(t1), _clock(t1)
-            ret = f[_RET_AT] & _M32
-            if f[6] & record.FLAG_ENTRY_SENT:
-                line = row.exit_ok if ret == 0 else row.exit_err
+            ret = f[ret_at] & m32
+            if f[6] & entry_sent:
+                line = row.exit_err if ret else row.exit_ok
             else:
-                line = row.both_ok if ret == 0 else row.both_err
-            duration = durations.get(f[1] - f[0]) or self._duration(f[1] - f[0])
-            out.append(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1,
-                            who[0], who[1], self.ret_text(row, ret) if ret else "", fn,
-                            duration))
+                line = row.both_err if ret else row.both_ok
+            took = f[1] - f[0]
+            add(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1, who[0],
+                     who[1], self.ret_text(row, ret) if ret else "", fn,
+                     durations.get(took) or self._duration(took)))
         return out
 
     def _thread(self, f: tuple) -> Tuple[str, str]:
