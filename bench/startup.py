@@ -97,18 +97,21 @@ def measure(runs: int, label: str, once) -> Optional[List[float]]:
 
 
 def phases(lib: str, stamp: str, everything: bool) -> Dict[str, float]:
-    """ms spent in each step of Tracer.start() (in this process, imports already done)."""
+    """ms spent in each step of Tracer.start() (in this process, imports already done);
+    `attach` is the sum of the link creations, which run within load_programs (as each
+    program is loaded) or, with --no-follow, after fork_command."""
     from ebpf_cuda.tracer import Tracer
     tracer = Tracer(library=[lib], command=[stamp], everything=everything)
     spent: Dict[str, float] = {}
     for step in ("_find_targets", "_create_maps", "_load_programs", "_fork_command",
-                 "_attach_all"):
+                 "_attach"):
         def timed(*a, _step=step, _real=getattr(tracer, step), **k):
             t0 = time.perf_counter()
             try:
                 return _real(*a, **k)
             finally:
-                spent[_step.strip("_")] = (time.perf_counter() - t0) * 1000
+                name = _step.strip("_")
+                spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t0) * 1000
         setattr(tracer, step, timed)
     t0 = time.perf_counter()
     with open(os.devnull, "w") as null:

@@ -134,10 +134,17 @@ class Tracer:
             if self._default_set:
                 self._launch_at_driver_only()
             self._create_maps()
-            self._load_programs()  # and start the follower meanwhile
+            self._log_targets()
+            # Probes go on as their programs load, unless they must be filtered on the pid
+            # of a command not forked yet (--no-follow).
+            early = not (self.command and not self.follow_children)
+            self._load_programs(attach=early)  # and start the follower meanwhile
             if self.command:
                 self._fork_command()
-            self._attach_all()
+            if not early:
+                self._attach_all(self._child)
+            if not self._links:
+                raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
             self._ring = RingBuffer(self._maps[probes.EVENTS_MAP].fd, self.ring_size)
             self._decoder = Decoder(self.apis_table, names=self._learned_name)
         except BaseException:
@@ -267,21 +274,26 @@ class Tracer:
                 record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE, INFLIGHT_ENTRIES,
                 name="inflight")}
 
-    def _load_programs(self) -> None:
-        """Generate the programs and load them, each as soon as it is generated (the
-        verifier runs in a worker thread without the GIL, so it overlaps the generation of
-        the next one); the follower's tracepoints are set up meanwhile."""
+    def _load_programs(self, attach: bool) -> None:
+        """Start the follower, then generate the programs and load them, each as soon as it
+        is generated (the verifier runs in a worker thread without the GIL, so it overlaps
+        the generation of the next one). With `attach`, each program's probes are attached
+        once it is loaded, with the pid filter `self.pid` (the kernel's first uprobe
+        registration waits for an RCU grace period: it overlaps the verifier too)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(min(os.cpu_count() or 2, 16) + 1) as pool:
-            follower = pool.submit(self._start_follower) if FOLLOWED_MAP in self._maps else None
-            try:
-                loads = [pool.submit(program.load) for program in self._generate_programs()]
-                for load in loads:
-                    load.result()  # the first error, if any (the others finish first)
-            finally:
-                if follower is not None:  # kept even on error, so that close() frees it
-                    self._follower = follower.result()
+        if FOLLOWED_MAP in self._maps:
+            self._follower = self._start_follower()
+        with ThreadPoolExecutor(min(os.cpu_count() or 2, 16)) as pool:
+            loads = [(program, pool.submit(program.load))
+                     for program in self._generate_programs()]
+            links = {}  # type: Dict[int, list]
+            for group in self._link_groups() if attach else []:
+                links.setdefault(id(group[0]), []).append(group)
+            for program, load in loads:
+                load.result()  # the first error, if any (the others finish first)
+                for group in links.get(id(program), []):
+                    self._attach(*group, pid=self.pid)
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
@@ -321,38 +333,37 @@ class Tracer:
                     yield loaded[key]
                 self.programs[(api.name, retprobe)] = loaded[key]
 
-    def _attach_all(self) -> None:
-        pid = self.pid
-        if self._child is not None and self._follower is None:
-            pid = self._child  # the command alone, filtered by the kernel
-        multi = uprobe_multi_supported()
+    def _log_targets(self) -> None:
         for target in self.targets:
             self.log("probing %s (%d functions%s)" % (
                 target.path, len({a.name for a, _, _ in target.functions}),
                 ", %d not in it: %s" % (len(target.missing), " ".join(target.missing))
                 if target.missing else ""))
-            # One link per program and file: a shared program takes all its functions' sites.
-            groups: Dict[Tuple[int, bool], List[Tuple[str, str, int]]] = {}
-            programs: Dict[Tuple[int, bool], Program] = {}
+
+    def _link_groups(self) -> List[Tuple[Program, str, List[Tuple[str, str, int]], bool]]:
+        """(program, file, sites, retprobe) per program and file: one link each, a shared
+        program taking all its functions' (function, symbol, offset) sites."""
+        groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
+        for target in self.targets:
             for (api_name, retprobe), program in self.programs.items():
-                key = (id(program), retprobe)
-                programs[key] = program
-                groups.setdefault(key, []).extend(
-                    (api.name, symbol, offset) for api, symbol, offset in target.functions
-                    if api.name == api_name)
-            for key, sites in groups.items():
+                sites = [(api.name, symbol, offset) for api, symbol, offset in target.functions
+                         if api.name == api_name]
                 if sites:
-                    self._attach(programs[key], target.path, sites, key[1], pid, multi)
-        if not self._links:
-            raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
+                    groups.setdefault((id(program), target.path),
+                                      (program, target.path, [], retprobe))[2].extend(sites)
+        return list(groups.values())
+
+    def _attach_all(self, pid: Optional[int]) -> None:
+        for group in self._link_groups():
+            self._attach(*group, pid=pid)
 
     def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
-                retprobe: bool, pid: Optional[int], multi: bool) -> None:
+                retprobe: bool, pid: Optional[int]) -> None:
         """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
         links carry each site's function id as cookie."""
         names = sorted({api_name for api_name, _, _ in sites})
         try:
-            if multi:
+            if uprobe_multi_supported():
                 self._links.append(attach_uprobe_multi(
                     program, path, [off for _, _, off in sites],
                     cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],

@@ -113,8 +113,11 @@ def test_non_root_user_is_told_which_capabilities(root, public_lib):
     """Started as root, the child drops to nobody (65534) before the CLI runs: the python under
     /root cannot be run by nobody directly."""
     lib = public_lib
+    # nobody cannot read this Python's library under /root either: what click imports on
+    # first use (locale for gettext, difflib for option errors) is imported before the
+    # privileges go.
     script = ("import os, sys\n"
-              "import ebpf_cuda.cli\n"
+              "import ebpf_cuda.cli, difflib, locale\n"
               "os.setgroups([]); os.setresgid(65534, 65534, 65534)\n"
               "os.setresuid(65534, 65534, 65534)\n"
               "ebpf_cuda.cli.main(sys.argv[1:])\n")
