@@ -61,8 +61,8 @@ class ProcessFollower:
     the tracepoints cannot be found."""
 
     def __init__(self, followed: Optional[HashMap] = None) -> None:
-        fork = tracepoints.find("sched", "sched_process_fork")
-        exit_ = tracepoints.find("sched", "sched_process_exit")
+        fork, exit_ = tracepoints.find_all([("sched", "sched_process_fork"),
+                                            ("sched", "sched_process_exit")])
         self._own_map = followed is None
         self.map = followed_map() if followed is None else followed
         self._fds: List[syscalls.Fd] = []

@@ -245,6 +245,10 @@ def _find_in_task() -> Items:
     """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
     the one at fp-8), popping it and anything above; else jump to no_entry (or, for a thread
     without storage, one whose entries were never stashed, to done)."""
+    return list(_FIND_IN_TASK)
+
+
+def _build_find_in_task() -> Items:
     prog = _task_storage(create=False) + [
         asm.jeq(R0, 0, "done"),
         asm.mov(R9, R0),
@@ -261,6 +265,10 @@ def _find_in_task() -> Items:
             asm.Label("below_%d" % level),
         ]
     return prog + [asm.ja("no_entry"), asm.Label("found")]
+
+
+# The same in every return program (instructions are immutable values): built once.
+_FIND_IN_TASK = tuple(_build_find_in_task())
 
 
 def _inflight_key(arch: Arch, sp_adjust: int) -> Items:

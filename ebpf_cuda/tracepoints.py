@@ -9,7 +9,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from .errors import UnsupportedKernelError
 
@@ -41,16 +41,28 @@ def parse_format(text: str) -> Dict[str, Tuple[int, int]]:
 
 def find(category: str, name: str) -> Tracepoint:
     """The tracepoint `category:name`; UnsupportedKernelError if tracefs cannot tell."""
+    return find_all([(category, name)])[0]
+
+
+def find_all(wanted: List[Tuple[str, str]]) -> List[Tracepoint]:
+    """The tracepoints (category, name) of `wanted`, read from tracefs (mounted privately,
+    once for all of them, when it is not mounted)."""
     for root in TRACEFS_ROOTS:
-        folder = os.path.join(root, "events", category, name)
-        if os.path.isfile(os.path.join(folder, "id")):
-            return _from_texts(category, name, *_read_texts(folder))
-    return _from_texts(category, name, *_read_in_private_mount(category, name))
+        if os.path.isdir(os.path.join(root, "events")):
+            return [_from_texts(category, name,
+                                *_read_texts(os.path.join(root, "events", category, name)))
+                    for category, name in wanted]
+    texts = _read_in_private_mount(wanted)
+    return [_from_texts(category, name, *pair) for (category, name), pair in zip(wanted, texts)]
 
 
 def _read_texts(folder: str) -> Tuple[str, str]:
-    with open(os.path.join(folder, "id")) as f_id, open(os.path.join(folder, "format")) as f:
-        return f_id.read(), f.read()
+    try:
+        with open(os.path.join(folder, "id")) as f_id, \
+                open(os.path.join(folder, "format")) as f:
+            return f_id.read(), f.read()
+    except OSError:
+        return "", ""  # no such tracepoint: _from_texts says so
 
 
 def _from_texts(category: str, name: str, id_text: str, format_text: str) -> Tracepoint:
@@ -60,8 +72,8 @@ def _from_texts(category: str, name: str, id_text: str, format_text: str) -> Tra
         raise UnsupportedKernelError("tracepoint %s:%s has no readable id" % (category, name))
 
 
-def _read_in_private_mount(category: str, name: str) -> Tuple[str, str]:
-    """Mount tracefs where only a child process sees it, and read the tracepoint there."""
+def _read_in_private_mount(wanted: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """Mount tracefs where only a child process sees it, and read the tracepoints there."""
     folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -73,7 +85,8 @@ def _read_in_private_mount(category: str, name: str) -> Tuple[str, str]:
             if (libc.unshare(CLONE_NEWNS) == 0
                     and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
                     and libc.mount(b"nodev", folder.encode(), b"tracefs", 0, None) == 0):
-                texts = _read_texts(os.path.join(folder, "events", category, name))
+                texts = [_read_texts(os.path.join(folder, "events", category, name))
+                         for category, name in wanted]
                 os.write(write_end, json.dumps(texts).encode())
                 status = 0
         except BaseException:
@@ -86,7 +99,6 @@ def _read_in_private_mount(category: str, name: str) -> Tuple[str, str]:
     os.waitpid(pid, 0)
     os.rmdir(folder)
     if not data:
-        raise UnsupportedKernelError("tracepoint %s:%s: tracefs is not mounted and could not be "
-                                     "mounted privately" % (category, name))
-    id_text, format_text = json.loads(data.decode())
-    return id_text, format_text
+        raise UnsupportedKernelError("tracepoint %s: tracefs is not mounted and could not be "
+                                     "mounted privately" % ", ".join("%s:%s" % w for w in wanted))
+    return [(id_text, format_text) for id_text, format_text in json.loads(data.decode())]

@@ -8,7 +8,9 @@ It never prints, exits or installs signal handlers; progress notes go to `log` i
 """
 import dataclasses
 import os
+import queue
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Set, Tuple
@@ -280,12 +282,10 @@ class Tracer:
         the generation of the next one). With `attach`, each program's probes are attached
         once it is loaded, with the pid filter `self.pid` (the kernel's first uprobe
         registration waits for an RCU grace period: it overlaps the verifier too)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if FOLLOWED_MAP in self._maps:
             self._follower = self._start_follower()
-        with ThreadPoolExecutor(min(os.cpu_count() or 2, 16)) as pool:
-            loads = [(program, pool.submit(program.load))
+        with _Workers(min(os.cpu_count() or 2, 16)) as pool:
+            loads = [(program, pool.submit(Program.load, program))
                      for program in self._generate_programs()]
             links = {}  # type: Dict[int, list]
             for group in self._link_groups() if attach else []:
@@ -584,10 +584,65 @@ def _close_all(links: List[Link]) -> None:
         for link in links:
             link.close()
         return
-    from concurrent.futures import ThreadPoolExecutor
+    with _Workers(min(len(links), 64)) as pool:
+        for job in [pool.submit(Link.close, link) for link in links]:
+            job.result()
 
-    with ThreadPoolExecutor(min(len(links), 64)) as pool:
-        list(pool.map(Link.close, links))
+
+class _Job:
+    """One call handed to `_Workers`; `result()` waits for it and raises what it raised."""
+
+    def __init__(self, function: Callable, argument: object) -> None:
+        self.function, self.argument = function, argument
+        self.done = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            self.function(self.argument)
+        except BaseException as err:  # handed to the waiter
+            self.error = err
+        finally:
+            self.done.set()
+
+    def result(self) -> None:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class _Workers:
+    """A few threads running jobs in the order they come: program loads (the verifier runs
+    without the GIL) and link closes. concurrent.futures would do, but its import (logging)
+    alone costs ~14 ms of start-up."""
+
+    def __init__(self, count: int) -> None:
+        self._jobs = queue.SimpleQueue()  # of _Job, and None to stop a thread
+        self._threads = [threading.Thread(target=self._work, daemon=True)
+                         for _ in range(max(1, count))]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, function: Callable, argument: object) -> _Job:
+        job = _Job(function, argument)
+        self._jobs.put(job)
+        return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job.run()
+
+    def __enter__(self) -> "_Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 def _check_ring_size(size: int) -> int:
