@@ -31,6 +31,7 @@ def frame_chunks(frames: bytes) -> List[memoryview]:
     view, step = memoryview(frames), CHUNK_RECORDS * record.FRAME_SIZE
     return [view[start:start + step] for start in range(0, len(frames), step)]
 
+
 # kind → (text template, JSON template, value expressions over the record `f` at cell {a})
 _SIMPLE = {
     Kind.SIZE: ("%d bytes", "%d", ("f[{a}]",)),
