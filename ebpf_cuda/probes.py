@@ -48,18 +48,20 @@ FnId = Optional[int]
 FROM_COOKIE: FnId = None
 
 
-def shape_of(api: Api, retprobe: bool) -> Hashable:
+def shape_of(api: Api, retprobe: bool, aggregate: bool = False) -> Hashable:
     """Everything the generated entry (or return) code of `api` depends on besides its
-    function id: rows of equal shape share that program when the id comes from the attach
-    cookie (tests/test_probes_shared.py checks that equal shapes mean equal code)."""
-    args = tuple((arg.slot, arg.cells, arg.deref) for arg in api.args)
+    function id (`aggregate`: with in-kernel aggregates): rows of equal shape share that
+    program when the id comes from the attach cookie (tests/test_probes_shared.py checks
+    that equal shapes mean equal code)."""
     if not retprobe:
+        args = tuple((arg.slot, arg.cells, arg.deref) for arg in api.args)
         return args, tuple(out.slot for out in api.outs)
+    learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
+    if not aggregate:
+        return tuple(out.size for out in api.outs), learn
     from .aggregates import shape_of as aggregate_shape
 
-    learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
-    return (sum(arg.cells for arg in api.args), tuple(out.size for out in api.outs), learn,
-            aggregate_shape(api))
+    return tuple(out.size for out in api.outs), learn, aggregate_shape(api)
 
 
 def fn_id_into(reg, fn_id: FnId) -> Items:
@@ -161,13 +163,9 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     ] + _store_fn_and_phase(fn_id, record.PHASE_CALL)
     prog += _stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
     prog += _comm()
-    used = sum(arg.cells for arg in api.args)
-    for cell in range(record.ARG_CELLS):
-        if cell < used:
-            prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
-                     asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
-        else:
-            prog.append(asm.st(DW, R8, record.ARGS + 8 * cell, 0))
+    for cell in range(record.ARG_CELLS):  # (the entry zeroed the cells its row leaves unused)
+        prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
+                 asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
     prog += [asm.ldx(DW, R1, R6, arch.ret), asm.stx(DW, R8, record.RET, R1)]
     prog += _read_outs(api, arch, record.FLAG_ENTRY_SENT if options.emit_entry else 0)
     if api.learn_name:
