@@ -17,6 +17,7 @@ from typing import Hashable, List, Optional, Tuple
 from . import asm, record
 from .apis import Api, Kind, arg_cells
 from .arch import Arch
+from .arch import current as current_arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,
                   W, Helper)
 
@@ -54,7 +55,8 @@ def shape_of(api: Api, retprobe: bool, aggregate: bool = False) -> Hashable:
     program when the id comes from the attach cookie (tests/test_probes_shared.py checks
     that equal shapes mean equal code)."""
     if not retprobe:
-        args = tuple((arg.slot, arg.cells, arg.deref) for arg in api.args)
+        args = "registers" if in_registers(api, current_arch()) else tuple(
+            (arg.slot, arg.cells, arg.deref) for arg in api.args)
         return args, tuple(out.slot for out in api.outs)
     learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
     if not aggregate:
@@ -316,10 +318,28 @@ def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions)
     return prog + [asm.Label("enter_done")]
 
 
+def in_registers(api: Api, arch: Arch) -> bool:
+    """Whether every argument of `api` is a register whose slot is its cell: then the entry
+    copies all argument registers, whatever the row uses (one program for many rows)."""
+    return all(cell == arg.slot and not arg.deref and arg.slot + arg.cells <= len(arch.args)
+               for arg, cell in arg_cells(api))
+
+
 def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
     """Copy every argument cell to base+offset+8*cell; registers by load, stack slots by
-    one probe_read_user per run of consecutive slots; unused cells are zeroed."""
-    prog: Items = []
+    one probe_read_user per run of consecutive slots; unused cells are zeroed. A row whose
+    arguments are all in registers gets every argument register (the cells past its own
+    arguments hold whatever the registers held: the decoder never reads them)."""
+    if in_registers(api, arch):
+        prog: Items = []
+        for slot in range(record.ARG_CELLS):
+            if slot < len(arch.args):
+                prog += [asm.ldx(DW, R1, ctx, arch.arg(slot)),
+                         asm.stx(DW, base, offset + 8 * slot, R1)]
+            else:
+                prog.append(asm.st(DW, base, offset + 8 * slot, 0))
+        return prog
+    prog = []
     stack_runs: List[Tuple[int, int, int]] = []  # (first stack slot, first cell, count)
     used = 0
     derefs: List[Tuple[int, int, int]] = []  # (register slot, first cell, bytes)
