@@ -253,7 +253,9 @@ class RingBuffer:
         Each frame is the 8-byte header followed by the payload, so a decoder reads them all
         with `struct.iter_unpack("=8x" + payload_format, frames)`: one copy, no per-record
         Python work. `record_size` must be a positive multiple of 8 (frames are then
-        back to back). `max_records` bounds the batch (and so the memory it takes). Discarded records are left out; draining stops at a BUSY record.
+        back to back). `max_records` bounds the batch (and so the memory it takes).
+        Discarded records are left out; draining stops at a BUSY record. A record wrapping
+        the end of the data area is joined from its two pieces (the data is mapped once).
         A committed record of another size ends the batch; when it is the first one,
         `DecodeError` is raised (it and those after it stay in the ring for `consume()`).
         """
