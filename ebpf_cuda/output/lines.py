@@ -225,7 +225,9 @@ class _FrameLines:
             fn = "" if row.func_at is None else self.launch_text(row, f)
             t0 = (f[0] + offset) / 1e9
             if f[5] == enter:
-                add(row.enter(f, _clock(t0), t0, "", 0, who[0], who[1], "", fn))
+                if int(t0) != second:
+                    second, clock = int(t0), _clock(t0)
+                add(row.enter(f, clock, t0, "", 0, who[0], who[1], "", fn))
                 continue
             t1 = (f[1] + offset) / 1e9
             if int(t1) != second:
