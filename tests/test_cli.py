@@ -506,3 +506,15 @@ def test_vv_shows_each_program_once_with_the_functions_sharing_it(root, lib, pro
         assert "call get_attach_cookie#174" in done.stderr  # the return programs read it
     else:
         assert len(headers) == 6
+
+
+def test_list_functions_marks_the_runtime_launches_the_driver_replaces():
+    done = run_cli("--list-functions")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line and not line.startswith("*")}
+    assert rows["cudaLaunchKernel"] == ["runtime", "default*"]
+    assert rows["cuLaunchKernel"] == ["driver", "default"]
+    assert rows["cudaMalloc"] == ["runtime", "default"]
+    assert rows["cudaGetDevice"] == ["runtime", "with", "--all"]
+    assert done.stdout.splitlines()[-1].startswith("* not when the driver's launch functions")
