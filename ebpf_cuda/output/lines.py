@@ -321,6 +321,11 @@ _json_str = json.JSONEncoder().encode  # ensure_ascii, as JsonWriter
 class JsonLines(_FrameLines):
     """JSON Lines objects (see output/jsonl.py and Event.to_json), from frames."""
 
+    def __init__(self, table: Sequence[Api], decoder: Decoder,
+                 slow: Callable[[List[Event]], List[str]], namer=None) -> None:
+        super().__init__(table, decoder, slow, namer)
+        self._members: Dict[str, str] = {}
+
     def _compile_row(self, api: Api, shown, outs) -> _Row:
         args = ",".join('"%s":%s' % (name, _json_template(kind)) for name, kind, _ in shown)
         arg_values = [e for _, _, values in shown for e in values]
@@ -349,7 +354,14 @@ class JsonLines(_FrameLines):
         if self.namer is None:
             return ""
         name = self.kernel_name(row, f[3], f[row.func_at])
-        return ',"kernel":' + _json_str(name) if name else ""
+        if not name:
+            return ""
+        member = self._members.get(name)  # demangled names are long: encode each once
+        if member is None:
+            if len(self._members) > 4096:
+                self._members.clear()
+            member = self._members[name] = ',"kernel":' + _json_str(name)
+        return member
 
     def ret_text(self, row: _Row, ret: int) -> str:
         return _json_str(row.ret_name(ret))
