@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Hashable, List, Optional, Tuple
 
 from . import asm, record
-from .apis import Api, Kind, arg_cells
+from .apis import Api, arg_cells
 from .arch import Arch
 from .arch import current as current_arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,

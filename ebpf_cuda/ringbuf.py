@@ -24,7 +24,7 @@ Not thread-safe: use one reader per ring.
 import mmap
 import select
 import struct
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from .errors import DecodeError, KernelError
 

@@ -65,3 +65,21 @@ def cc(tmp_path_factory) -> Builder:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
     return Builder(tmp_path_factory.mktemp("native"))
+
+
+# The stand-in libcudart (tests/native/fakecudart.c) and the program that drives it, built once.
+@pytest.fixture(scope="session")
+def fake(cc):
+    from fakecuda import build_fake_cuda
+
+    return build_fake_cuda(cc)
+
+
+@pytest.fixture(scope="session")
+def lib(fake):
+    return fake[0]
+
+
+@pytest.fixture(scope="session")
+def prog(fake):
+    return fake[1]

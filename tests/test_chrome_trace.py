@@ -8,7 +8,6 @@ import textwrap
 from pathlib import Path
 from typing import List
 
-import pytest
 
 from ebpf_cuda.events import ENTER, EXIT, Event
 from ebpf_cuda.output.chrome_trace import ChromeTraceWriter, MemoryTracker, write_chrome_trace

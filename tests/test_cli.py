@@ -10,13 +10,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import pytest
 
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
-from fakecuda import SEED_FUNCTIONS, build_fake_cuda, device_ptr, parse_output
+from fakecuda import SEED_FUNCTIONS, device_ptr, parse_output
 
 REPO = Path(__file__).resolve().parent.parent
 COMM = "cuda_driver_prog"[:15]
@@ -129,21 +129,6 @@ def trace_lines(stdout_lines: Sequence[str]) -> List[re.Match]:
 
 def trace_lines_of(text: str) -> List[re.Match]:
     return trace_lines(text.splitlines())
-
-
-@pytest.fixture(scope="module")
-def fake(cc):
-    return build_fake_cuda(cc)
-
-
-@pytest.fixture(scope="module")
-def lib(fake):
-    return fake[0]
-
-
-@pytest.fixture(scope="module")
-def prog(fake):
-    return fake[1]
 
 
 @pytest.fixture

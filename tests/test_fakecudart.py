@@ -14,27 +14,12 @@ from elftools.elf.elffile import ELFFile
 
 from fakecuda import (DEVICE_COUNT, ELAPSED_MS, EVENT_BASE, EXEC_BASE, FAKE_FUNCTIONS,
                       GRAPH_BASE, MEM_FREE, MEM_TOTAL, SONAME, STREAM_BASE, build_driver_prog,
-                      build_fake_cuda, device_ptr, host_ptr, parse_output, run_driver,
+                      device_ptr, host_ptr, parse_output, run_driver,
                       wheel_libcudart)
 
 CUDA_CALLS = Path(__file__).resolve().parent.parent / "examples" / "cuda_calls.py"
 PUSH_RBP = b"\x55"
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
-
-
-@pytest.fixture(scope="module")
-def fake(cc):
-    return build_fake_cuda(cc)
-
-
-@pytest.fixture(scope="module")
-def lib(fake):
-    return fake[0]
-
-
-@pytest.fixture(scope="module")
-def prog(fake):
-    return fake[1]
 
 
 def _dynamic_functions(path):

@@ -1,5 +1,4 @@
 """Following a command's processes in the kernel (follow.py, tracepoints.py)."""
-import os
 import subprocess
 import sys
 import time

@@ -10,7 +10,7 @@ import mmap
 import os
 import struct
 import time
-from typing import List, Tuple
+from typing import List
 
 import pytest
 from hypothesis import given, settings

@@ -8,7 +8,6 @@ tid (taken at return) and as `dst` (taken at entry): entry and return were paire
 """
 import collections
 
-import pytest
 
 from ebpf_cuda.tracer import Tracer
 from test_robust_support import exits, json_events, lost_from_stderr, robust, run_cli  # noqa: F401

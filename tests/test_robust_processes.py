@@ -16,7 +16,6 @@ What is traced, precisely (docs/robustness.md says the same):
 """
 import os
 import shutil
-import signal
 
 import pytest
 

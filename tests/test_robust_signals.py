@@ -9,7 +9,6 @@
   running (even a call in flight through a return probe returns normally).
 """
 import signal
-import subprocess
 import time
 
 import pytest

@@ -11,7 +11,7 @@ import pytest
 
 from ebpf_cuda import apis
 from fakecuda import (ELAPSED_MS, EVENT_BASE, EXEC_BASE, GRAPH_BASE, MEM_FREE, MEM_TOTAL,
-                      STREAM_BASE, Call, build_fake_cuda, device_ptr, host_ptr)
+                      STREAM_BASE, Call, device_ptr, host_ptr)
 from fakecuda_driver import base_name, exits, need_root, trace_command
 
 KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice",
@@ -137,11 +137,6 @@ def expected_outs(call: Call) -> Dict[str, Any]:
     if fn == "cudaMemGetInfo":
         outs["total"] = call.number("total")
     return outs
-
-
-@pytest.fixture(scope="module")
-def fake(cc):
-    return build_fake_cuda(cc)
 
 
 @pytest.fixture(scope="module")

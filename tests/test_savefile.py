@@ -1,7 +1,6 @@
 """Saved traces: the file format (header checks, truncation, trailer) on hand-made records, and
 a real trace of the stand-in saved live then replayed by `ebpf-cuda report` with outputs equal
 to the live ones."""
-import io
 import json
 import os
 import struct

@@ -14,7 +14,7 @@ import pytest
 
 from ebpf_cuda.events import ENTER, EXIT, Event
 from ebpf_cuda.tracer import Tracer
-from fakecuda import (EVENT_BASE, SEED_FUNCTIONS, STREAM_BASE, Call, build_fake_cuda,
+from fakecuda import (EVENT_BASE, SEED_FUNCTIONS, STREAM_BASE, Call,
                       device_ptr, parse_output)
 
 COMM = "cuda_driver_prog"[:15]
@@ -36,11 +36,6 @@ ELEVEN_OPS = (
 def _need_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
-
-
-@pytest.fixture(scope="module")
-def fake(cc):
-    return build_fake_cuda(cc)
 
 
 @contextmanager
