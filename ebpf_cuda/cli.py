@@ -11,7 +11,7 @@ import click
 from . import apis
 from .analysis.kernels import KernelNamer
 from .errors import TracerError, UsageError, VerifierError
-from .output import Sink
+from .output import LineWriter, Sink
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
@@ -283,7 +283,7 @@ def _lines_writer(sinks: List[Sink]):
     """The text or JSON writer when it is the only output (besides the kernel namer it
     uses): it can then format lines from the frames without decoding them into events."""
     writers = [s for s in sinks if not isinstance(s, KernelNamer)]
-    if len(writers) == 1 and isinstance(writers[0], (TextWriter, JsonWriter)):
+    if len(writers) == 1 and isinstance(writers[0], LineWriter):
         return writers[0]
     return None
 

@@ -11,7 +11,6 @@ stays constant whatever the number of events (only per-process state and live al
 are kept).
 """
 import json
-import sys
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -19,6 +18,7 @@ from ..analysis.memory import ALLOCATORS, FREES, Allocator
 from ..analysis.summary import copy_bytes, copy_operation
 from ..apis import BY_NAME, Kind
 from ..events import ENTER, EXIT, Event
+from . import finish
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name
 Emit = Callable[[Dict[str, Any]], None]
@@ -214,10 +214,7 @@ class ChromeTraceWriter:
         self._leaks(out.append)
         self._flush(out)
         self.stream.write("\n]\n")
-        if self.stream in (sys.stdout, sys.stderr):
-            self.stream.flush()
-        else:
-            self.stream.close()
+        finish(self.stream)
 
     def _flush(self, out: List[Dict[str, Any]]) -> None:
         if not out:

@@ -4,10 +4,10 @@ Events are aggregated as they come (constant memory: per-function counters, log2
 histograms, time buckets that widen as the trace grows); the page is written at `close()`.
 """
 import html
-import sys
 from typing import IO, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..events import EXIT, Event
+from . import finish
 from .chrome_trace import MemoryTracker, Namer, copy_direction
 
 MAX_BUCKETS = 120  # time buckets in the over-time plots
@@ -138,10 +138,7 @@ class HtmlReport:
 
     def close(self) -> None:
         self.stream.write(render(self))
-        if self.stream in (sys.stdout, sys.stderr):
-            self.stream.flush()
-        else:
-            self.stream.close()
+        finish(self.stream)
 
 
 def write_html_report(events: Iterable[Event], stream: IO[str],

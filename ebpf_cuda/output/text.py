@@ -9,6 +9,7 @@ from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
 from ..apis import BY_NAME, Kind
 from ..events import ENTER, Decoder, Event, field_kinds
+from . import LineWriter
 
 HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",
                                                       "DETAILS")
@@ -67,15 +68,13 @@ def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[st
     return line
 
 
-class TextWriter:
+class TextWriter(LineWriter):
     """Writes events as lines to a stream, in batches."""
 
     def __init__(self, stream: IO[str], timestamps: bool = True,
                  namer: Optional[Namer] = None) -> None:
-        self.stream = stream
+        super().__init__(stream, namer)
         self.timestamps = timestamps
-        self.namer = namer
-        self._frame_lines = None
 
     def header(self) -> None:
         self.stream.write((HEADER_WITH_TIME if self.timestamps else HEADER_NO_TIME) + "\n")
@@ -90,32 +89,7 @@ class TextWriter:
             lines.append(format_event(ev, self.timestamps, name))
         return lines
 
-    def write(self, events: Iterable[Event]) -> None:
-        self._emit(self.lines(events))
+    def _frame_lines(self, decoder: Decoder):
+        from .lines import TextLines
 
-    def write_frames(self, frames: bytes, decoder: Decoder) -> None:
-        """Write a batch of ring frames without decoding them into events (the fast path;
-        `namer` must then be a KernelNamer or None)."""
-        from .lines import frame_chunks
-
-        if self._frame_lines is None:
-            from .lines import TextLines
-
-            self._frame_lines = TextLines(decoder.table, decoder, self.lines, self.namer,
-                                          self.timestamps)
-        for chunk in frame_chunks(frames):
-            self._emit(self._frame_lines.lines(chunk))
-
-    def _emit(self, lines: List[str]) -> None:
-        if lines:
-            self.stream.write("\n".join(lines))
-            self.stream.write("\n")
-
-    def close(self) -> None:
-        """Flush; close the stream unless it is stdout or stderr."""
-        import sys
-
-        if self.stream in (sys.stdout, sys.stderr):
-            self.stream.flush()
-        else:
-            self.stream.close()
+        return TextLines(decoder.table, decoder, self.lines, self.namer, self.timestamps)
