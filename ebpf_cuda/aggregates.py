@@ -49,12 +49,15 @@ def _cell_of(api: Api, predicate) -> Optional[int]:
     return None
 
 
+def _shown_cells(api: Api) -> Tuple[int, ...]:
+    """The record cells of the arguments a launch shows (its key in the `launches` map)."""
+    return tuple(sorted({cell + k for arg, cell in arg_cells(api) if arg.show
+                         for k in range(arg.cells)}))
+
+
 def shape_of(api: Api) -> tuple:
     """What `aggregate_call` reads of `api` (see probes.shape_of)."""
-    launch = None
-    if api.category == "launch":
-        launch = tuple(sorted({cell + k for arg, cell in arg_cells(api) if arg.show
-                               for k in range(arg.cells)}))
+    launch = _shown_cells(api) if api.category == "launch" else None
     return (_cell_of(api, lambda a: a.name == "size"),
             _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch)
 
@@ -150,7 +153,7 @@ def _count_launch(api: Api, fn_id) -> list:
     """launches[(pid, fn_id, shown argument cells)] += (1, duration)."""
     from .probes import fn_id_into
 
-    shown = {cell + k for arg, cell in arg_cells(api) if arg.show for k in range(arg.cells)}
+    shown = _shown_cells(api)
     prog = [
         asm.ldx(DW, R1, FP, -16), asm.rsh(R1, 32),  # pid from the inflight key (fp-16)
     ] + fn_id_into(R2, fn_id) + [

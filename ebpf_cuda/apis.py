@@ -336,6 +336,12 @@ def select(patterns: Optional[Iterable[str]] = None, library: Optional[str] = No
     return [api for api in TABLE if api in chosen]
 
 
+def driver_replaces(api: Api) -> bool:
+    """A runtime launch function: the default set leaves it out when the driver's launch
+    functions are probed (the driver sees every launch and names it)."""
+    return api.library == RUNTIME and api.category == "launch"
+
+
 def arg_cells(api: Api) -> List[Tuple[Arg, int]]:
     """Each argument with the index of its first record cell, in order."""
     cells, cell = [], 0

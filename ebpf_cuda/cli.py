@@ -133,9 +133,9 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
         for row in apis.TABLE:
-            launch = row.library == apis.RUNTIME and row.category == "launch"
             click.echo("%-32s %-8s %s" % (row.name, row.library, "with --all" if not row.default
-                                          else "default*" if launch else "default"))
+                                          else "default*" if apis.driver_replaces(row)
+                                          else "default"))
         click.echo("* not when the driver's launch functions are probed too: the driver sees "
                    "every launch")
         return

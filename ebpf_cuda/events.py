@@ -176,10 +176,7 @@ class Decoder:
         self._comms: Dict[bytes, str] = {}
 
     def comm(self, raw: bytes) -> str:
-        """The process name of a record's comm field."""
-        return self._comm(raw)
-
-    def _comm(self, raw: bytes) -> str:
+        """The process name of a record's comm field (kept per raw value)."""
         name = self._comms.get(raw)
         if name is None:
             name = self._comms[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -199,12 +196,12 @@ class Decoder:
         add = events.extend
         if only is None:
             for fields in _FRAME.iter_unpack(frames):
-                add(self._events(fields))
+                add(self.events_of(fields))
             return events
         ids = record.frame_column(frames, record.FN_ID, "H")
         for i, fn_id in enumerate(ids):
             if fn_id in only:
-                add(self._events(_FRAME.unpack_from(frames, i * _FRAME.size)))
+                add(self.events_of(_FRAME.unpack_from(frames, i * _FRAME.size)))
         return events
 
     def launch_keys(self, frames: bytes) -> Set[Tuple[int, int, int]]:
@@ -222,19 +219,16 @@ class Decoder:
         """Events of one record (payload only)."""
         if len(payload) != record.SIZE:
             raise DecodeError("a record has %d bytes, expected %d" % (len(payload), record.SIZE))
-        return self._events(record.LAYOUT.unpack(payload))
+        return self.events_of(record.LAYOUT.unpack(payload))
 
     def events_of(self, fields: tuple) -> List[Event]:
         """Events of one unpacked record (fields as `record.LAYOUT` gives them)."""
-        return self._events(fields)
-
-    def _events(self, fields: tuple) -> List[Event]:
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
         try:
             row = self.rows[fn_id]
         except IndexError:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
-        args, comm_s, offset = row.decode_args(fields), self._comm(comm), self.clock_offset_ns
+        args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
         enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
                       args)
         if phase == record.PHASE_ENTER:

@@ -192,14 +192,11 @@ class Tracer:
         own static runtime) and names it from the handles it learned; probing the runtime's
         launch too would add two probe hits to each launch, the costliest call of a real
         workload. Name them (--functions) or use --all to see them anyway."""
-        def runtime_launch(api: Api) -> bool:
-            return api.library == apis.RUNTIME and api.category == "launch"
-
         if not any(api.library == apis.DRIVER and api.category == "launch"
                    for target in self.targets for api, _, _ in target.functions):
             return
         for target in self.targets:
-            target.functions = [f for f in target.functions if not runtime_launch(f[0])]
+            target.functions = [f for f in target.functions if not apis.driver_replaces(f[0])]
         self.targets = [target for target in self.targets if target.functions]
         self.log("launches are probed in the driver only (the runtime's launch functions: "
                  "with --all or --functions)")
