@@ -17,7 +17,6 @@ from typing import Hashable, List, Optional, Tuple
 from . import asm, record
 from .apis import Api, arg_cells
 from .arch import Arch
-from .arch import current as current_arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,
                   W, Helper)
 
@@ -49,13 +48,13 @@ FnId = Optional[int]
 FROM_COOKIE: FnId = None
 
 
-def shape_of(api: Api, retprobe: bool, aggregate: bool = False) -> Hashable:
-    """Everything the generated entry (or return) code of `api` depends on besides its
-    function id (`aggregate`: with in-kernel aggregates): rows of equal shape share that
+def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> Hashable:
+    """Everything the generated entry (or return) code of `api` for `arch` depends on besides
+    its function id (`aggregate`: with in-kernel aggregates): rows of equal shape share that
     program when the id comes from the attach cookie (tests/test_probes_shared.py checks
     that equal shapes mean equal code)."""
     if not retprobe:
-        args = "registers" if in_registers(api, current_arch()) else tuple(
+        args = "registers" if in_registers(api, arch) else tuple(
             (arg.slot, arg.cells, arg.deref) for arg in api.args)
         return args, tuple(out.slot for out in api.outs)
     learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()

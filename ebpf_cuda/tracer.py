@@ -319,8 +319,8 @@ class Tracer:
                 # Their process must still live when they are read: no waiting to batch.
                 options = dataclasses.replace(options, emit=True, wake_now=True)
             for retprobe, generate in kinds:
-                key = ((probes.shape_of(api, retprobe, options.aggregate), options, retprobe)
-                       if shared else (fn_id, retprobe))
+                key = ((probes.shape_of(api, retprobe, arch, options.aggregate), options,
+                        retprobe) if shared else (fn_id, retprobe))
                 if key not in loaded:
                     number = len(loaded) if shared else fn_id
                     loaded[key] = Program(

@@ -27,7 +27,7 @@ def test_equal_shapes_generate_equal_code(options, retprobe):
     arch = current_arch()
     code = {}
     for api in TABLE:
-        code.setdefault(probes.shape_of(api, retprobe, options.aggregate), []).append(
+        code.setdefault(probes.shape_of(api, retprobe, arch, options.aggregate), []).append(
             (api.name, repr(generate(api, probes.FROM_COOKIE, arch, options))))
     shared = 0
     for rows in code.values():
