@@ -124,6 +124,7 @@ def phases(lib: str, stamp: str, everything: bool) -> Dict[str, float]:
             os.close(saved)
     spent["start() total"] = (time.perf_counter() - t0) * 1000
     spent["probes attached"] = len(tracer.attachments)
+    spent["programs"] = len({id(p) for p in tracer.programs.values()})
     tracer.close()
     return spent
 
