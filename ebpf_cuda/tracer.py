@@ -284,12 +284,12 @@ class Tracer:
         with _Workers(min(os.cpu_count() or 2, 16)) as pool:
             loads = [(program, pool.submit(Program.load, program))
                      for program in self._generate_programs()]
-            links = {}  # type: Dict[int, list]
+            groups_of = {}  # type: Dict[int, list]  # program -> its (file, sites) links
             for group in self._link_groups() if attach else []:
-                links.setdefault(id(group[0]), []).append(group)
+                groups_of.setdefault(id(group[0]), []).append(group)
             for program, load in loads:
                 load.result()  # the first error, if any (the others finish first)
-                for group in links.get(id(program), []):
+                for group in groups_of.get(id(program), []):
                     self._attach(*group, pid=self.pid)
 
     def _generate_programs(self) -> Iterator[Program]:

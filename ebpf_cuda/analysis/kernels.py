@@ -159,6 +159,7 @@ class KernelNamer:
         self.functions = functions  # (pid, cudaKernel_t) -> host stub address
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
         self._handle_apis: Dict[str, bool] = {}
+        self._found: Dict[Tuple[int, str, int], str] = {}  # name_for's answers (known ones)
 
     def observe(self, events: Iterable[Event]) -> None:
         """Snapshot the mappings of every process seen for the first time."""
@@ -184,7 +185,17 @@ class KernelNamer:
     def name_for(self, pid: int, api: str, address: int) -> Optional[str]:
         """The kernel a launch by function `api` of process `pid` with `func` = `address`
         runs: a driver launch's is a handle; a runtime launch's a host stub's address or,
-        in CUDA 13, a cudaKernel_t (the CUkernel of cuLibraryGetKernel)."""
+        in CUDA 13, a cudaKernel_t (the CUkernel of cuLibraryGetKernel). A name once
+        found is kept (launches repeat); an unknown one may be learned later."""
+        found = self._found.get((pid, api, address))
+        if found is not None:
+            return found
+        name = self._name_for(pid, api, address)
+        if name:
+            self._found[(pid, api, address)] = name
+        return name
+
+    def _name_for(self, pid: int, api: str, address: int) -> Optional[str]:
         handle = self._handle_apis.get(api)
         if handle is None:
             handle = self._handle_apis[api] = _takes_handle(api)

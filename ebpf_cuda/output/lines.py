@@ -158,7 +158,6 @@ class _FrameLines:
         self._rows: List[Any] = [_UNCOMPILED] * len(self.table) + [None] * (
             (1 << 16) - len(self.table))
         self._seen_pids: set = set()
-        self._names: Dict[Tuple[int, int, int], str] = {}
         self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
         self._durations: Dict[int, str] = {}
 
@@ -186,14 +185,8 @@ class _FrameLines:
         raise NotImplementedError
 
     def kernel_name(self, row: _Row, pid: int, func: int) -> Optional[str]:
-        """The launch's kernel name; known names are kept (unknown ones may come later)."""
-        key = (pid, id(row), func)
-        name = self._names.get(key)
-        if name is None and self.namer is not None:
-            name = self.namer.name_for(pid, row.api.name, func)
-            if name:
-                self._names[key] = name
-        return name
+        """The launch's kernel name, if the namer knows it."""
+        return self.namer.name_for(pid, row.api.name, func) if self.namer is not None else None
 
     def observe(self, frames: bytes) -> None:
         """Let the namer snapshot the mappings of processes seen for the first time."""
