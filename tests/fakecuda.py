@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 SONAME = "libcudart.so.12"
 DEVICE_BASE = 0x7F0000000000   # k-th device allocation: DEVICE_BASE + k * ALLOC_STRIDE
@@ -114,6 +114,21 @@ class Call:
     def number(self, name: str) -> int:
         """A field as a number (0x-hex or decimal)."""
         return int(self.fields[name], 0)
+
+
+def dims(text: str) -> tuple:
+    """A dim3 field of a line ("2,3,4") as a tuple."""
+    return tuple(int(x) for x in text.split(","))
+
+
+def numbers(*names: str, **renamed: str) -> Callable[[Call], Dict[str, Any]]:
+    """The expected arguments of a call whose values are numbers in the program's line
+    (renamed: event name=line name)."""
+    def expect(call: Call) -> Dict[str, Any]:
+        values = {name: call.number(name) for name in names}
+        values.update((name, call.number(field)) for name, field in renamed.items())
+        return values
+    return expect
 
 
 _LINE = re.compile(r"^(?P<op>\S+) ret=(?P<ret>-?\d+) out=(?P<out>0x[0-9a-f]+|-) fn=(?P<fn>\S+)"
