@@ -11,7 +11,8 @@ from typing import Any, Callable, Dict, List
 import pytest
 
 from ebpf_cuda import apis
-from fakecuda import Call, dims, numbers
+from fakecuda import Call, dims
+from fakecuda import numbers as _n
 from fakecuda_driver import (CTX_BASE, LIBRARY_BASE, MEMHANDLE_BASE, MODULE_BASE, VA_BASE,
                              base_name, build_fake_driver, device_ptr, exits, function_handle,
                              generated_name, host_ptr, kernel_handle, need_root, trace_command)
@@ -68,35 +69,35 @@ def _cu_launch_ex(call: Call) -> Dict[str, Any]:
             "stream": call.number("stream")}
 
 
-_COPY = numbers("dst", "src", size="count")
-_COPY_ASYNC = numbers("dst", "src", "stream", size="count")
+_COPY = _n("dst", "src", size="count")
+_COPY_ASYNC = _n("dst", "src", "stream", size="count")
 ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
-    "cuInit": numbers("flags"), "cuCtxCreate_v2": numbers("flags", "device"),
-    "cuCtxCreate_v4": lambda c: dict(numbers("flags", "device")(c), params=0),
-    "cuDevicePrimaryCtxRetain": numbers("device"), "cuCtxDestroy_v2": numbers("ctx"),
-    "cuMemAlloc_v2": numbers("size"), "cuMemAllocAsync": numbers("size", "stream"),
-    "cuMemAllocManaged": numbers("size", "flags"), "cuMemHostAlloc": numbers("size", "flags"),
-    "cuMemFree_v2": numbers("ptr"), "cuMemFreeAsync": numbers("ptr", "stream"),
-    "cuMemAllocHost_v2": numbers("size"), "cuMemFreeHost": numbers("ptr"),
-    "cuMemAllocPitch_v2": numbers("width", "height", "elementSize"),
+    "cuInit": _n("flags"), "cuCtxCreate_v2": _n("flags", "device"),
+    "cuCtxCreate_v4": lambda c: dict(_n("flags", "device")(c), params=0),
+    "cuDevicePrimaryCtxRetain": _n("device"), "cuCtxDestroy_v2": _n("ctx"),
+    "cuMemAlloc_v2": _n("size"), "cuMemAllocAsync": _n("size", "stream"),
+    "cuMemAllocManaged": _n("size", "flags"), "cuMemHostAlloc": _n("size", "flags"),
+    "cuMemFree_v2": _n("ptr"), "cuMemFreeAsync": _n("ptr", "stream"),
+    "cuMemAllocHost_v2": _n("size"), "cuMemFreeHost": _n("ptr"),
+    "cuMemAllocPitch_v2": _n("width", "height", "elementSize"),
     "cuMemcpy": _COPY, "cuMemcpyHtoD_v2": _COPY, "cuMemcpyDtoH_v2": _COPY,
     "cuMemcpyDtoD_v2": _COPY, "cuMemcpyAsync": _COPY_ASYNC, "cuMemcpyHtoDAsync_v2": _COPY_ASYNC,
     "cuMemcpyDtoHAsync_v2": _COPY_ASYNC, "cuMemcpyDtoDAsync_v2": _COPY_ASYNC,
-    "cuMemsetD8_v2": numbers("ptr", "value", "count"), "cuMemsetD32_v2": numbers("ptr", "value", "count"),
-    "cuMemsetD8Async": numbers("ptr", "value", "count", "stream"),
-    "cuMemsetD32Async": numbers("ptr", "value", "count", "stream"),
-    "cuMemCreate": numbers("size", "prop", "flags"),
-    "cuMemAddressReserve": numbers("size", "alignment", "addr", "flags"),
-    "cuMemMap": numbers("ptr", "size", "offset", "handle", "flags"), "cuMemUnmap": numbers("ptr", "size"),
-    "cuMemRelease": numbers("handle"),
-    "cuModuleLoadData": numbers("image"), "cuModuleLoadDataEx": numbers("image", "numOptions"),
-    "cuLibraryLoadData": numbers("code"), "cuModuleGetFunction": numbers("module"),
-    "cuLibraryGetKernel": numbers("library"), "cuKernelGetFunction": numbers("kernel"),
-    "cuFuncGetName": numbers("function"),
+    "cuMemsetD8_v2": _n("ptr", "value", "count"), "cuMemsetD32_v2": _n("ptr", "value", "count"),
+    "cuMemsetD8Async": _n("ptr", "value", "count", "stream"),
+    "cuMemsetD32Async": _n("ptr", "value", "count", "stream"),
+    "cuMemCreate": _n("size", "prop", "flags"),
+    "cuMemAddressReserve": _n("size", "alignment", "addr", "flags"),
+    "cuMemMap": _n("ptr", "size", "offset", "handle", "flags"), "cuMemUnmap": _n("ptr", "size"),
+    "cuMemRelease": _n("handle"),
+    "cuModuleLoadData": _n("image"), "cuModuleLoadDataEx": _n("image", "numOptions"),
+    "cuLibraryLoadData": _n("code"), "cuModuleGetFunction": _n("module"),
+    "cuLibraryGetKernel": _n("library"), "cuKernelGetFunction": _n("kernel"),
+    "cuFuncGetName": _n("function"),
     "cuLaunchKernel": _cu_launch, "cuLaunchCooperativeKernel": _cu_launch,
     "cuLaunchKernelEx": _cu_launch_ex,
-    "cuGraphLaunch": numbers("stream", graphExec="exec"), "cuStreamSynchronize": numbers("stream"),
-    "cuEventSynchronize": numbers("event"),
+    "cuGraphLaunch": _n("stream", graphExec="exec"), "cuStreamSynchronize": _n("stream"),
+    "cuEventSynchronize": _n("event"),
 }
 
 OUT_NAMES = {"cuCtxCreate_v2": "ctx", "cuCtxCreate_v4": "ctx", "cuDevicePrimaryCtxRetain": "ctx",

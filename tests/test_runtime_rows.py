@@ -11,7 +11,8 @@ import pytest
 
 from ebpf_cuda import apis
 from fakecuda import (ELAPSED_MS, EVENT_BASE, EXEC_BASE, GRAPH_BASE, MEM_FREE, MEM_TOTAL,
-                      STREAM_BASE, Call, device_ptr, dims, host_ptr, numbers)
+                      STREAM_BASE, Call, device_ptr, dims, host_ptr)
+from fakecuda import numbers as _n
 from fakecuda_driver import base_name, exits, need_root, trace_command
 
 KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice",
@@ -57,7 +58,7 @@ def _copy(call: Call) -> Dict[str, Any]:
 
 
 def _copy_2d(call: Call) -> Dict[str, Any]:
-    args = numbers("dst", "dpitch", "src", "spitch", "width", "height")(call)
+    args = _n("dst", "dpitch", "src", "spitch", "width", "height")(call)
     args["kind"] = KINDS[call.number("kind")]
     if "stream" in call.fields:
         args["stream"] = call.number("stream")
@@ -71,29 +72,29 @@ def _launch(call: Call) -> Dict[str, Any]:
 
 
 ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
-    "cudaMalloc": numbers("size"), "cudaMallocManaged": numbers("size", "flags"),
-    "cudaMallocAsync": numbers("size", "stream"), "cudaMallocPitch": numbers("width", "height"),
-    "cudaMallocHost": numbers("size"), "cudaHostAlloc": numbers("size", "flags"),
-    "cudaFree": numbers("ptr"), "cudaFreeHost": numbers("ptr"), "cudaFreeAsync": numbers("ptr", "stream"),
+    "cudaMalloc": _n("size"), "cudaMallocManaged": _n("size", "flags"),
+    "cudaMallocAsync": _n("size", "stream"), "cudaMallocPitch": _n("width", "height"),
+    "cudaMallocHost": _n("size"), "cudaHostAlloc": _n("size", "flags"),
+    "cudaFree": _n("ptr"), "cudaFreeHost": _n("ptr"), "cudaFreeAsync": _n("ptr", "stream"),
     "cudaMemcpy": _copy, "cudaMemcpyAsync": _copy, "cudaMemcpy2D": _copy_2d,
     "cudaMemcpy2DAsync": _copy_2d,
-    "cudaMemcpyPeer": numbers("dst", "dstDevice", "src", "srcDevice", size="count"),
-    "cudaMemset": numbers("ptr", "value", size="count"),
-    "cudaMemsetAsync": numbers("ptr", "value", "stream", size="count"),
-    "cudaStreamCreateWithFlags": numbers("flags"),
-    "cudaStreamCreateWithPriority": numbers("flags", "priority"),
-    "cudaStreamDestroy": numbers("stream"), "cudaStreamSynchronize": numbers("stream"),
-    "cudaStreamQuery": numbers("stream"), "cudaStreamWaitEvent": numbers("stream", "event", "flags"),
-    "cudaEventCreateWithFlags": numbers("flags"), "cudaEventRecord": numbers("event", "stream"),
-    "cudaEventSynchronize": numbers("event"), "cudaEventQuery": numbers("event"),
-    "cudaEventDestroy": numbers("event"), "cudaEventElapsedTime": numbers("start", "end"),
+    "cudaMemcpyPeer": _n("dst", "dstDevice", "src", "srcDevice", size="count"),
+    "cudaMemset": _n("ptr", "value", size="count"),
+    "cudaMemsetAsync": _n("ptr", "value", "stream", size="count"),
+    "cudaStreamCreateWithFlags": _n("flags"),
+    "cudaStreamCreateWithPriority": _n("flags", "priority"),
+    "cudaStreamDestroy": _n("stream"), "cudaStreamSynchronize": _n("stream"),
+    "cudaStreamQuery": _n("stream"), "cudaStreamWaitEvent": _n("stream", "event", "flags"),
+    "cudaEventCreateWithFlags": _n("flags"), "cudaEventRecord": _n("event", "stream"),
+    "cudaEventSynchronize": _n("event"), "cudaEventQuery": _n("event"),
+    "cudaEventDestroy": _n("event"), "cudaEventElapsedTime": _n("start", "end"),
     "cudaLaunchKernel": _launch, "cudaLaunchCooperativeKernel": _launch,
     "cudaLaunchKernelExC": _launch,
-    "cudaStreamBeginCapture": numbers("stream", "mode"), "cudaStreamEndCapture": numbers("stream"),
-    "cudaGraphInstantiate": numbers("graph", "flags"),
-    "__cudaGetKernel": numbers("entry"), "cudaGetKernel": numbers("entry"), "cudaGraphLaunch": numbers("stream",
+    "cudaStreamBeginCapture": _n("stream", "mode"), "cudaStreamEndCapture": _n("stream"),
+    "cudaGraphInstantiate": _n("graph", "flags"),
+    "__cudaGetKernel": _n("entry"), "cudaGetKernel": _n("entry"), "cudaGraphLaunch": _n("stream",
                                                                         graphExec="exec"),
-    "cudaSetDevice": numbers("device"),
+    "cudaSetDevice": _n("device"),
 }
 
 OUT_NAMES = {"cudaMalloc": "ptr", "cudaMallocManaged": "ptr", "cudaMallocAsync": "ptr",
