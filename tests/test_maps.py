@@ -1,28 +1,16 @@
 """Map CRUD and iteration against the real kernel, for every map type."""
 import errno
 import gc
-import os
 import struct
 
 import pytest
 
 from ebpf_cuda import maps, syscalls
 from ebpf_cuda.errors import KernelError
+from kernel_fds import open_fds
 
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-
-
-def open_fds():
-    """This process's bpf/perf fds (anon inodes), by number."""
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink("/proc/self/fd/" + name).startswith("anon_inode:"):
-                fds.add(name)
-        except OSError:
-            pass  # the fd listdir itself used
-    return fds
 
 
 def test_parse_cpu_list():

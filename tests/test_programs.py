@@ -1,6 +1,5 @@
 """Loading programs: from asm instructions with maps, from raw bytes, verifier rejections."""
 import gc
-import os
 
 import pytest
 
@@ -8,18 +7,7 @@ from ebpf_cuda import asm, maps
 from ebpf_cuda.asm import DW, R0, R1, R2, R10, W, Helper
 from ebpf_cuda.errors import VerifierError
 from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
-
-
-def open_fds():
-    """This process's bpf/perf fds (anon inodes), by number."""
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink("/proc/self/fd/" + name).startswith("anon_inode:"):
-                fds.add(name)
-        except OSError:
-            pass  # the fd listdir itself used
-    return fds
+from kernel_fds import open_fds
 
 
 def counter(null_check: bool = True):

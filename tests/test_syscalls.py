@@ -13,22 +13,11 @@ import pytest
 
 from ebpf_cuda import arch, syscalls
 from ebpf_cuda.errors import KernelError, PrivilegeError, UnsupportedKernelError, VerifierError
+from kernel_fds import open_fds
 
 REPO = Path(__file__).resolve().parent.parent
 RET0 = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # r0 = 0; exit
 EXIT_ONLY = bytes([0x95, 0, 0, 0, 0, 0, 0, 0])  # exit with r0 unset: rejected
-
-
-def open_fds():
-    """This process's bpf/perf fds (anon inodes), by number."""
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink("/proc/self/fd/" + name).startswith("anon_inode:"):
-                fds.add(name)
-        except OSError:
-            pass  # the fd listdir itself used
-    return fds
 
 
 # -- arch -------------------------------------------------------------------------------

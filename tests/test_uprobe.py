@@ -11,6 +11,7 @@ from ebpf_cuda import arch, asm, maps, uprobe
 from ebpf_cuda.asm import DW, R0, R1, R2, R3, R4, R6, R10, W, Helper
 from ebpf_cuda.errors import AttachError, UnsupportedKernelError
 from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
+from kernel_fds import open_fds
 
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
@@ -313,28 +314,19 @@ def test_missing_uprobe_pmu_env(root, target, tmp_path, monkeypatch):
 def test_links_close_their_fds(root, target):
     lib, _ = target
 
-    def bpf_fds():
-        out = set()
-        for name in os.listdir("/proc/self/fd"):
-            try:
-                if os.readlink("/proc/self/fd/" + name).startswith("anon_inode:"):
-                    out.add(name)
-            except OSError:
-                pass
-        return out
 
     with maps.ArrayMap(8, 1) as counts, counting_program(counts) as prog:
-        before = bpf_fds()
+        before = open_fds()
         link = uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_one"))
-        assert len(bpf_fds() - before) == 2  # the BPF link and the perf event
+        assert len(open_fds() - before) == 2  # the BPF link and the perf event
         link.close()
-        assert link.closed and bpf_fds() == before
+        assert link.closed and open_fds() == before
         if uprobe.uprobe_multi_supported():
             multi_prog = counting_program(counts, expected_attach_type=EXPECTED_UPROBE_MULTI)
             with multi_prog:
                 multi = uprobe.attach_uprobe_multi(multi_prog, lib, [file_offset(lib, "pt_one")])
                 multi.close()
-            assert bpf_fds() == before
+            assert open_fds() == before
 
 
 def test_ioctl_fallback_without_perf_links(root, target, monkeypatch):
