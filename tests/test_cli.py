@@ -17,6 +17,7 @@ import pytest
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
 from fakecuda import SEED_FUNCTIONS, device_ptr, parse_output
+from kernel_fds import bpf_link_types
 
 REPO = Path(__file__).resolve().parent.parent
 COMM = "cuda_driver_prog"[:15]
@@ -211,7 +212,7 @@ def test_no_returns_gives_enter_lines_only_and_attaches_no_return_probe(root, li
                        stdin=subprocess.PIPE)
     cleanup.append(tracer)
     tracer.wait_line("stdout", r"^ready pid=")
-    links = _bpf_link_types(tracer.proc.pid)  # the tracer is attached and waiting
+    links = bpf_link_types(tracer.proc.pid)  # the tracer is attached and waiting
     tracer.proc.stdin.close()
     assert tracer.finish() == 0
     details = [(m.group("api"), m.group("tag"), m.group("details"))
@@ -227,26 +228,12 @@ def test_return_probes_are_links_too(root, lib, prog, cleanup):
                        "--wait-stdin", stdin=subprocess.PIPE)
     cleanup.append(tracer)
     tracer.wait_line("stdout", r"^ready pid=")
-    links = _bpf_link_types(tracer.proc.pid)
+    links = bpf_link_types(tracer.proc.pid)
     tracer.proc.stdin.close()
     assert tracer.finish() == 0
     assert len(links) == 4
     if all(t.endswith("uprobe_multi") for t in links):
         assert sorted(links).count("uretprobe_multi") == 2
-
-
-def _bpf_link_types(pid: int) -> List[str]:
-    types = []
-    folder = "/proc/%d/fdinfo" % pid
-    for fd in os.listdir(folder):
-        try:
-            with open(os.path.join(folder, fd)) as f:
-                text = f.read()
-        except OSError:
-            continue
-        types += [line.split(":", 1)[1].strip() for line in text.splitlines()
-                  if line.startswith("link_type:")]
-    return types
 
 
 # -- JSON ------------------------------------------------------------------------------------

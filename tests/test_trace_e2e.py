@@ -16,6 +16,7 @@ from ebpf_cuda.events import ENTER, EXIT, Event
 from ebpf_cuda.tracer import Tracer
 from fakecuda import (EVENT_BASE, SEED_FUNCTIONS, STREAM_BASE, Call,
                       device_ptr, parse_output)
+from kernel_fds import bpf_link_types
 
 COMM = "cuda_driver_prog"[:15]
 KIND_NAMES = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice",
@@ -283,22 +284,6 @@ def test_library_found_from_the_command_runpath(root, fake):
     assert events[1].outs == {"ptr": calls[0].out}
 
 
-def _bpf_link_types(pid: int) -> List[str]:
-    """`link_type` of every BPF link the process holds open (from /proc/PID/fdinfo)."""
-    types = []
-    folder = "/proc/%d/fdinfo" % pid
-    for fd in os.listdir(folder):
-        try:
-            with open(os.path.join(folder, fd)) as f:
-                text = f.read()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("link_type:"):
-                types.append(line.split(":", 1)[1].strip())
-    return types
-
-
 def test_no_return_probes_attaches_entry_probes_only(root, fake):
     lib, prog = fake
     functions = ["cudaMalloc", "cudaFree"]
@@ -307,10 +292,10 @@ def test_no_return_probes_attaches_entry_probes_only(root, fake):
         assert tracer.attachments and not any(a.retprobe for a in tracer.attachments)
         assert {a.api for a in tracer.attachments} == set(functions)
         assert all(not retprobe for _, retprobe in tracer.programs)
-        entry_only = _bpf_link_types(os.getpid())
+        entry_only = bpf_link_types(os.getpid())
     with Tracer(pid=os.getpid(), library=[str(lib)], functions=functions) as tracer:
         assert sorted(a.retprobe for a in tracer.attachments) == [False, False, True, True]
-        both = _bpf_link_types(os.getpid())
+        both = bpf_link_types(os.getpid())
     assert len(entry_only) == 2 and len(both) == 4
     assert not any(t.startswith("uretprobe") for t in entry_only)
     if all(t.endswith("uprobe_multi") for t in both):  # else perf links: type says nothing
@@ -327,7 +312,6 @@ def test_no_return_probes_gives_enter_events_only(root, fake):
         ("cudaMalloc", ENTER, {"size": 4000}), ("cudaSetDevice", ENTER, {"device": 7}),
         ("cudaFree", ENTER, {"ptr": calls[0].out})]
     assert all(e.ret is None and e.duration_ns is None for e in events)
-
 
 
 def _programs_and_distinct(lib) -> Tuple[int, int]:
