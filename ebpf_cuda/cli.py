@@ -4,6 +4,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 from typing import IO, List, Optional, Tuple
 
 import click
@@ -11,12 +12,21 @@ import click
 from . import apis
 from .analysis.kernels import KernelNamer
 from .errors import TracerError, UsageError, VerifierError
+from .events import Decoder
 from .output import LineWriter, Sink
 from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def format_size(size: int) -> str:
+    """8388608 → `8M` (the largest unit that divides it)."""
+    for unit in ("G", "M", "K"):
+        if size and size % _UNITS[unit] == 0:
+            return "%d%s" % (size // _UNITS[unit], unit)
+    return str(size)
 
 
 def parse_size(text: str) -> int:
@@ -104,6 +114,11 @@ def _log(verbose: int):
 @click.option("--ring-size", metavar="SIZE",
               help="Ring buffer size (power of two, e.g. 256K, 8M; default 4M, or 1M with "
                    "--summary alone, where few records travel).")
+@click.option("--spool-size", metavar="SIZE",
+              help="Text and JSON: how much backlog may wait on disk (an unlinked file beside "
+                   "the output, or in $TMPDIR) while lines are written slower than calls come; "
+                   "past it, events are dropped and counted. Default 2G; 0: none, lines are "
+                   "written as the ring buffer is read.")
 @click.option("--entries", is_flag=True,
               help="Also emit each call's entry as it happens (for calls that block).")
 @click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
@@ -127,7 +142,7 @@ def _log(verbose: int):
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
-          ring_size: Optional[str], entries: bool, list_functions: bool, summary: bool, leaks: bool,
+          ring_size: Optional[str], spool_size: Optional[str], entries: bool, list_functions: bool, summary: bool, leaks: bool,
           stacks: bool, save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
@@ -157,19 +172,52 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                                               events_wanted=not analyses and not (
                                                   trace_out or report_html or save))
     sinks += _file_sinks(trace_out, report_html, namer)
+    spool = (_spool(spool_size, output) if _lines_writer(sinks) is not None and not save
+             else None)
     with tracer:
-        _install_signals(tracer)  # first: a signal after the start line must not kill us
+        _install_signals(tracer, spool)  # first: a signal after the start line must not kill us
         _report_start(tracer, verbose)
-        _run(tracer, sinks, _saver(save, tracer, namer, sinks))
+        _favour_reader()
+        if spool is not None:
+            _run_lines_spooled(tracer, _lines_writer(sinks), namer, spool)
+        else:
+            _run(tracer, sinks, _saver(save, tracer, namer, sinks))
         reports = _final_reports(analyses, tracer, namer, stacks)
         stats = tracer.stats()
     if reports:  # after JSON Lines on stdout, reports go to stderr
         click.echo("\n\n".join(reports), err=as_json and output is None)
-    if stats["lost"]:
-        click.echo("ebpf-cuda: %d events lost: the ring buffer was full (try --ring-size)"
-                   % stats["lost"], err=True)
+    _report_lost(stats["lost"], spool)
     if tracer.exit_status is not None:
         sys.exit(tracer.exit_status)
+
+
+READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight)
+
+
+def _favour_reader() -> None:
+    """Give this thread, the ring reader, a higher CPU priority than the traced program's
+    threads: a program with more busy threads than cores would otherwise starve it, and the
+    ring would overflow. It only uses the CPU when there are records to read. Threads
+    started after this one (the lines thread) go back to the ordinary priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, READER_NICE)  # PRIO_PROCESS 0: this thread
+    except OSError:
+        pass  # without CAP_SYS_NICE: as it is
+
+
+def _report_lost(ring_full: int, spool) -> None:
+    """One line counting every event that did not reach the output, and why."""
+    why = []
+    if ring_full:
+        why.append("%d with the ring buffer full (try --ring-size)" % ring_full)
+    if spool is not None and spool.dropped:
+        why.append("%d past the spool's %s (try --spool-size)" % (
+            spool.dropped, spool.error or "%s bytes" % format_size(spool.limit)))
+    if spool is not None and spool.abandoned:
+        why.append("%d not written: interrupted" % spool.abandoned)
+    lost = ring_full + (spool.dropped + spool.abandoned if spool is not None else 0)
+    if lost:
+        click.echo("ebpf-cuda: %d events lost: %s" % (lost, ", ".join(why)), err=True)
 
 
 def _summary_only(summary: bool, *other_outputs) -> bool:
@@ -279,6 +327,80 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
             sink.close()
 
 
+def _spool(size: Optional[str], output: Optional[str]):
+    """The spool between the ring reader and the lines (None with --spool-size 0)."""
+    from .spool import DEFAULT_LIMIT, Spool
+
+    limit = DEFAULT_LIMIT if size is None else parse_size(size)
+    if limit == 0:
+        return None
+    directory = os.path.dirname(os.path.abspath(output)) if output else None
+    try:
+        return Spool(directory, limit)
+    except OSError as err:
+        raise UsageError("cannot create a spool file in %s: %s (--spool-size 0 does without)"
+                         % (directory or "$TMPDIR", err.strerror)) from None
+
+
+def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, spool) -> None:
+    """Text or JSON alone: this thread reads the ring, names the launches while their
+    processes live and spools the frames; a second thread writes the lines from the spool,
+    behind the reader when it must (see spool.py)."""
+    reader = tracer.decoder
+    behind = Decoder(reader.table, reader.clock_offset_ns,
+                     names=lambda pid, handle: reader.handle_names.get((pid, handle)))
+    writer.namer = namer.found_names()
+    failed: List[BaseException] = []
+    lines = threading.Thread(target=_write_spooled, args=(spool, writer, behind, failed),
+                             name="ebpf-cuda lines", daemon=True)
+    writer.header()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    lines.start()
+    teaching, table = tracer.fn_ids(("module",)), tracer.apis_table
+    try:
+        for frames in tracer.frames():
+            reader.decode_batch(frames, teaching)  # handles → kernel names
+            for fn_id, pid, func in reader.launch_keys(frames):
+                namer.name_for(pid, table[fn_id].name, func)
+            spool.put(frames)
+            if failed:
+                break
+    finally:
+        spool.close()
+        if spool.backlog > SPOOL_NOTICE and not failed:
+            click.echo("ebpf-cuda: writing the %d events still spooled (interrupt again to "
+                       "stop)" % spool.backlog, err=True)
+        while lines.is_alive():
+            lines.join(0.2)  # (a bare join would hold signals off until it returns)
+        spool.discard()
+        writer.close()
+    if failed:
+        raise failed[0]
+
+
+# The lines thread holds the interpreter lock while it formats; the reader, woken by the
+# ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
+# well below the time the ring takes to fill.
+SWITCH_INTERVAL_S = 0.0005
+SPOOL_NOTICE = 200_000  # frames left at the end worth a word: about a second of formatting
+
+
+def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
+                   failed: List[BaseException]) -> None:
+    """The lines thread: every batch of the spool, in order; an error stops the reader."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)  # not the reader's priority: behind is fine
+    except OSError:
+        pass
+    try:
+        for frames in spool:
+            writer.write_frames(frames, decoder)
+            sys.stdout.flush()  # a person watching sees each batch as it comes
+    except BaseException as err:  # handed to the reader's thread, which raises it
+        failed.append(err)
+        spool.abandon()
+
+
 def _lines_writer(sinks: List[Sink]):
     """The text or JSON writer when it is the only output (besides the kernel namer it
     uses): it can then format lines from the frames without decoding them into events."""
@@ -304,10 +426,14 @@ def _report_start(tracer: Tracer, verbose: int) -> None:
                        err=True)
 
 
-def _install_signals(tracer: Tracer) -> None:
+def _install_signals(tracer: Tracer, spool=None) -> None:
     """SIGINT/SIGTERM: stop after draining; with a command, pass the signal on to it and keep
-    reading until it ends, so its last events are seen."""
+    reading until it ends, so its last events are seen. Once reading is over, a signal
+    stops the writing of the lines still spooled."""
     def handler(signum, frame):
+        if spool is not None and spool.closed:
+            spool.abandon()
+            return
         child = tracer.child_pid
         if child is not None and tracer.exit_status is None:
             try:

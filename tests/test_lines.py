@@ -22,10 +22,9 @@ class FakeNamer:
 
     def __init__(self):
         self.observed = set()
-        self.resolver = self
 
-    def observe(self, pid):
-        self.observed.add(pid)
+    def observe_pids(self, pids):
+        self.observed.update(pids)
 
     def name_for(self, pid, api, address):
         return "kernel<%s,%x>" % (api, address) if address % 3 == 0 else None

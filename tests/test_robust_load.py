@@ -90,3 +90,44 @@ def test_tiny_ring_cli_reports_losses_exactly(root, robust, tmp_path):
     calls = exits(json_events(out))
     assert all(e["args"]["dst"] == e["tid"] for e in calls)
     assert len(calls) + lost == threads * per_thread
+
+
+def _calls_by_thread(path) -> dict:
+    by_tid = collections.defaultdict(list)
+    for event in exits(json_events(path)):
+        assert event["args"]["dst"] == event["tid"], "entry and return of different threads"
+        by_tid[event["tid"]].append(event["args"]["size"])
+    return {tid: sorted(seqs) for tid, seqs in by_tid.items()}
+
+
+def test_spooled_lines_equal_direct_lines(root, robust, tmp_path):
+    """JSON lines written behind the reader through the spool (the default) and as the ring
+    is read (--spool-size 0) carry the same calls, every one of them."""
+    _, prog = robust
+    threads, per_thread = 4, 5000
+    found = {}
+    for spool in ("2G", "0"):
+        out = tmp_path / ("spool-%s.jsonl" % spool)
+        done = run_cli(["--spool-size", spool, "--ring-size", "32M", "--json", "-o", out,
+                        "--functions", "cudaMemcpy", "--", prog, "threads", threads,
+                        per_thread])
+        assert done.returncode == 0, done.stderr
+        assert lost_from_stderr(done.stderr) == 0
+        found[spool] = _calls_by_thread(out)
+        assert len(found[spool]) == threads
+        assert all(seqs == list(range(per_thread)) for seqs in found[spool].values())
+    assert sorted(found["2G"].values()) == sorted(found["0"].values())
+
+
+def test_spool_too_small_drops_and_counts(root, robust, tmp_path):
+    """A spool of one byte holds no batch: every call is dropped there, and counted."""
+    _, prog = robust
+    threads, per_thread = 4, 2000
+    out = tmp_path / "trace.txt"
+    done = run_cli(["--spool-size", "1", "--ring-size", "32M", "-o", out, "--functions",
+                    "cudaMemcpy", "--", prog, "threads", threads, per_thread])
+    assert done.returncode == 0, done.stderr
+    assert lost_from_stderr(done.stderr) == threads * per_thread
+    assert "%d past the spool's 1 bytes (try --spool-size)" % (threads * per_thread) \
+        in done.stderr
+    assert "cudaMemcpy" not in out.read_text()

@@ -163,9 +163,17 @@ class KernelNamer:
 
     def observe(self, events: Iterable[Event]) -> None:
         """Snapshot the mappings of every process seen for the first time."""
+        self.observe_pids({event.pid for event in events})
+
+    def observe_pids(self, pids: Iterable[int]) -> None:
+        """Snapshot the mappings of these processes, unless already done."""
         observe = self.resolver.observe
-        for pid in {event.pid for event in events}:
+        for pid in pids:
             observe(pid)
+
+    def found_names(self) -> "FoundNames":
+        """A read-only view of the names found so far (and found later)."""
+        return FoundNames(self._found)
 
     def name(self, pid: int, address: int) -> Optional[str]:
         """The demangled name of the function starting at `address` in process `pid`."""
@@ -220,3 +228,21 @@ class KernelNamer:
 
     def close(self) -> None:
         """Nothing to flush."""
+
+
+class FoundNames:
+    """The kernel names a KernelNamer found, read only, usable as the outputs' `namer`: for
+    a thread that formats lines behind the reader, while the reader names the launches as it
+    reads them (their processes may be gone by the time the lines are written)."""
+
+    def __init__(self, found: Dict[Tuple[int, str, int], str]) -> None:
+        self._found = found
+
+    def name_for(self, pid: int, api: str, address: int) -> Optional[str]:
+        return self._found.get((pid, api, address))
+
+    def __call__(self, event: Event, address: int) -> Optional[str]:
+        return self._found.get((event.pid, event.api, address))
+
+    def observe_pids(self, pids: Iterable[int]) -> None:
+        """Nothing to do: the reader snapshots the processes."""

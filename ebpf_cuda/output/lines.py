@@ -152,7 +152,7 @@ class _FrameLines:
                  slow: Callable[[List[Event]], List[str]], namer=None) -> None:
         self.decoder = decoder
         self.slow = slow  # the writer's own formatting, for records the rows do not cover
-        self.namer = namer  # KernelNamer or None
+        self.namer = namer  # KernelNamer, FoundNames or None
         self.table = list(table)
         # indexed by a record's u16 function id: ids past the table take the slow path
         self._rows: List[Any] = [_UNCOMPILED] * len(self.table) + [None] * (
@@ -193,8 +193,7 @@ class _FrameLines:
         if self.namer is None:
             return
         pids = set(record.frame_column(frames, record.PID_TGID + 4, "I")) - self._seen_pids
-        for pid in pids:
-            self.namer.resolver.observe(pid)
+        self.namer.observe_pids(pids)
         self._seen_pids |= pids
 
     def lines(self, frames: bytes) -> List[str]:

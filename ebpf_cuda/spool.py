@@ -1,0 +1,120 @@
+"""A first-in first-out queue of ring frames on disk, between the ring reader and a slower
+consumer (the text and JSON lines).
+
+Formatting a line costs CPython microseconds, copying a frame a fraction of one; the ring
+buffer holds a few MiB, tens of milliseconds at high call rates. So the reader only moves
+frames from the ring into the spool, and a formatter thread takes them out in order. When
+formatting falls behind, the backlog waits here, in an unlinked temporary file (page cache and
+disk, not the tracer's memory), instead of in the ring: nothing is lost, the lines come later.
+The file is emptied each time the formatter catches up, so it holds only the backlog. Past
+`limit` bytes of backlog (or when the disk is full) batches are dropped and counted.
+
+    spool = Spool(limit=1 << 30)
+    reader:    spool.put(frames) ... spool.close()
+    formatter: for frames in spool: ...
+"""
+import errno
+import os
+import tempfile
+import threading
+from typing import Iterator, Optional
+
+from . import record
+
+DEFAULT_LIMIT = 2 << 30  # bytes of backlog: ~13M records, a minute at 200k calls/s behind
+READ_BYTES = 2048 * record.FRAME_SIZE  # frames handed to the formatter at once
+
+
+class Spool:
+    """Frames put by one thread, taken in order by another (see the module's docstring)."""
+
+    def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._file = tempfile.TemporaryFile(dir=directory)  # O_TMPFILE: gone with us
+        self._fd = self._file.fileno()
+        self._ready = threading.Condition()
+        self._head = 0  # next byte to take
+        self._tail = 0  # end of the frames put
+        self._closed = False
+        self._abandoned = False
+        self.dropped = 0  # frames not kept: past the limit, or the disk refused them
+        self.error: Optional[str] = None  # why frames were dropped, besides the limit
+        self.abandoned = 0  # frames left unread by abandon()
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` or `abandon()` was called."""
+        return self._closed
+
+    @property
+    def backlog(self) -> int:
+        """Frames put and not yet taken."""
+        return (self._tail - self._head) // record.FRAME_SIZE
+
+    def put(self, frames: bytes) -> None:
+        """Append a batch of whole frames (dropped and counted when it does not fit)."""
+        with self._ready:
+            if self._abandoned or self._tail - self._head + len(frames) > self.limit:
+                self.dropped += len(frames) // record.FRAME_SIZE
+                return
+            try:
+                self._write_at(frames, self._tail)
+            except OSError as err:  # ENOSPC, EFBIG, EIO: counted as lost, not fatal
+                self.dropped += len(frames) // record.FRAME_SIZE
+                self.error = err.strerror
+                return
+            self._tail += len(frames)
+            self._ready.notify()
+
+    def _write_at(self, data: bytes, offset: int) -> None:
+        """All of `data` at `offset`; a short write is retried, so a full disk raises."""
+        view = memoryview(data)
+        while view:
+            done = os.pwrite(self._fd, view, offset)
+            if done == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view, offset = view[done:], offset + done
+
+    def close(self) -> None:
+        """No more frames will be put; iteration ends once the backlog is taken."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def abandon(self) -> None:
+        """Stop now: iteration ends, the backlog is counted in `abandoned` (a second
+        interrupt while the lines are still being written)."""
+        with self._ready:
+            self._abandoned = self._closed = True
+            self.abandoned += self.backlog
+            self._head = self._tail
+            self._ready.notify_all()
+
+    def take(self) -> Optional[bytes]:
+        """The next frames (up to READ_BYTES), waiting for them; None at the end."""
+        with self._ready:
+            while self._head == self._tail and not self._closed:
+                self._ready.wait()
+            if self._head == self._tail:
+                return None
+            start, end = self._head, min(self._tail, self._head + READ_BYTES)
+        frames = os.pread(self._fd, end - start, start)  # bytes the putter no longer touches
+        with self._ready:
+            if self._abandoned:
+                return None
+            self._head = end
+            if self._head == self._tail:  # caught up: empty the file
+                os.ftruncate(self._fd, 0)
+                self._head = self._tail = 0
+        return frames
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            frames = self.take()
+            if frames is None:
+                return
+            yield frames
+
+    def discard(self) -> None:
+        """Close the file (its space is freed: it has no name)."""
+        self._file.close()

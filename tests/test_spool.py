@@ -1,0 +1,120 @@
+"""The spool between the ring reader and the lines thread (ebpf_cuda/spool.py): order, the
+file emptied when the reader of it catches up, drops counted past the limit or on a write
+error, abandon."""
+import os
+import resource
+import signal
+import threading
+
+import pytest
+
+from ebpf_cuda import record
+from ebpf_cuda.spool import READ_BYTES, Spool
+
+FRAME = record.FRAME_SIZE
+
+
+def frames(first: int, count: int) -> bytes:
+    """`count` frames, each filled with its own number (mod 256) so order can be checked."""
+    return b"".join(bytes([k % 256]) * FRAME for k in range(first, first + count))
+
+
+def numbers(data: bytes) -> list:
+    return [data[k * FRAME] for k in range(len(data) // FRAME)]
+
+
+def test_frames_come_out_in_order_across_threads(tmp_path):
+    spool = Spool(str(tmp_path))
+    taken = []
+    consumer = threading.Thread(target=lambda: taken.extend(
+        n for chunk in spool for n in numbers(chunk)))
+    consumer.start()
+    for start in range(0, 3000, 7):
+        spool.put(frames(start, 7))
+    spool.close()
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert taken == [k % 256 for k in range(0, 3003)]
+    assert spool.dropped == 0 and spool.abandoned == 0
+    spool.discard()
+
+
+def test_take_hands_at_most_read_bytes(tmp_path):
+    spool = Spool(str(tmp_path))
+    count = READ_BYTES // FRAME * 2 + 3
+    spool.put(frames(0, count))
+    spool.close()
+    sizes = [len(chunk) for chunk in spool]
+    assert sizes == [READ_BYTES, READ_BYTES, 3 * FRAME]
+
+
+def test_file_is_emptied_when_the_taker_catches_up(tmp_path):
+    spool = Spool(str(tmp_path))
+    spool.put(frames(0, 10))
+    spool.put(frames(10, 5))
+    assert os.fstat(spool._fd).st_size == 15 * FRAME
+    assert spool.backlog == 15
+    assert numbers(spool.take()) == list(range(15))
+    assert os.fstat(spool._fd).st_size == 0 and spool.backlog == 0
+    spool.put(frames(15, 2))  # written from the start of the file again
+    assert os.fstat(spool._fd).st_size == 2 * FRAME
+    assert numbers(spool.take()) == [15, 16]
+
+
+def test_put_past_the_limit_drops_and_counts(tmp_path):
+    spool = Spool(str(tmp_path), limit=10 * FRAME)
+    spool.put(frames(0, 6))
+    spool.put(frames(6, 6))  # 12 > 10: dropped whole
+    spool.put(frames(12, 4))  # 10: fits
+    assert spool.dropped == 6 and spool.backlog == 10
+    spool.take()
+    spool.put(frames(16, 10))  # the backlog was taken: room again
+    spool.close()
+    assert numbers(b"".join(spool)) == list(range(16, 26))
+    assert spool.dropped == 6
+
+
+def test_abandon_ends_iteration_and_counts_the_backlog(tmp_path):
+    spool = Spool(str(tmp_path))
+    spool.put(frames(0, 8))
+    spool.abandon()
+    assert spool.closed and spool.abandoned == 8
+    assert spool.take() is None
+    spool.put(frames(8, 2))  # too late: dropped, counted
+    assert spool.dropped == 2
+
+
+def test_a_write_error_drops_and_counts_with_its_reason(tmp_path):
+    """The file size limit (EFBIG) stands in for a full disk (ENOSPC): both are write
+    errors that must cost the batch, counted, and not the run."""
+    spool = Spool(str(tmp_path))
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 * FRAME, old_limit[1]))
+        spool.put(frames(0, 3))
+        spool.put(frames(3, 3))  # would end past 4 frames
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert spool.dropped == 3 and spool.error == os.strerror(27)  # EFBIG
+    assert numbers(spool.take()) == [0, 1, 2]
+
+
+def test_close_wakes_a_waiting_taker(tmp_path):
+    spool = Spool(str(tmp_path))
+    result = []
+    taker = threading.Thread(target=lambda: result.append(spool.take()))
+    taker.start()
+    taker.join(0.2)
+    assert taker.is_alive(), "take() should wait for frames"
+    spool.close()
+    taker.join(5)
+    assert result == [None]
+
+
+@pytest.mark.parametrize("limit", [0, FRAME - 1])
+def test_no_frame_fits_a_limit_below_one_frame(tmp_path, limit):
+    spool = Spool(str(tmp_path), limit=limit)
+    spool.put(frames(0, 1))
+    assert spool.dropped == 1 and spool.backlog == 0
