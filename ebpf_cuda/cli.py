@@ -14,7 +14,6 @@ from .analysis.kernels import KernelNamer
 from .errors import TracerError, UsageError, VerifierError
 from .events import Decoder
 from .output import LineWriter, Sink
-from .output.jsonl import JsonWriter
 from .output.text import TextWriter
 from .tracer import DEFAULT_RING_SIZE, Tracer
 
@@ -235,6 +234,8 @@ def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
         return []
     stream = _open_output(output)
     if as_json:
+        from .output.jsonl import JsonWriter
+
         return [JsonWriter(stream, namer=namer)]
     return [TextWriter(stream, timestamps=not no_timestamps, namer=namer)]
 

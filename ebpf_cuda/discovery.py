@@ -4,7 +4,6 @@ Python wheel locations, and executables that carry the CUDA runtime statically.
 import fnmatch
 import glob
 import os
-import shutil
 import site
 import struct
 import sys
@@ -278,6 +277,8 @@ def ldconfig_entries() -> List[Tuple[str, str]]:
     entries = parse_ld_so_cache()
     if entries:
         return entries
+    import shutil  # (with bz2 and lzma: a few ms of every start otherwise)
+
     program = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig")
                                            else None)
     if program is None:
@@ -368,6 +369,8 @@ def resolve_executable(program: str) -> Optional[str]:
     """`program` as the shell would find it (PATH search unless it has a slash)."""
     if "/" in program:
         return program if os.path.isfile(program) else None
+    import shutil
+
     return shutil.which(program)
 
 

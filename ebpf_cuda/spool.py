@@ -15,7 +15,6 @@ The file is emptied each time the formatter catches up, so it holds only the bac
 """
 import errno
 import os
-import tempfile
 import threading
 from typing import Iterator, Optional
 
@@ -30,8 +29,7 @@ class Spool:
 
     def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
-        self._file = tempfile.TemporaryFile(dir=directory)  # O_TMPFILE: gone with us
-        self._fd = self._file.fileno()
+        self._fd = _unnamed_file(directory)
         self._ready = threading.Condition()
         self._head = 0  # next byte to take
         self._tail = 0  # end of the frames put
@@ -117,4 +115,20 @@ class Spool:
 
     def discard(self) -> None:
         """Close the file (its space is freed: it has no name)."""
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _unnamed_file(directory: Optional[str]) -> int:
+    """A file without a name in `directory` (default $TMPDIR or /tmp): gone with its last
+    descriptor, also when the tracer is killed."""
+    directory = directory or os.environ.get("TMPDIR") or "/tmp"
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    import tempfile  # a file system without O_TMPFILE: a named file, unlinked at once
+
+    return os.dup(tempfile.TemporaryFile(dir=directory).fileno())

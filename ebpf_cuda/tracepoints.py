@@ -4,10 +4,8 @@ tracefs is often not mounted. Rather than mount it for everyone, a short-lived c
 mounts it in a private mount namespace, reads what is needed and exits.
 """
 import ctypes
-import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -74,7 +72,13 @@ def _from_texts(category: str, name: str, id_text: str, format_text: str) -> Tra
 
 def _read_in_private_mount(wanted: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
     """Mount tracefs where only a child process sees it, and read the tracepoints there."""
-    folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
+    # Its usual mount point exists, empty, in sysfs; a temporary folder only when it does not.
+    folder = next((root for root in TRACEFS_ROOTS if os.path.isdir(root)), None)
+    made = folder is None
+    if made:
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -85,9 +89,9 @@ def _read_in_private_mount(wanted: List[Tuple[str, str]]) -> List[Tuple[str, str
             if (libc.unshare(CLONE_NEWNS) == 0
                     and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
                     and libc.mount(b"nodev", folder.encode(), b"tracefs", 0, None) == 0):
-                texts = [_read_texts(os.path.join(folder, "events", category, name))
-                         for category, name in wanted]
-                os.write(write_end, json.dumps(texts).encode())
+                texts = [text for category, name in wanted for text in
+                         _read_texts(os.path.join(folder, "events", category, name))]
+                os.write(write_end, "\0".join(texts).encode())
                 status = 0
         except BaseException:
             pass
@@ -97,8 +101,10 @@ def _read_in_private_mount(wanted: List[Tuple[str, str]]) -> List[Tuple[str, str
     with os.fdopen(read_end, "rb") as f:
         data = f.read()
     os.waitpid(pid, 0)
-    os.rmdir(folder)
+    if made:
+        os.rmdir(folder)
     if not data:
         raise UnsupportedKernelError("tracepoint %s: tracefs is not mounted and could not be "
                                      "mounted privately" % ", ".join("%s:%s" % w for w in wanted))
-    return [(id_text, format_text) for id_text, format_text in json.loads(data.decode())]
+    texts = data.decode().split("\0")  # id, format, id, format... (neither holds a NUL)
+    return list(zip(texts[0::2], texts[1::2]))

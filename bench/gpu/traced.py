@@ -7,7 +7,8 @@ for each option set the median over all repetitions and rounds is reported, and 
 the untraced figure. Option sets (`--sets`): untraced; default (-o /dev/null); -r; --all;
 +rt-launch (the default rows named, so the runtime's launch functions are probed besides the
 driver's); json; --summary and --save (when the CLI has them). `--lib` paths are passed to
-the CLI as -p.
+the CLI as -p. `bare` and `bare-entry` (bench/gpu/bare.py) put counting probes where the
+default set probes: what any tracer costs at least.
 """
 import argparse
 import os
@@ -38,7 +39,9 @@ def option_sets(save_path: str, wanted: str = "") -> Dict[str, List[str]]:
             "--all": ["--all", "-o", os.devnull],
             # the default rows named: the runtime's launch functions are probed too
             "+rt-launch": ["--functions", default_names, "-o", os.devnull],
-            "json": ["--json", "-o", os.devnull]}
+            "json": ["--json", "-o", os.devnull],
+            # the floor: a counter at each entry (and return) the default set probes
+            "bare": ["bare"], "bare-entry": ["bare", "--entry-only"]}
     if cli_has("--summary"):
         sets["--summary"] = ["--summary"]
     if cli_has("--save"):
@@ -49,10 +52,17 @@ def option_sets(save_path: str, wanted: str = "") -> Dict[str, List[str]]:
     return sets  # type: ignore[return-value]
 
 
+BARE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bare.py")
+
+
 def run(command: List[str], options, libs: List[str]) -> Tuple[Dict[str, List[float]], int]:
-    argv = command if options is None else [
-        sys.executable, "-m", "ebpf_cuda", *sum((["-p", lib] for lib in libs), []),
-        *options, "--", *command]
+    p_libs = sum((["-p", lib] for lib in libs), [])
+    if options is None:
+        argv = command
+    elif options[:1] == ["bare"]:  # counters only, where the default set probes
+        argv = [sys.executable, BARE, *p_libs, *options[1:], "--", *command]
+    else:
+        argv = [sys.executable, "-m", "ebpf_cuda", *p_libs, *options, "--", *command]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         print("  (%s exited %d: %s)" % (" ".join(options or ["untraced"]), done.returncode,
@@ -70,8 +80,8 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--save-path", default="/tmp/ebpf-cuda-bench-save.bin")
     parser.add_argument("--sets", default="untraced,default,-r,--all,--summary,--save",
-                        help="option sets to run (labels: untraced, default, -r, --all, "
-                             "+rt-launch, json, --summary, --save)")
+                        help="option sets to run (labels: untraced, bare, bare-entry, default, -r, "
+                             "--all, +rt-launch, json, --summary, --save)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
