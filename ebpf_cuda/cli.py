@@ -5,11 +5,11 @@ import signal
 import stat
 import sys
 import threading
-from typing import IO, List, Optional, Tuple
+from typing import IO, List, Optional, Set, Tuple
 
 import click
 
-from . import apis
+from . import apis, record
 from .analysis.kernels import KernelNamer
 from .errors import TracerError, UsageError, VerifierError
 from .events import Decoder
@@ -358,8 +358,13 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lines.start()
     teaching, table = tracer.fn_ids(("module",)), tracer.apis_table
+    seen_pids: Set[int] = set()
     try:
         for frames in tracer.frames():
+            new_pids = record.frame_pids(frames) - seen_pids
+            if new_pids:  # their mappings, while they live: launches are named from them
+                namer.observe_pids(new_pids)
+                seen_pids |= new_pids
             reader.decode_batch(frames, teaching)  # handles → kernel names
             for fn_id, pid, func in reader.launch_keys(frames):
                 namer.name_for(pid, table[fn_id].name, func)

@@ -6,7 +6,7 @@ arguments travel to it through the `inflight` map. With return probes off (or `-
 the entry probe writes a record too, with PHASE_ENTER and no exit fields.
 """
 import struct
-from typing import List
+from typing import List, Set
 
 ARG_CELLS = 10  # u64 cells for entry arguments (cuLaunchKernel needs 9)
 OUT_CELLS = 2  # u64 cells for out-parameters read at return
@@ -72,3 +72,8 @@ def frame_column(frames: bytes, offset: int, fmt: str) -> List[int]:
     width = _WIDTHS[fmt]
     return memoryview(frames).cast(fmt)[(FRAME_HEADER + offset) // width::FRAME_SIZE // width]\
         .tolist()
+
+
+def frame_pids(frames: bytes) -> Set[int]:
+    """The processes (tgids) of a batch of frames."""
+    return set(frame_column(frames, PID_TGID + 4, "I"))

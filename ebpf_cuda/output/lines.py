@@ -192,7 +192,7 @@ class _FrameLines:
         """Let the namer snapshot the mappings of processes seen for the first time."""
         if self.namer is None:
             return
-        pids = set(record.frame_column(frames, record.PID_TGID + 4, "I")) - self._seen_pids
+        pids = record.frame_pids(frames) - self._seen_pids
         self.namer.observe_pids(pids)
         self._seen_pids |= pids
 
