@@ -53,7 +53,7 @@ for s in $SECTIONS; do
       nvcc -O2 -cudart shared -o "$BUILD/cuda_loop" bench/gpu/cuda_loop.cu || continue
       LOOP_LIBS=$(ldd "$BUILD/cuda_loop" | awk '/libcudart/ {print $3}')
       LOOP_LIBS="$LOOP_LIBS $(echo "$LIBS" | grep 'libcuda\.so' | head -1)"
-      section cudaloop $PY bench/gpu/traced.py $(p_args "$LOOP_LIBS") --rounds 3 --sets "$SETS" -- \
+      section cudaloop $PY bench/gpu/traced.py $(p_args "$LOOP_LIBS") --rounds ${ROUNDS:-3} --sets "$SETS" -- \
         "$BUILD/cuda_loop" 100000 5 ;;
     torch)
       if ! $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

@@ -94,8 +94,9 @@ def main(argv: List[str]) -> None:
             lost[label] += n_lost
             for name, vs in values.items():
                 results[label].setdefault(name, []).extend(vs)
-            print("round %d %-10s %s" % (round_no + 1, label, " ".join(
-                "%s=%.3f" % (n, statistics.median(v)) for n, v in values.items())), flush=True)
+            print("round %d %-10s %s lost=%d" % (round_no + 1, label, " ".join(
+                "%s=%.3f" % (n, statistics.median(v)) for n, v in values.items()), n_lost),
+                flush=True)
     names = sorted({n for r in results.values() for n in r})
     print("\ncommand: %s" % " ".join(command))
     print("%-10s %s %s" % ("options", " ".join("%16s" % n for n in names), "  lost"))
