@@ -196,8 +196,9 @@ READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight
 def _favour_reader() -> None:
     """Give this thread, the ring reader, a higher CPU priority than the traced program's
     threads: a program with more busy threads than cores would otherwise starve it, and the
-    ring would overflow. It only uses the CPU when there are records to read. Threads
-    started after this one (the lines thread) go back to the ordinary priority."""
+    ring would overflow. It only uses the CPU when there are records to read. The lines
+    thread, started after, inherits the priority: lower, it would be preempted while holding
+    the interpreter lock, and the reader would wait for the lock as long."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, READER_NICE)  # PRIO_PROCESS 0: this thread
     except OSError:
@@ -374,8 +375,8 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
     finally:
         spool.close()
         if spool.backlog > SPOOL_NOTICE and not failed:
-            click.echo("ebpf-cuda: writing the %d events still spooled (interrupt again to "
-                       "stop)" % spool.backlog, err=True)
+            click.echo("ebpf-cuda: writing the %d events still spooled (Ctrl-C stops there; "
+                       "the rest is counted as lost)" % spool.backlog, err=True)
         while lines.is_alive():
             lines.join(0.2)  # (a bare join would hold signals off until it returns)
         spool.discard()
@@ -387,17 +388,13 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
 # The lines thread holds the interpreter lock while it formats; the reader, woken by the
 # ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
 # well below the time the ring takes to fill.
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.0002
 SPOOL_NOTICE = 200_000  # frames left at the end worth a word: about a second of formatting
 
 
 def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
                    failed: List[BaseException]) -> None:
     """The lines thread: every batch of the spool, in order; an error stops the reader."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 0)  # not the reader's priority: behind is fine
-    except OSError:
-        pass
     try:
         for frames in spool:
             writer.write_frames(frames, decoder)

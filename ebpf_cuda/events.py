@@ -173,6 +173,7 @@ class Decoder:
             for arg, cell in arg_cells(api):
                 if arg.name == "func" and api.category == "launch":
                     self._func_cells.setdefault(cell, set()).add(fn_id)
+        self._launch_ids = set().union(*self._func_cells.values())
         self._comms: Dict[bytes, str] = {}
 
     def comm(self, raw: bytes) -> str:
@@ -199,6 +200,8 @@ class Decoder:
                 add(self.events_of(fields))
             return events
         ids = record.frame_column(frames, record.FN_ID, "H")
+        if only.isdisjoint(ids):  # the usual batch: nothing to decode (one pass in C)
+            return events
         for i, fn_id in enumerate(ids):
             if fn_id in only:
                 add(self.events_of(_FRAME.unpack_from(frames, i * _FRAME.size)))
@@ -208,8 +211,10 @@ class Decoder:
         """(fn_id, pid, func) of every launch record in a batch of frames, read in bulk
         without decoding the records (for naming kernels when nothing else is decoded)."""
         ids = record.frame_column(frames, record.FN_ID, "H")
-        pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         keys: Set[Tuple[int, int, int]] = set()
+        if self._launch_ids.isdisjoint(ids):
+            return keys
+        pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         for cell, fn_ids in self._func_cells.items():
             funcs = record.frame_column(frames, record.ARGS + 8 * cell, "Q")
             keys.update((i, p, f) for i, p, f in zip(ids, pids, funcs) if i in fn_ids)

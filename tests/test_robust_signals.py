@@ -8,6 +8,7 @@
 - SIGKILL: the kernel drops the probes with the tracer's file descriptors; the target keeps
   running (even a call in flight through a return probe returns normally).
 """
+import os
 import signal
 import time
 
@@ -79,3 +80,32 @@ def test_sigkill_leaves_no_probe_and_the_target_runs_on(root, robust, tmp_path):
         assert target.finish() == 0  # every call returned cudaSuccess
     finally:
         target.kill()
+
+
+def test_interrupt_while_spooled_lines_are_written_stops_and_counts(root, robust, tmp_path):
+    """The command has ended and its lines are still being written (the output is a FIFO
+    nobody reads yet, so they wait in the spool): an interrupt stops the writing, and the
+    lines written plus the events counted lost are every call."""
+    _, prog = robust
+    calls = 300000
+    fifo = tmp_path / "lines.jsonl"
+    os.mkfifo(fifo)
+    pipe = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the tracer open it; read later
+    try:
+        tracer = start_cli(["--json", "-o", fifo, "--ring-size", "32M", "--functions",
+                            "cudaMemcpy", "--", prog, "threads", 1, calls])
+        deadline = time.monotonic() + 60
+        while "still spooled" not in read_line(tracer.stderr, 60):
+            assert time.monotonic() < deadline, "no word of the spooled events"
+        tracer.send_signal(signal.SIGINT)
+        os.set_blocking(pipe, True)
+        with os.fdopen(pipe, "rb", closefd=False) as lines:
+            written = sum(1 for line in lines if b'"phase":"exit"' in line)
+        _, stderr = tracer.communicate(timeout=60)
+        status = tracer.returncode
+    finally:
+        os.close(pipe)
+    assert status == 0, stderr
+    assert "not written: interrupted" in stderr
+    lost = lost_from_stderr(stderr)
+    assert 0 < lost and written + lost == calls
