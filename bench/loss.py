@@ -2,7 +2,7 @@
 
 bench/native/callloop calls cudaGetDevice (stand-in runtime) flat out or paced to a rate for
 SECONDS, in 1, 4 or 16 threads, and prints how many calls it made. The CLI traces it with
-default settings (8 MiB ring) in each output mode; the accounting is
+default settings (4 MiB ring; text and JSON through the spool) in each output mode; the accounting is
 
     made (the target's count) = seen (records in the output) + lost (the CLI's "N events lost")
 

@@ -1,10 +1,9 @@
 """Tracer memory: resident set of the ebpf-cuda CLI while it traces a full-speed workload.
 
 Runs `python3 -m ebpf_cuda -p LIB --functions cudaGetDevice -o FILE -- callloop -s SECONDS`
-(default settings: 8 MiB ring) and samples /proc/PID/status of the CLI process every 0.2 s:
-VmRSS and its parts (RssAnon: Python heap; RssFile: code and libraries; RssShmem: the ring
-buffer's pages, which the reader maps twice back to back, so touched ring pages can count
-twice) and the peak VmHWM. Also the same for --json, --summary and --save when present.
+(default settings: 4 MiB ring) and samples /proc/PID/status of the CLI process every 0.2 s:
+VmRSS and its parts (RssAnon: Python heap; RssFile: code and libraries, and the ring
+buffer's pages, mapped once) and the peak VmHWM. Also the same for --json, --summary and --save when present.
 Needs root and gcc.
 
     sudo python3 bench/memory.py [--seconds 10] [--modes text,json,summary,save]

@@ -166,7 +166,7 @@ class Components:
             return (probes.entry_program(self.api, self.fn_id, arch, opts),
                     probes.return_program(self.api, self.fn_id, arch, opts))
 
-        batched = 1 << 20  # the tracer's default: wake the reader at 1/8 of an 8 MiB ring
+        batched = (4 << 20) // 8  # the tracer's default: wake the reader at 1/8 of its 4 MiB ring
         return {
             "c:hash": lambda: self.run(hash_entry(), hash_return()),
             "c:ring": lambda: self.run(counter_only(), ring_only(0)),

@@ -336,7 +336,11 @@ def _spool(size: Optional[str], output: Optional[str]):
     limit = DEFAULT_LIMIT if size is None else parse_size(size)
     if limit == 0:
         return None
-    directory = os.path.dirname(os.path.abspath(output)) if output else None
+    # Beside the output file (its disk has room for what is written there anyway); not
+    # beside /dev/null or a FIFO: in $TMPDIR then.
+    directory = None
+    if output and os.path.isfile(output):
+        directory = os.path.dirname(os.path.abspath(output))
     try:
         return Spool(directory, limit)
     except OSError as err:

@@ -28,7 +28,7 @@ from .ringbuf import RingBuffer
 from .follow import FOLLOWED_MAP, ProcessFollower, followed_map
 from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
 
-DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (mapped twice): ~27k records, ~50 ms of a 500k/s stream
+DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms of a 500k/s stream
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
