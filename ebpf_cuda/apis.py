@@ -5,8 +5,7 @@ registers, 6 and up are stack slots), what they are, which out-parameters to rea
 and how to show them. The probe generator (probes.py) and the decoder (events.py) are both
 driven by these rows: adding a function is adding a row.
 """
-from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 RUNTIME = "runtime"  # libcudart.so, or an executable that links cudart statically
 DRIVER = "driver"  # libcuda.so.1
@@ -35,8 +34,7 @@ class Kind:
 # memory call.
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(NamedTuple):
     """An argument read at entry from ABI slot `slot` (a DIM3 takes slots slot and slot+1)."""
 
     name: str
@@ -52,8 +50,7 @@ class Arg:
         return 2 if self.kind == Kind.DIM3 else 1
 
 
-@dataclass(frozen=True)
-class Out:
+class Out(NamedTuple):
     """An out-parameter: the pointer in ABI slot `slot` is saved at entry and `size` bytes
     are read from it at return (only when the call succeeded)."""
 
@@ -63,8 +60,7 @@ class Out:
     size: int = 8
 
 
-@dataclass(frozen=True)
-class Api:
+class Api(NamedTuple):
     """One traced function."""
 
     name: str

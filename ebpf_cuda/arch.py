@@ -5,14 +5,12 @@ below are byte offsets into that structure. Only x86-64 is tested; the arm64 row
 the uapi headers.
 """
 import os
-from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 from .errors import UnsupportedKernelError
 
 
-@dataclass(frozen=True)
-class Arch:
+class Arch(NamedTuple):
     """One architecture's syscall numbers and `pt_regs` layout."""
 
     name: str

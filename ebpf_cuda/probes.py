@@ -11,8 +11,7 @@ For each traced function, with return probes on (the default):
 With return probes off, or `emit_entry=True`, the entry program writes a record itself.
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
-from dataclasses import dataclass
-from typing import Hashable, List, Optional, Tuple
+from typing import Hashable, List, NamedTuple, Optional, Tuple
 
 from . import asm, record
 from .apis import Api, arg_cells
@@ -85,8 +84,7 @@ def _store_fn_and_phase(fn_id: FnId, phase: int) -> Items:
     return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16)]
 
 
-@dataclass(frozen=True)
-class ProbeOptions:
+class ProbeOptions(NamedTuple):
     """What the generated programs do beyond the basics."""
 
     stash: bool = True  # entry saves state for a return probe

@@ -11,7 +11,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from . import arch
 from .errors import KernelError, PrivilegeError, UnsupportedKernelError, VerifierError
@@ -544,8 +544,7 @@ def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
 # perf events
 
 
-@dataclass(frozen=True)
-class UprobePmu:
+class UprobePmu(NamedTuple):
     """The dynamic uprobe PMU: its perf type and the config bits of its format fields."""
 
     type: int

@@ -6,8 +6,7 @@ mounts it in a private mount namespace, reads what is needed and exits.
 import ctypes
 import os
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 from .errors import UnsupportedKernelError
 
@@ -18,8 +17,7 @@ MS_PRIVATE = 1 << 18
 _FIELD = re.compile(r"field:[^;]*?(\w+)(\[\d*\])?;\s*offset:(\d+);\s*size:(\d+);")
 
 
-@dataclass(frozen=True)
-class Tracepoint:
+class Tracepoint(NamedTuple):
     """A tracepoint's id and its record's fields (name → (offset, size))."""
 
     name: str

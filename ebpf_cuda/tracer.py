@@ -6,14 +6,14 @@
 
 It never prints, exits or installs signal handlers; progress notes go to `log` if given.
 """
-import dataclasses
 import os
 import queue
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import (Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Set,
+                    Tuple)
 
 from . import aggregates, apis, discovery, probes, record
 from .apis import Api
@@ -38,8 +38,7 @@ WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waitin
 POLL_INTERVAL_S = 0.05  # otherwise the reader looks every 50 ms (and checks the target)
 
 
-@dataclass
-class Attachment:
+class Attachment(NamedTuple):
     """One function probed in one file."""
 
     path: str
@@ -300,7 +299,7 @@ class Tracer:
                                     follow=FOLLOWED_MAP in self._maps,
                                     task_storage=probes.TASKS_MAP in self._maps,
                                     wakeup_bytes=self.ring_size // WAKEUP_FRACTION)
-        with_stack = dataclasses.replace(plain, stacks=True)
+        with_stack = plain._replace(stacks=True)
         arch = current_arch()
         attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
         wanted = {api.name for target in self.targets for api, _, _ in target.functions}
@@ -317,7 +316,7 @@ class Tracer:
             options = with_stack if self.stacks and api.category == "memory" else plain
             if api.category in NAMED_CATEGORIES:
                 # Their process must still live when they are read: no waiting to batch.
-                options = dataclasses.replace(options, emit=True, wake_now=True)
+                options = options._replace(emit=True, wake_now=True)
             for retprobe, generate in kinds:
                 key = ((probes.shape_of(api, retprobe, arch, options.aggregate), options,
                         retprobe) if shared else (fn_id, retprobe))

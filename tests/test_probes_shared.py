@@ -1,6 +1,5 @@
 """Programs shared between functions (function id from the attach cookie): rows with equal
 shape keys must generate identical code, or one row would run another's program."""
-import dataclasses
 import itertools
 
 import pytest
@@ -39,7 +38,7 @@ def test_equal_shapes_generate_equal_code(options, retprobe):
 
 def test_cookie_id_and_constant_id_differ_only_in_where_the_id_comes_from():
     api = next(a for a in TABLE if a.name == "cudaMemcpy")
-    options = dataclasses.replace(OPTIONS[0], aggregate=True)
+    options = OPTIONS[0]._replace(aggregate=True)
     arch = current_arch()
     constant = repr(probes.return_program(api, 7, arch, options))
     cookie = repr(probes.return_program(api, probes.FROM_COOKIE, arch, options))

@@ -4,7 +4,6 @@ Labels are resolved last: a jump's offset counts slots from the slot after the j
 `ld_imm64` counts as two slots (UAPI). Map names become fds in the first slot's immediate.
 """
 import struct
-from dataclasses import replace
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .instructions import Instruction, Label
@@ -42,7 +41,7 @@ def resolve(program: Sequence[Item]) -> List[Instruction]:
             offset = labels[insn.target] - slot - 1
             if not -(1 << 15) <= offset < (1 << 15):
                 raise ValueError("jump to %r is out of range (%d slots)" % (insn.target, offset))
-            insn = replace(insn, off=offset, target=None)
+            insn = insn._replace(off=offset, target=None)
         resolved.append(insn)
     return resolved
 

@@ -4,8 +4,7 @@
 int the immediate form. Jumps name a label (`asm.jeq(R0, 0, "out")` ... `asm.Label("out")`);
 `assemble()` turns labels into offsets and map names into fds.
 """
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from .helpers import Helper
 from .opcodes import (FETCH, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, AluOp, Atomic, Class, JumpOp,
@@ -15,8 +14,7 @@ from .registers import Reg, check_register
 Operand = Union[Reg, int]
 
 
-@dataclass(frozen=True)
-class Instruction:
+class Instruction(NamedTuple):
     """One eBPF instruction; `ld_imm64` is one value that occupies two slots."""
 
     opcode: int
@@ -36,8 +34,7 @@ class Instruction:
         return 2 if self.is_wide else 1
 
 
-@dataclass(frozen=True)
-class Label:
+class Label(NamedTuple):
     """Marks the position of the next instruction; takes no slot."""
 
     name: str
