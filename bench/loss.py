@@ -91,8 +91,7 @@ def _count_summary(path: str, stdout: str) -> int:
 
 
 def _count_saved(path: str, stdout: str) -> int:
-    size = record.FRAME_SIZE
-    return sum(len(frames) // size for frames in savefile.load(path).frames())
+    return sum(record.call_count(frames) for frames in savefile.load(path).frames())
 
 
 MODES: Dict[str, tuple] = {

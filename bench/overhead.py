@@ -46,7 +46,7 @@ from ebpf_cuda.apis import BY_NAME, FN_ID  # noqa: E402
 from ebpf_cuda.elf import ElfFile  # noqa: E402
 from ebpf_cuda.maps import LruHashMap, PerCpuArrayMap, RingBufMap  # noqa: E402
 from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.ringbuf import RingBuffer, record_stride  # noqa: E402
+from ebpf_cuda.ringbuf import RingBuffer  # noqa: E402
 from ebpf_cuda.tracer import INFLIGHT_ENTRIES, Tracer  # noqa: E402
 from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
 
@@ -81,7 +81,6 @@ class Bench:
 
     def tracer(self, return_probes: bool) -> LoopResult:
         """The library's probes through the public Tracer; frames counted, not decoded."""
-        stride = record_stride(record.SIZE)
         with tempfile.TemporaryFile("w+") as out:
             tracer = Tracer(library=[str(self.built.lib)], functions=[self.function],
                             command=self.command(), return_probes=return_probes)
@@ -89,7 +88,7 @@ class Bench:
                 with _stdout_to(out.fileno()):
                     tracer.start()  # forks the held command with stdout redirected
                 with _pinned(self.tracer_cpu):
-                    seen = sum(len(frames) // stride for frames in tracer.frames())
+                    seen = sum(record.call_count(frames) for frames in tracer.frames())
                 lost = tracer.stats()["lost"]
             finally:
                 tracer.close()

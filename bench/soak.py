@@ -75,7 +75,7 @@ def soak(prog: Path, minutes: float, rate: int, interval: float, ring_size: int)
         for frames in tracer.frames():
             events = list(decode(frames))
             sink.write(events)
-            calls = len(frames) // (8 + record.SIZE)
+            calls = record.call_count(frames)
             seen += calls
             window += len(events)
             now = time.monotonic()

@@ -309,8 +309,12 @@ def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
     only = tracer.fn_ids(("module",)) if save_only else None
     table = tracer.apis_table
     lines_only = _lines_writer(sinks)
+    namer = next((s for s in sinks if isinstance(s, KernelNamer)), None)
+    seen_pids: Set[int] = set()
     try:
         for frames in tracer.frames():
+            if namer is not None:  # processes' mappings while they live (hello records)
+                seen_pids = _observe_new(namer, frames, seen_pids)
             if lines_only is not None:  # text or JSON alone: lines straight from the frames
                 lines_only.write_frames(frames, decoder)
                 sys.stdout.flush()
@@ -366,10 +370,7 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
     seen_pids: Set[int] = set()
     try:
         for frames in tracer.frames():
-            new_pids = record.frame_pids(frames) - seen_pids
-            if new_pids:  # their mappings, while they live: launches are named from them
-                namer.observe_pids(new_pids)
-                seen_pids |= new_pids
+            seen_pids = _observe_new(namer, frames, seen_pids)
             reader.decode_batch(frames, teaching)  # handles → kernel names
             for fn_id, pid, func in reader.launch_keys(frames):
                 namer.name_for(pid, table[fn_id].name, func)
@@ -406,6 +407,15 @@ def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
     except BaseException as err:  # handed to the reader's thread, which raises it
         failed.append(err)
         spool.abandon()
+
+
+def _observe_new(namer: KernelNamer, frames: bytes, seen: Set[int]) -> Set[int]:
+    """Snapshot the mappings of the processes first seen in `frames` (while they live:
+    launches are named from them); the processes seen so far."""
+    new = record.frame_pids(frames) - seen
+    if new:
+        namer.observe_pids(new)
+    return seen | new if new else seen
 
 
 def _lines_writer(sinks: List[Sink]):

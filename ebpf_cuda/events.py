@@ -229,6 +229,8 @@ class Decoder:
     def events_of(self, fields: tuple) -> List[Event]:
         """Events of one unpacked record (fields as `record.LAYOUT` gives them)."""
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
+        if phase == record.PHASE_HELLO:
+            return []  # a thread's first traced call began: nothing to show
         try:
             row = self.rows[fn_id]
         except IndexError:

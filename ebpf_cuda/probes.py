@@ -234,8 +234,28 @@ def _stash_in_task(api: Api, arch: Arch) -> Items:
     return prog + [
         asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
         asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
+    ] + _hello_once() + [
         asm.ja("stashed"), asm.Label("stash_lost"),
     ] + _count(record.STAT_INFLIGHT_FULL, "lost") + [asm.Label("stashed")]
+
+
+def _hello_once() -> Items:
+    """A thread's first stash (R9: its task storage) sends a hello record and wakes the
+    reader (record.PHASE_HELLO). A full ring drops it: it is no event, so it is not counted."""
+    prog = [
+        asm.ldx(DW, R1, R9, record.TASK_GREETED),
+        asm.jne(R1, 0, "greeted"),
+        asm.st(DW, R9, record.TASK_GREETED, 1),
+    ] + _reserve("greeted") + [
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
+        asm.st(DW, R8, record.TS_EXIT, 0),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
+        asm.st(W, R8, record.FN_ID, record.HELLO_FN | record.PHASE_HELLO << 16),
+        asm.st(W, R8, record.STACK_ID, 0),
+    ] + _comm()
+    prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
+    return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
+                   asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
 
 
 def _find_in_task() -> Items:

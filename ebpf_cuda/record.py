@@ -28,6 +28,11 @@ SIZE = OUTS + 8 * OUT_CELLS
 
 PHASE_ENTER = 0  # an entry record (return probes off, or --entries)
 PHASE_CALL = 1  # a complete call: entry arguments, return value, out-parameters, both times
+# A thread's first traced call has begun (only pid, tid, comm and the time are set): no event,
+# but it wakes the reader, which reads the process's mappings while the process lives (kernel
+# names of a short-lived process traced system-wide). Its function id is HELLO_FN.
+PHASE_HELLO = 2
+HELLO_FN = 0xFFFF
 
 FLAG_OUT0_FAULT = 1 << 0  # probe_read_user of out-parameter 0 failed
 FLAG_OUT1_FAULT = 1 << 1
@@ -43,11 +48,13 @@ INFLIGHT_OUTPTRS = INFLIGHT_ARGS + 8 * ARG_CELLS
 INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
 
 # With task storage (the fast path) each thread has a small stack of the same entries, each
-# followed by the entry stack pointer that identifies it: {u64 depth, slot[TASK_DEPTH]}.
+# followed by the entry stack pointer that identifies it: {u64 depth, slot[TASK_DEPTH],
+# u64 greeted (the thread's hello record was sent)}.
 INFLIGHT_SP = INFLIGHT_VALUE_SIZE
 TASK_SLOT = INFLIGHT_SP + 8
 TASK_DEPTH = 4  # calls in flight on one thread at once (runtime → driver nests 2 deep)
-TASK_VALUE_SIZE = 8 + TASK_DEPTH * TASK_SLOT
+TASK_GREETED = 8 + TASK_DEPTH * TASK_SLOT
+TASK_VALUE_SIZE = TASK_GREETED + 8
 
 # Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
@@ -77,3 +84,9 @@ def frame_column(frames: bytes, offset: int, fmt: str) -> List[int]:
 def frame_pids(frames: bytes) -> Set[int]:
     """The processes (tgids) of a batch of frames."""
     return set(frame_column(frames, PID_TGID + 4, "I"))
+
+
+def call_count(frames: bytes) -> int:
+    """Records of calls in a batch of frames (hello records left out)."""
+    ids = frame_column(frames, FN_ID, "H")
+    return len(ids) - ids.count(HELLO_FN)

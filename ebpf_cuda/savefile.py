@@ -33,7 +33,8 @@ from .errors import DecodeError, UsageError
 from .events import Decoder, Event
 
 MAGIC = b"EBPFCUDA"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: frames may hold hello records (record.PHASE_HELLO)
+READABLE_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<8sHHqQI")
 _FBYTES_AT = 20  # offset of fbytes in the header
 _UNKNOWN = (1 << 64) - 1  # fbytes of a file still being written (or whose writer died)
@@ -185,7 +186,7 @@ def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, int, List[s
     if len(head) < _HEADER.size or not head.startswith(MAGIC):
         raise DecodeError("%s is not a saved ebpf-cuda trace (bad magic)" % path)
     _, version, rsize, offset, frame_bytes, nlen = _HEADER.unpack(head)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise DecodeError("%s has format version %d; this ebpf-cuda reads version %d"
                           % (path, version, FORMAT_VERSION))
     if rsize != record.SIZE:

@@ -33,11 +33,12 @@ class Spool:
         self._ready = threading.Condition()
         self._head = 0  # next byte to take
         self._tail = 0  # end of the frames put
+        self._calls = 0  # call records in the backlog (hello records are no events)
         self._closed = False
         self._abandoned = False
-        self.dropped = 0  # frames not kept: past the limit, or the disk refused them
-        self.error: Optional[str] = None  # why frames were dropped, besides the limit
-        self.abandoned = 0  # frames left unread by abandon()
+        self.dropped = 0  # calls not kept: past the limit, or the disk refused them
+        self.error: Optional[str] = None  # why calls were dropped, besides the limit
+        self.abandoned = 0  # calls left unread by abandon()
 
     @property
     def closed(self) -> bool:
@@ -46,22 +47,23 @@ class Spool:
 
     @property
     def backlog(self) -> int:
-        """Frames put and not yet taken."""
-        return (self._tail - self._head) // record.FRAME_SIZE
+        """Calls put and not yet taken."""
+        return self._calls
 
     def put(self, frames: bytes) -> None:
         """Append a batch of whole frames (dropped and counted when it does not fit)."""
         with self._ready:
             if self._abandoned or self._tail - self._head + len(frames) > self.limit:
-                self.dropped += len(frames) // record.FRAME_SIZE
+                self.dropped += record.call_count(frames)
                 return
             try:
                 self._write_at(frames, self._tail)
             except OSError as err:  # ENOSPC, EFBIG, EIO: counted as lost, not fatal
-                self.dropped += len(frames) // record.FRAME_SIZE
+                self.dropped += record.call_count(frames)
                 self.error = err.strerror
                 return
             self._tail += len(frames)
+            self._calls += record.call_count(frames)
             self._ready.notify()
 
     def _write_at(self, data: bytes, offset: int) -> None:
@@ -84,7 +86,8 @@ class Spool:
         interrupt while the lines are still being written)."""
         with self._ready:
             self._abandoned = self._closed = True
-            self.abandoned += self.backlog
+            self.abandoned += self._calls
+            self._calls = 0
             self._head = self._tail
             self._ready.notify_all()
 
@@ -97,10 +100,12 @@ class Spool:
                 return None
             start, end = self._head, min(self._tail, self._head + READ_BYTES)
         frames = os.pread(self._fd, end - start, start)  # bytes the putter no longer touches
+        calls = record.call_count(frames)
         with self._ready:
             if self._abandoned:
                 return None
             self._head = end
+            self._calls -= calls
             if self._head == self._tail:  # caught up: empty the file
                 os.ftruncate(self._fd, 0)
                 self._head = self._tail = 0

@@ -64,7 +64,8 @@ def test_header_layout(tmp_path):
     write(path, [FRAMES[0]])
     head = path.read_bytes()[:32]
     magic, version, size, offset, frame_bytes, names = struct.unpack("<8sHHqQI", head)
-    assert (magic, version, size, offset) == (b"EBPFCUDA", 1, record.SIZE, OFFSET)
+    assert (magic, version, size, offset) == (b"EBPFCUDA", savefile.FORMAT_VERSION,
+                                              record.SIZE, OFFSET)
     assert frame_bytes == len(FRAMES[0]) and names > 0
 
 
@@ -188,3 +189,13 @@ def test_replay_as_nobody_with_the_bundle_and_system_python(live, tmp_path):
         _same_outputs(folder, share)
     finally:
         subprocess.run(["rm", "-rf", str(share)])
+
+
+def test_version_1_files_still_load(tmp_path):
+    """Version 2 only adds hello records to the frames; files of version 1 read the same."""
+    path = tmp_path / "v1.ebpfcuda"
+    write(path, FRAMES)
+    data = bytearray(path.read_bytes())
+    data[8:10] = struct.pack("<H", 1)
+    path.write_bytes(bytes(data))
+    assert [ev.to_json() for ev in savefile.load(str(path))] == live_events(FRAMES)

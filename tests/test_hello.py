@@ -1,0 +1,57 @@
+"""Hello records: a thread's first traced call sends one (record.PHASE_HELLO), which wakes
+the reader so that it reads the process's mappings while the process lives. They are no
+events: the decoder, the outputs and every count leave them out."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from ebpf_cuda import record
+from ebpf_cuda.tracer import Tracer
+from test_robust_support import cli_env, robust  # noqa: F401
+
+
+def test_one_hello_per_thread_and_no_event(root, robust):
+    _, prog = robust
+    threads, per_thread = 4, 1000
+    hellos, calls, events = [], 0, 0
+    with Tracer(functions=["cudaMemcpy"], command=[str(prog), "threads", str(threads),
+                                                   str(per_thread)],
+                ring_size=8 << 20) as tracer:
+        for frames in tracer.frames():
+            ids = record.frame_column(frames, record.FN_ID, "H")
+            tids = record.frame_column(frames, record.PID_TGID, "I")
+            pids = record.frame_column(frames, record.PID_TGID + 4, "I")
+            hellos += [(pid, tid) for fn, pid, tid in zip(ids, pids, tids)
+                       if fn == record.HELLO_FN]
+            calls += record.call_count(frames)
+            events += len(tracer.decoder.decode_batch(frames))
+        child, lost = tracer.child_pid, tracer.stats()["lost"]
+    assert lost == 0
+    assert calls == threads * per_thread and events == 2 * calls  # enter + exit per call
+    assert len(hellos) == threads == len(set(hellos))  # once per thread, each its own
+    assert all(pid == child for pid, _ in hellos)
+
+
+def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake, tmp_path):
+    """The process pauses after its first call (as CUDA's initialisation does), launches and
+    exits at once: the reader, woken by the hello, has read its mappings meanwhile; the
+    name-teaching call alone comes too late for a process that exits right after it."""
+    lib, prog = fake
+    out = tmp_path / "t.jsonl"
+    tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
+                               "-p", str(lib)], stderr=subprocess.PIPE, text=True,
+                              env=cli_env())
+    try:
+        assert "probing" in tracer.stderr.readline()
+        subprocess.run([str(prog), "malloc:64", "sleep:10", "getkernel", "launchhandle:4:256"],
+                       capture_output=True, check=True, timeout=30)
+        time.sleep(0.2)
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        _, stderr = tracer.communicate(timeout=30)
+    assert tracer.returncode == 0, stderr
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
+    assert [e.get("kernel") for e in launches] == ["vec_add_kernel"]
