@@ -3,7 +3,7 @@
 Layout (little-endian):
 
     magic    8 bytes  b"EBPFCUDA"
-    version  u16      FORMAT_VERSION
+    version  u16      FORMAT_VERSION (2; version 1 files, without hello records, read the same)
     rsize    u16      record size (record.SIZE when saved)
     offset   i64      wall clock minus CLOCK_MONOTONIC, ns, measured when tracing started
     fbytes   u64      bytes of frames; all ones while writing (frames run to the end of file)
