@@ -246,13 +246,7 @@ def _hello_once() -> Items:
         asm.ldx(DW, R1, R9, record.TASK_GREETED),
         asm.jne(R1, 0, "greeted"),
         asm.st(DW, R9, record.TASK_GREETED, 1),
-    ] + _reserve("greeted") + [
-        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
-        asm.st(DW, R8, record.TS_EXIT, 0),
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
-        asm.st(W, R8, record.FN_ID, record.HELLO_FN | record.PHASE_HELLO << 16),
-        asm.st(W, R8, record.STACK_ID, 0),
-    ] + _comm()
+    ] + _reserve("greeted") + _entry_head(record.HELLO_FN, record.PHASE_HELLO)
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
     return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
                    asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
@@ -317,15 +311,7 @@ def _stash_entry(api: Api, arch: Arch) -> Items:
 
 def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Write an enter record straight into the ring buffer."""
-    prog = _reserve("enter_lost")
-    prog += [
-        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
-        asm.st(DW, R8, record.TS_EXIT, 0),
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
-    ] + _store_fn_and_phase(fn_id, record.PHASE_ENTER) + [
-        asm.st(W, R8, record.STACK_ID, 0),
-    ]
-    prog += _comm()
+    prog = _reserve("enter_lost") + _entry_head(fn_id, record.PHASE_ENTER)
     prog += _load_args(api, arch, R6, R8, record.ARGS)
     prog += [asm.st(DW, R8, record.RET, 0)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
@@ -333,6 +319,16 @@ def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions)
     prog += [asm.ja("enter_done"), asm.Label("enter_lost")]
     prog += _count(record.STAT_RING_FULL)
     return prog + [asm.Label("enter_done")]
+
+
+def _entry_head(fn_id: FnId, phase: int) -> Items:
+    """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
+    function id and phase, no stack, comm."""
+    return [
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
+        asm.st(DW, R8, record.TS_EXIT, 0),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
+    ] + _store_fn_and_phase(fn_id, phase) + [asm.st(W, R8, record.STACK_ID, 0)] + _comm()
 
 
 def in_registers(api: Api, arch: Arch) -> bool:
