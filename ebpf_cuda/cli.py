@@ -15,7 +15,7 @@ from .errors import TracerError, UsageError, VerifierError
 from .events import Decoder
 from .output import LineWriter, Sink
 from .output.text import TextWriter
-from .tracer import DEFAULT_RING_SIZE, Tracer
+from .tracer import DEFAULT_RING_SIZE, NAMED_CATEGORIES, Tracer
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -141,8 +141,8 @@ def _log(verbose: int):
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
-          ring_size: Optional[str], spool_size: Optional[str], entries: bool, list_functions: bool, summary: bool, leaks: bool,
-          stacks: bool, save: Optional[str], trace_out: Optional[str],
+          ring_size: Optional[str], spool_size: Optional[str], entries: bool,
+          list_functions: bool, summary: bool, leaks: bool, stacks: bool, save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
@@ -167,7 +167,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle),
                         functions=lambda pid, handle: tracer.decoder.handle_func(pid, handle))
     analyses = _analyses(namer, summary, leaks)
-    sinks = [namer] + analyses + _event_sinks(output, as_json, no_timestamps, namer,
+    sinks = analyses + _event_sinks(output, as_json, no_timestamps, namer,
                                               events_wanted=not analyses and not (
                                                   trace_out or report_html or save))
     sinks += _file_sinks(trace_out, report_html, namer)
@@ -180,7 +180,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         if spool is not None:
             _run_lines_spooled(tracer, _lines_writer(sinks), namer, spool)
         else:
-            _run(tracer, sinks, _saver(save, tracer, namer, sinks))
+            _run(tracer, sinks, namer, _saver(save, tracer, namer, sinks))
         reports = _final_reports(analyses, tracer, namer, stacks)
         stats = tracer.stats()
     if reports:  # after JSON Lines on stdout, reports go to stderr
@@ -297,36 +297,33 @@ def _saver(path: Optional[str], tracer: Tracer, namer, sinks: List[Sink]):
     return saver
 
 
-def _run(tracer: Tracer, sinks: List[Sink], saver=None) -> None:
+def _run(tracer: Tracer, sinks: List[Sink], namer: KernelNamer, saver=None) -> None:
     """Read until the end, decoding each batch once and handing it to every sink."""
     for sink in sinks:
         sink.header()
     decoder = tracer.decoder
-    # Saving alone decodes only the calls that teach kernel names; launches are named from a
-    # bulk scan of their records (while their processes live), the rest is written raw.
-    save_only = saver is not None and all(s is saver or isinstance(s, KernelNamer)
-                                          for s in sinks)
-    only = tracer.fn_ids(("module",)) if save_only else None
-    table = tracer.apis_table
+    # Saving alone decodes nothing: the launches are named from a bulk scan of their records
+    # (while their processes live), the rest is written raw.
+    save_only = sinks == [saver]
+    teaching = tracer.fn_ids(NAMED_CATEGORIES)
     lines_only = _lines_writer(sinks)
-    namer = next((s for s in sinks if isinstance(s, KernelNamer)), None)
     seen_pids: Set[int] = set()
     try:
         for frames in tracer.frames():
-            if namer is not None:  # processes' mappings while they live (hello records)
-                seen_pids = _observe_new(namer, frames, seen_pids)
+            _observe_new(namer, frames, seen_pids)
+            if save_only:
+                saver.write_frames(frames)
+                saver.learn(_name_launches(tracer, namer, frames, teaching))
+                continue
             if lines_only is not None:  # text or JSON alone: lines straight from the frames
                 lines_only.write_frames(frames, decoder)
                 sys.stdout.flush()
                 continue
             if saver is not None:
                 saver.write_frames(frames)
-            events = decoder.decode_batch(frames, only)
+            events = decoder.decode_batch(frames)
             for sink in sinks:
                 sink.write(events)
-            if save_only:
-                saver.learn((table[i].name, pid, func)
-                            for i, pid, func in decoder.launch_keys(frames))
             sys.stdout.flush()  # a person watching sees each batch as it comes
     finally:
         for sink in sinks:
@@ -366,14 +363,12 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
     writer.header()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     lines.start()
-    teaching, table = tracer.fn_ids(("module",)), tracer.apis_table
     seen_pids: Set[int] = set()
+    teaching = tracer.fn_ids(NAMED_CATEGORIES)
     try:
         for frames in tracer.frames():
-            seen_pids = _observe_new(namer, frames, seen_pids)
-            reader.decode_batch(frames, teaching)  # handles → kernel names
-            for fn_id, pid, func in reader.launch_keys(frames):
-                namer.name_for(pid, table[fn_id].name, func)
+            _observe_new(namer, frames, seen_pids)
+            _name_launches(tracer, namer, frames, teaching)  # kept by the namer for the lines
             spool.put(frames)
             if failed:
                 break
@@ -394,7 +389,7 @@ def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, s
 # ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
 # well below the time the ring takes to fill.
 SWITCH_INTERVAL_S = 0.0002
-SPOOL_NOTICE = 200_000  # frames left at the end worth a word: about a second of formatting
+SPOOL_NOTICE = 200_000  # calls left at the end worth a word: about a second of formatting
 
 
 def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
@@ -409,21 +404,32 @@ def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
         spool.abandon()
 
 
-def _observe_new(namer: KernelNamer, frames: bytes, seen: Set[int]) -> Set[int]:
-    """Snapshot the mappings of the processes first seen in `frames` (while they live:
-    launches are named from them); the processes seen so far."""
+def _observe_new(namer: KernelNamer, frames: bytes, seen: Set[int]) -> None:
+    """Snapshot the mappings of the processes first seen in `frames` (added to `seen`), while
+    they live: launches are named from them. A thread's first call sends a hello record,
+    read at once, so this happens long before its first launch."""
     new = record.frame_pids(frames) - seen
     if new:
         namer.observe_pids(new)
-    return seen | new if new else seen
+        seen |= new
+
+
+def _name_launches(tracer: Tracer, namer: KernelNamer, frames: bytes,
+                   teaching: Set[int]) -> List[Tuple[int, int, Optional[str]]]:
+    """(pid, func, kernel name) of the launches in `frames`, named now, while their processes
+    live, after the calls in them that teach names (function ids `teaching`, decoded alone);
+    the namer keeps what it found."""
+    decoder, table = tracer.decoder, tracer.apis_table
+    decoder.decode_batch(frames, teaching)
+    return [(pid, func, namer.name_for(pid, table[fn_id].name, func))
+            for fn_id, pid, func in decoder.launch_keys(frames)]
 
 
 def _lines_writer(sinks: List[Sink]):
-    """The text or JSON writer when it is the only output (besides the kernel namer it
-    uses): it can then format lines from the frames without decoding them into events."""
-    writers = [s for s in sinks if not isinstance(s, KernelNamer)]
-    if len(writers) == 1 and isinstance(writers[0], LineWriter):
-        return writers[0]
+    """The text or JSON writer when it is the only output: it can then format lines from the
+    frames without decoding them into events."""
+    if len(sinks) == 1 and isinstance(sinks[0], LineWriter):
+        return sinks[0]
     return None
 
 

@@ -76,12 +76,12 @@ class SaveWriter:
             if isinstance(func, int) and (ev.pid, func) not in self.kernels:
                 self.kernels[(ev.pid, func)] = self.namer(ev, func)
 
-    def learn(self, keys: Iterable[Tuple[str, int, int]]) -> None:
-        """Learn the kernel names of launches given as (api, pid, func), when the launch
-        records are not decoded (see Decoder.launch_keys); needs a namer with `name_for`."""
-        for api, pid, func in keys:
-            if (pid, func) not in self.kernels:
-                self.kernels[(pid, func)] = self.namer.name_for(pid, api, func)  # type: ignore
+    def learn(self, names: Iterable[Tuple[int, int, Optional[str]]]) -> None:
+        """Keep the kernel names of launches named by the caller as (pid, func, name), when
+        the launch records are not decoded (see Decoder.launch_keys)."""
+        for pid, func, name in names:
+            if name or (pid, func) not in self.kernels:
+                self.kernels[(pid, func)] = name
 
     def close(self) -> None:
         """Write the trailer and the frames' length (when the file is seekable), close."""

@@ -8,6 +8,7 @@ import sys
 import time
 
 from ebpf_cuda import record
+from ebpf_cuda.cli import _observe_new
 from ebpf_cuda.tracer import Tracer
 from test_robust_support import cli_env, robust  # noqa: F401
 
@@ -55,3 +56,26 @@ def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake,
     events = [json.loads(line) for line in out.read_text().splitlines()]
     launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
     assert [e.get("kernel") for e in launches] == ["vec_add_kernel"]
+
+
+def _frames_of(pids) -> bytes:
+    return b"".join(b"\0" * 8 + record.LAYOUT.pack(0, 0, pid, pid, record.HELLO_FN,
+                                                    record.PHASE_HELLO, 0, 0, b"p",
+                                                    *[0] * record.ARG_CELLS, 0,
+                                                    *[0] * record.OUT_CELLS) for pid in pids)
+
+
+def test_the_reader_snapshots_each_process_once():
+    """Every batch read goes by `_observe_new` (hello records included): each process's
+    mappings are read once, at the first batch it appears in."""
+    class Namer:
+        def __init__(self):
+            self.observed = []
+
+        def observe_pids(self, pids):
+            self.observed.append(sorted(pids))
+
+    namer, seen = Namer(), set()
+    for batch in ([10, 11, 10], [11, 12], [10, 11, 12]):
+        _observe_new(namer, _frames_of(batch), seen)
+    assert namer.observed == [[10, 11], [12]] and seen == {10, 11, 12}

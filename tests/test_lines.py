@@ -18,13 +18,7 @@ RETS = [0, 0, 0, 1, 35, 500, 999, -1]
 
 
 class FakeNamer:
-    """Names every third address; remembers which pids it was asked to observe."""
-
-    def __init__(self):
-        self.observed = set()
-
-    def observe_pids(self, pids):
-        self.observed.update(pids)
+    """Names every third address."""
 
     def name_for(self, pid, api, address):
         return "kernel<%s,%x>" % (api, address) if address % 3 == 0 else None
@@ -97,10 +91,3 @@ def test_most_rows_take_the_fast_path():
     assert [r is None for r in JsonLines(TABLE, Decoder(TABLE), list, None).rows] == \
         [r is None for r in lines.rows]
 
-
-def test_fast_path_observes_each_process_once():
-    namer = FakeNamer()
-    frames = _frames(seed=3, per_row=2)
-    TextWriter(io.StringIO(), namer=namer).write_frames(frames, Decoder(TABLE))
-    pids = set(record.frame_column(frames, record.PID_TGID + 4, "I"))
-    assert namer.observed == pids

@@ -243,6 +243,3 @@ class FoundNames:
 
     def __call__(self, event: Event, address: int) -> Optional[str]:
         return self._found.get((event.pid, event.api, address))
-
-    def observe_pids(self, pids: Iterable[int]) -> None:
-        """Nothing to do: the reader snapshots the processes."""

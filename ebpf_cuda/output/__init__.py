@@ -56,7 +56,7 @@ class LineWriter:
 
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
-        `namer` must then be a KernelNamer or None)."""
+        `namer` must then have `name_for`, as KernelNamer and FoundNames do, or be None)."""
         from .lines import frame_chunks
 
         if self._from_frames is None:

@@ -157,7 +157,6 @@ class _FrameLines:
         # indexed by a record's u16 function id: ids past the table take the slow path
         self._rows: List[Any] = [_UNCOMPILED] * len(self.table) + [None] * (
             (1 << 16) - len(self.table))
-        self._seen_pids: set = set()
         self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
         self._durations: Dict[int, str] = {}
 
@@ -188,17 +187,8 @@ class _FrameLines:
         """The launch's kernel name, if the namer knows it."""
         return self.namer.name_for(pid, row.api.name, func) if self.namer is not None else None
 
-    def observe(self, frames: bytes) -> None:
-        """Let the namer snapshot the mappings of processes seen for the first time."""
-        if self.namer is None:
-            return
-        pids = record.frame_pids(frames) - self._seen_pids
-        self.namer.observe_pids(pids)
-        self._seen_pids |= pids
-
     def lines(self, frames: bytes) -> List[str]:
         """The lines of a batch (no newlines between records), in record order."""
-        self.observe(frames)
         out: List[str] = []
         rows, compiled, threads, durations = self._rows, self.row, self._threads, self._durations
         offset = self.decoder.clock_offset_ns
