@@ -7,10 +7,12 @@ counted by exit events, and each exit event must carry its own thread's id both 
 tid (taken at return) and as `dst` (taken at entry): entry and return were paired correctly.
 """
 import collections
+import time
 
 
 from ebpf_cuda.tracer import Tracer
-from test_robust_support import exits, json_events, lost_from_stderr, robust, run_cli  # noqa: F401
+from test_robust_support import (exits, json_events, lost_from_stderr, robust,  # noqa: F401
+                                 run_cli, start_cli, stop)
 
 
 def trace_threads(prog, threads: int, per_thread: int, ring_size: int):
@@ -131,3 +133,28 @@ def test_spool_too_small_drops_and_counts(root, robust, tmp_path):
     assert "%d past the spool's 1 bytes (try --spool-size)" % (threads * per_thread) \
         in done.stderr
     assert "cudaMemcpy" not in out.read_text()
+
+
+def _nice(pid: int, tid: int) -> int:
+    with open("/proc/%d/task/%d/stat" % (pid, tid)) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
+def test_the_reader_runs_at_a_higher_priority(root, robust, tmp_path):
+    """The CLI's reader thread (its main thread) runs at nice -10, so a program with more
+    busy threads than cores cannot starve it; the traced command keeps the ordinary one."""
+    _, prog = robust
+    tracer = start_cli(["-o", tmp_path / "t.txt", "--functions", "cudaMemcpy", "--", prog,
+                        "rate", 1000, 2])
+    try:
+        deadline = time.monotonic() + 5
+        while _nice(tracer.pid, tracer.pid) != -10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        reader = _nice(tracer.pid, tracer.pid)
+        children = [int(c) for c in open("/proc/%d/task/%d/children" % (tracer.pid, tracer.pid))
+                    .read().split()]
+        command = [_nice(c, c) for c in children]
+    finally:
+        stop(tracer)
+    assert reader == -10
+    assert command == [0]
