@@ -27,8 +27,7 @@ from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
 
 def probe_sites(libs: List[str]) -> List[tuple]:
     """(path, offset, function) of every entry probe the tracer's default set attaches."""
-    with Tracer(library=libs) as tracer:
-        tracer.start()
+    with Tracer(library=libs) as tracer:  # (entering starts it: probes found and attached)
         return sorted({(a.path, a.offset, a.api) for a in tracer.attachments if not a.retprobe})
 
 
