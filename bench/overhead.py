@@ -39,7 +39,7 @@ from common import BareCounters, Built, LoopResult  # noqa: E402
 
 import threading  # noqa: E402
 
-from ebpf_cuda import asm, probes, record  # noqa: E402
+from ebpf_cuda import asm, layout, probes, record  # noqa: E402
 from ebpf_cuda.arch import current as current_arch  # noqa: E402
 from ebpf_cuda.asm import DW, FP, R0, R1, R2, R3, R4, R6, Helper  # noqa: E402
 from ebpf_cuda.apis import BY_NAME, FN_ID  # noqa: E402
@@ -182,8 +182,8 @@ class Components:
             "inflight": LruHashMap(record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE,
                                    INFLIGHT_ENTRIES, name="inflight"),
             "stats": PerCpuArrayMap(8, record.STAT_COUNT, name="stats"),
-            "names": LruHashMap(probes.NAME_KEY_SIZE, probes.NAME_SIZE, 16, name="names"),
-            "scratch": PerCpuArrayMap(probes.NAME_KEY_SIZE + probes.NAME_SIZE, 1,
+            "names": LruHashMap(layout.NAME_KEY_SIZE, layout.NAME_SIZE, 16, name="names"),
+            "scratch": PerCpuArrayMap(layout.NAME_KEY_SIZE + layout.NAME_SIZE, 1,
                                       name="scratch"),
             "counts": ArrayMap(16, 1, "bench_counts"),
             "tasks": TaskStorageMap(record.TASK_VALUE_SIZE, name="tasks"),

@@ -1,8 +1,10 @@
-"""Symbols per second: pyelftools iteration against elf.py's bulk reader.
+"""Symbols per second: pyelftools iteration against elf.py's bulk reader; and what reading a
+file's structure (headers, segments, dynamic tags, through pyelftools) and importing
+pyelftools cost, the parts a start pays for every file it opens.
 
     python3 bench/symbols.py               # builds a synthetic .so with 100k functions
     python3 bench/symbols.py --count 20000
-    python3 bench/symbols.py --path /usr/lib/x86_64-linux-gnu/libLLVM-15.so.1
+    python3 bench/symbols.py --path /usr/lib/x86_64-linux-gnu/libLLVM-15.so.1 --path ...
 
 The synthetic library is cached in the temp folder between runs.
 """
@@ -62,6 +64,12 @@ def bulk_everything(path: str) -> int:
     return len(elf.functions())
 
 
+def headers_only(path: str) -> int:
+    """Open without reading symbols: ELF header, segments, section headers, dynamic tags."""
+    elf = ElfFile(path, allow_stripped=True)
+    return len(elf.needed)
+
+
 def measure(label: str, func, path: str, repeat: int = 3) -> None:
     """Best of `repeat` runs."""
     best = float("inf")
@@ -74,16 +82,45 @@ def measure(label: str, func, path: str, repeat: int = 3) -> None:
           % (label, count, elapsed, count / elapsed if elapsed else 0))
 
 
+def measure_open(path: str, repeat: int = 50) -> None:
+    """Best and median ms of opening the file for its structure only."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        headers_only(path)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    print("%-28s %8.2f ms best, %.2f median (headers, segments, dynamic tags)"
+          % ("open: structure only", times[0], times[len(times) // 2]))
+
+
+def pyelftools_import_ms(repeat: int = 5) -> str:
+    """ms to import what elf.py uses of pyelftools in a fresh interpreter that has already
+    imported the CLI (what a start pays on top), best and median of `repeat`."""
+    code = ("import time, ebpf_cuda.cli, ebpf_cuda.tracer\n"
+            "t = time.perf_counter()\n"
+            "from ebpf_cuda.elf import _pyelftools; _pyelftools()\n"
+            "print((time.perf_counter() - t) * 1000)\n")
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    values = sorted(float(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                         text=True, check=True, cwd=root).stdout)
+                    for _ in range(repeat))
+    return "%.1f ms best, %.1f median" % (values[0], values[len(values) // 2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=100000)
-    parser.add_argument("--path", help="an existing ELF file instead of a synthetic one")
+    parser.add_argument("--path", action="append",
+                        help="an existing ELF file instead of a synthetic one (repeatable)")
     args = parser.parse_args()
-    path = args.path or synthetic_library(args.count)
-    print(path, "%.1f MB" % (os.path.getsize(path) / 1e6))
-    measure("bulk: open + symbol_offset", bulk_symbol_offset, path)
-    measure("bulk: + symbolize + offsets", bulk_everything, path)
-    measure("pyelftools iteration", pyelftools_functions, path, repeat=1)
+    print("pyelftools import after the CLI's: %s" % pyelftools_import_ms())
+    for path in args.path or [synthetic_library(args.count)]:
+        print(path, "%.1f MB" % (os.path.getsize(path) / 1e6))
+        measure_open(path)
+        measure("bulk: open + symbol_offset", bulk_symbol_offset, path)
+        measure("bulk: + symbolize + offsets", bulk_everything, path)
+        measure("pyelftools iteration", pyelftools_functions, path, repeat=1)
 
 
 if __name__ == "__main__":

@@ -2,40 +2,40 @@
 counters instead of (or besides) writing a record, so a summary costs no ring traffic.
 
 Per function (and memcpy kind): count, total/min/max duration, errors, bytes of successful
-calls, a sum of squared durations in 64 ns units (for the standard deviation) and a log2 histogram of
-durations (for approximate percentiles). Errors by (function, code) and launches by
-(process, function, geometry) go to hash maps. `read_aggregates` sums it all up at the end.
+calls (the row's `size` fields times its element size: apis.Api.size), the sum of squared
+durations in ns² (for the standard deviation: see `sum_of_squares`) and a log2 histogram of
+durations (for approximate percentiles). Errors by (function, code) and successful launches
+by (process, function, geometry) go to hash maps. `read_aggregates` sums it all up at the end.
 """
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import asm, record
-from .apis import TABLE, Api, Kind, arg_cells
+from . import asm, layout, record
+from .apis import TABLE, Api, Kind, Role, arg_cells
 from .arch import Arch
-from .asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, W, Helper
+from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Helper
 
-AGG_MAP = "agg"
-ERRORS_MAP = "errors"
-LAUNCHES_MAP = "launches"
-
-KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
-HIST_BUCKETS = 40  # log2(ns) buckets: 2^39 ns is about 9 minutes
+AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
+KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
 COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
-SUMSQ_SHIFT = 6  # squares of durations in 64 ns units: no overflow below 2^38 ns (4.5 min)
-AGG_VALUE = struct.Struct("<7Q%dQ" % HIST_BUCKETS)
-ERROR_KEY = struct.Struct("<II")  # fn_id, code
-LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
-LAUNCH_VALUE = struct.Struct("<QQ")  # count, total ns
-ERROR_ENTRIES = 4096
-LAUNCH_ENTRIES = 16384
+# The SUMSQ cell is a small float: the sum of squares is MANTISSA * 4**EXPONENT (ns²), the
+# exponent in the top 6 bits. It stays 0, and the sum exact, until a duration reaches 2^29 ns
+# (0.54 s) or the sum 2^58 ns² (e.g. 290,000 calls of 1 ms); each step up halves the
+# durations squared from then on (d >> exponent), so no call and no sum ever overflows.
+SUMSQ_EXP_AT = 58
+_MANTISSA = (1 << SUMSQ_EXP_AT) - 1
+_ROOT_BITS = SUMSQ_EXP_AT // 2  # (d >> exponent) < 2^29: its square fits the mantissa
+AGG_VALUE, ERROR_KEY = layout.AGG_VALUE, layout.ERROR_KEY
+LAUNCH_KEY, LAUNCH_VALUE = layout.LAUNCH_KEY, layout.LAUNCH_VALUE
+ERROR_ENTRIES, LAUNCH_ENTRIES = layout.ERROR_ENTRIES, layout.LAUNCH_ENTRIES
 
-# Stack of the return program below probes.NOW (fp-136).
-_AGG_KEY = -144
-_LAUNCH_KEY = _AGG_KEY - LAUNCH_KEY.size  # fp-232
-_LAUNCH_VALUE = _LAUNCH_KEY - LAUNCH_VALUE.size  # fp-248
-_ERROR_KEY = _LAUNCH_VALUE - 8  # fp-256
-_ERROR_VALUE = _ERROR_KEY - 8  # fp-264
+# The return program's stack below layout.NOW_AT.
+_AGG_KEY = layout.AGG_KEY_AT
+_LAUNCH_KEY = layout.LAUNCH_KEY_AT
+_LAUNCH_VALUE = layout.LAUNCH_VALUE_AT
+_ERROR_KEY = layout.ERROR_KEY_AT
+_ERROR_VALUE = layout.ERROR_VALUE_AT
 
 
 def agg_entries(table: Sequence[Api] = TABLE) -> int:
@@ -55,19 +55,24 @@ def _shown_cells(api: Api) -> Tuple[int, ...]:
                          for k in range(arg.cells)}))
 
 
+def _size_cells(api: Api) -> Tuple[int, ...]:
+    """The record cells of the row's `size` fields (none unless all are arguments)."""
+    cells = {arg.name: cell for arg, cell in arg_cells(api)}
+    return tuple(cells[n] for n in api.size) if all(n in cells for n in api.size) else ()
+
+
 def shape_of(api: Api) -> tuple:
     """What `aggregate_call` reads of `api` (see probes.shape_of)."""
-    launch = _shown_cells(api) if api.category == "launch" else None
-    return (_cell_of(api, lambda a: a.name == "size"),
+    launch = _shown_cells(api) if api.role == Role.LAUNCH else None
+    return (_size_cells(api), api.elem_size,
             _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch)
 
 
 def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
-    `fn_id` a constant or probes.FROM_COOKIE."""
-    from .probes import NOW
-
-    prog = [asm.ldx(DW, R8, FP, NOW), asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.sub(R8, R1)]
+    `fn_id` a constant or layout.FROM_COOKIE."""
+    prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
+            asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
     prog += [
         asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
@@ -83,28 +88,63 @@ def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
         asm.Label("max_ok"),
         asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "failed"),
     ]
-    size_cell = _cell_of(api, lambda a: a.name == "size")
-    if size_cell is not None:
-        prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * size_cell)]
-        prog += _add_reg(BYTES, R1)
+    prog += _bytes(api)
     prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
-    prog += [asm.Label("outcome_done"), asm.mov(R1, R8), asm.rsh(R1, SUMSQ_SHIFT),
-             asm.mul(R1, R1)]
-    prog += _add_reg(SUMSQ, R1) + _histogram() + [asm.Label("agg_done")]
+    prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
+    prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
     prog += _count_error(fn_id, arch)
-    if api.category == "launch":
+    if api.role == Role.LAUNCH:  # successful ones, as the event summary counts them
+        prog += [asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "launch_done")]
         prog += _count_launch(api, fn_id)
     return prog
 
 
+def _bytes(api: Api) -> list:
+    """bytes += the product of the size cells times the element size (rows with a size)."""
+    cells = _size_cells(api)
+    if not cells:
+        return []
+    prog = [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cells[0])]
+    for cell in cells[1:]:
+        prog += [asm.ldx(DW, R3, R7, record.INFLIGHT_ARGS + 8 * cell), asm.mul(R1, R3)]
+    if api.elem_size != 1:
+        prog.append(asm.mul(R1, api.elem_size))
+    return prog + _add_reg(BYTES, R1)
+
+
+def _sum_of_squares() -> list:
+    """SUMSQ += duration² (R8), kept as mantissa * 4**exponent (see SUMSQ_EXP_AT); R2 holds
+    floor(log2(duration)). R1 mantissa, R2 exponent, R3 the square, R4/R5 scratch."""
+    return [
+        asm.mov(R4, R2), asm.sub(R4, _ROOT_BITS - 1),  # the least exponent for this duration
+        asm.ldx(DW, R1, R9, SUMSQ), asm.mov(R2, R1), asm.rsh(R2, SUMSQ_EXP_AT),
+        asm.lsh(R1, 64 - SUMSQ_EXP_AT), asm.rsh(R1, 64 - SUMSQ_EXP_AT),
+        asm.jsle(R4, R2, "sq_exp_ok"),  # raise the exponent: mantissa / 4**(new - old)
+        asm.mov(R5, R4), asm.sub(R5, R2), asm.lsh(R5, 1), asm.mov(R2, R4),
+        asm.jlt(R5, SUMSQ_EXP_AT, "sq_shift"), asm.mov(R1, 0), asm.ja("sq_exp_ok"),
+        asm.Label("sq_shift"), asm.rsh(R1, R5),
+        asm.Label("sq_exp_ok"),
+        asm.mov(R3, R8), asm.rsh(R3, R2), asm.mul(R3, R3), asm.add(R1, R3),
+        asm.mov(R5, R1), asm.rsh(R5, SUMSQ_EXP_AT), asm.jeq(R5, 0, "sq_fits"),
+        # the sum reached 2^58: one step up (both halves then stay below 2^56)
+        asm.sub(R1, R3), asm.rsh(R1, 2), asm.add(R2, 1),
+        asm.mov(R3, R8), asm.rsh(R3, R2), asm.mul(R3, R3), asm.add(R1, R3),
+        asm.Label("sq_fits"),
+        asm.lsh(R2, SUMSQ_EXP_AT), asm.or_(R1, R2), asm.stx(DW, R9, SUMSQ, R1),
+    ]
+
+
+def sum_of_squares(cell: int) -> int:
+    """The sum of squared durations (ns²) a SUMSQ cell holds."""
+    return (cell & _MANTISSA) << (2 * (cell >> SUMSQ_EXP_AT))
+
+
 def _agg_index(api: Api, fn_id) -> list:
     """fp-144 = fn_id * KIND_SLOTS + the call's memcpy kind (0 when none or out of range)."""
-    from .probes import FROM_COOKIE, fn_id_into
-
     kind_cell = _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND)
-    if kind_cell is None and fn_id is not FROM_COOKIE:
+    if kind_cell is None and fn_id is not layout.FROM_COOKIE:
         return [asm.st(W, FP, _AGG_KEY, fn_id * KIND_SLOTS)]
-    prog = fn_id_into(R2, fn_id) + [asm.mul(R2, KIND_SLOTS)]
+    prog = layout.fn_id_into(R2, fn_id) + [asm.mul(R2, KIND_SLOTS)]
     if kind_cell is None:
         return prog + [asm.stx(W, FP, _AGG_KEY, R2)]
     return prog + [
@@ -122,14 +162,19 @@ def _add_reg(offset: int, reg) -> list:
     return [asm.ldx(DW, R2, R9, offset), asm.add(R2, reg), asm.stx(DW, R9, offset, R2)]
 
 
-def _histogram() -> list:
-    """hist[floor(log2(duration))] += 1, by binary search on the bits of R8."""
+def _floor_log2() -> list:
+    """R2 = floor(log2(R8)) (0 for 0), by binary search on its bits; R1, R3 clobbered."""
     prog = [asm.mov(R1, R8), asm.mov(R2, 0)]
     for shift in (32, 16, 8, 4, 2, 1):
         label = "log2_%d" % shift
         prog += [asm.mov(R3, R1), asm.rsh(R3, shift), asm.jeq(R3, 0, label),
                  asm.mov(R1, R3), asm.add(R2, shift), asm.Label(label)]
-    return prog + [
+    return prog
+
+
+def _histogram() -> list:
+    """hist[R2] += 1 (R2: floor(log2(duration)), capped at the last bucket)."""
+    return [
         asm.jle(R2, HIST_BUCKETS - 1, "bucket_ok"), asm.mov(R2, HIST_BUCKETS - 1),
         asm.Label("bucket_ok"),
         asm.lsh(R2, 3), asm.add(R2, R9),
@@ -139,10 +184,8 @@ def _histogram() -> list:
 
 def _count_error(fn_id, arch: Arch) -> list:
     """errors[(fn_id, code)] += 1 for a failed call."""
-    from .probes import fn_id_into
-
     prog = [asm.ldx(DW, R1, R6, arch.ret), asm.jeq32(R1, 0, "error_done")]
-    prog += fn_id_into(R2, fn_id) + [
+    prog += layout.fn_id_into(R2, fn_id) + [
         asm.stx(W, FP, _ERROR_KEY, R2), asm.stx(W, FP, _ERROR_KEY + 4, R1),
         asm.st(DW, FP, _ERROR_VALUE, 1),
     ]
@@ -151,12 +194,10 @@ def _count_error(fn_id, arch: Arch) -> list:
 
 def _count_launch(api: Api, fn_id) -> list:
     """launches[(pid, fn_id, shown argument cells)] += (1, duration)."""
-    from .probes import fn_id_into
-
     shown = _shown_cells(api)
     prog = [
-        asm.ldx(DW, R1, FP, -16), asm.rsh(R1, 32),  # pid from the inflight key (fp-16)
-    ] + fn_id_into(R2, fn_id) + [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # pid, from the key
+    ] + layout.fn_id_into(R2, fn_id) + [
         asm.lsh(R2, 32), asm.or_(R1, R2),
         asm.stx(DW, FP, _LAUNCH_KEY, R1),
     ]
@@ -207,7 +248,7 @@ class FunctionStats:
     max_ns: int = 0
     errors: int = 0
     bytes: int = 0
-    sumsq: int = 0
+    sumsq: int = 0  # the sum of squared durations, ns²
     histogram: List[int] = field(default_factory=lambda: [0] * HIST_BUCKETS)
 
     def add_cpu(self, values: Tuple[int, ...]) -> None:
@@ -251,7 +292,9 @@ def read_aggregates(agg_map, errors_map, launches_map,
         has_kind = any(a.kind == Kind.MEMCPY_KIND for a in api.args)
         stats = FunctionStats(api.name, kind if has_kind else None)
         for raw in per_cpu:
-            stats.add_cpu(AGG_VALUE.unpack(raw) if isinstance(raw, bytes) else raw)
+            values = list(AGG_VALUE.unpack(raw) if isinstance(raw, bytes) else raw)
+            values[SUMSQ // 8] = sum_of_squares(values[SUMSQ // 8])  # in ns², exact int
+            stats.add_cpu(tuple(values))
         if stats.count:
             functions.append(stats)
     errors = {}

@@ -34,6 +34,33 @@ class Kind:
 # memory call.
 
 
+class Role:
+    """What a call does, for the analyses (memory correlation, copy and launch tables)."""
+
+    ALLOC = "alloc"  # returns new memory (out `ptr`), `size` bytes, of family `memory`
+    FREE = "free"  # releases the memory at argument `ptr`
+    COPY = "copy"  # moves `size` bytes to `ptr`, in `direction`
+    MEMSET = "memset"  # sets `size` elements of `elem_size` bytes at `ptr`
+    LAUNCH = "launch"  # launches kernel `func`
+
+
+class Direction:
+    """Where a copy goes: a cudaMemcpyKind name (cuda_enums.MEMCPY_KINDS), PeerToPeer, or
+    FROM_KIND: the row's memcpy-kind argument says (cudaMemcpy's `kind`)."""
+
+    HTOH = "HostToHost"
+    HTOD = "HostToDevice"
+    DTOH = "DeviceToHost"
+    DTOD = "DeviceToDevice"
+    DEFAULT = "Default"  # unified addressing: the pointers tell
+    PEER = "PeerToPeer"
+    FROM_KIND = "from-kind"
+
+
+DEVICE = "device"  # memory families of allocators and frees (with the layer: see Api.family)
+HOST = "host"
+
+
 class Arg(NamedTuple):
     """An argument read at entry from ABI slot `slot` (a DIM3 takes slots slot and slot+1)."""
 
@@ -79,6 +106,16 @@ class Api(NamedTuple):
     # (new handle field, known handle field): the new handle runs the same kernel as the known
     # one (cuKernelGetFunction: a CUfunction for a CUkernel).
     learn_alias: Optional[Tuple[str, str]] = None
+    # What the analyses read (see Role). `ptr`: the out-parameter of an allocator, else the
+    # argument (the memory freed, copied to, set); `size`: the fields (arguments, or
+    # out-parameters) whose product times `elem_size` is the byte count.
+    role: Optional[str] = None
+    ptr: Optional[str] = None
+    size: Tuple[str, ...] = ()
+    elem_size: int = 1
+    direction: Optional[str] = None  # copies: a Direction
+    memory: Optional[str] = None  # allocators and frees: DEVICE or HOST
+    asynchronous: bool = False  # stream-ordered: returns before the work is done
 
     @property
     def symbols(self) -> Tuple[str, ...]:
@@ -87,6 +124,24 @@ class Api(NamedTuple):
     @property
     def driver(self) -> bool:
         return self.library == DRIVER
+
+    @property
+    def family(self) -> Optional[Tuple[str, str]]:
+        """(layer, DEVICE or HOST) of an allocator or free: memory is released only by a
+        free of its own family (cudaMallocHost's by cudaFreeHost, cuMemAlloc's by
+        cuMemFree_v2 or cuMemFreeAsync)."""
+        return (self.library, self.memory) if self.memory else None
+
+    @property
+    def teaches_names(self) -> bool:
+        """Its calls teach kernel names: they always emit a record (also with in-kernel
+        aggregates) and wake the reader at once, while the process still lives."""
+        return self.category == "module"
+
+    @property
+    def captures_stack(self) -> bool:
+        """With --stacks its records carry the caller's user stack (shown by --leaks)."""
+        return self.category == "memory"
 
 
 def _a(name: str, kind: str, slot: int, show: bool = True) -> Arg:
@@ -99,6 +154,30 @@ def _hidden(name: str, slot: int) -> Arg:
 
 R, D = RUNTIME, DRIVER
 K = Kind
+A = Direction
+
+
+def _alloc(memory: str, size: Tuple[str, ...] = ("size",), asynchronous: bool = False) -> dict:
+    return dict(role=Role.ALLOC, ptr="ptr", size=size, memory=memory, asynchronous=asynchronous)
+
+
+def _free(memory: str, asynchronous: bool = False) -> dict:
+    return dict(role=Role.FREE, ptr="ptr", memory=memory, asynchronous=asynchronous)
+
+
+def _copy(direction: str, asynchronous: bool = False,
+          size: Tuple[str, ...] = ("size",)) -> dict:
+    return dict(role=Role.COPY, ptr="dst", size=size, direction=direction,
+                asynchronous=asynchronous)
+
+
+def _memset(asynchronous: bool = False, size: str = "size", elem_size: int = 1) -> dict:
+    return dict(role=Role.MEMSET, ptr="ptr", size=(size,), elem_size=elem_size,
+                asynchronous=asynchronous)
+
+
+_LAUNCH = dict(role=Role.LAUNCH, asynchronous=True)
+_SIZED = dict(size=("size",))  # no role, but a byte count (the vmm rows)
 
 
 def _launch_args(first_stack: int) -> Tuple[Arg, ...]:
@@ -120,11 +199,12 @@ _MEMCPY = (_a("dst", K.PTR, 0), _a("src", K.PTR, 1), _a("size", K.SIZE, 2))
 TABLE: Tuple[Api, ...] = (
     # The seed tool's eleven, first (SEED_FUNCTIONS below relies on the order).
     Api("cudaMalloc", R, (_hidden("devPtr", 0), _a("size", K.SIZE, 1)),
-        (Out("ptr", K.PTR, 0),), "memory"),
-    Api("cudaFree", R, (_a("ptr", K.PTR, 0),), (), "memory"),
+        (Out("ptr", K.PTR, 0),), "memory", **_alloc(DEVICE)),
+    Api("cudaFree", R, (_a("ptr", K.PTR, 0),), (), "memory", **_free(DEVICE)),
     Api("cudaMemcpy", R, _MEMCPY + (_a("kind", K.MEMCPY_KIND, 3),), (), "memcpy",
-        ("cudaMemcpy_ptds",)),
-    Api("cudaLaunchKernel", R, _launch_args(6), (), "launch", ("cudaLaunchKernel_ptsz",)),
+        ("cudaMemcpy_ptds",), **_copy(A.FROM_KIND)),
+    Api("cudaLaunchKernel", R, _launch_args(6), (), "launch", ("cudaLaunchKernel_ptsz",),
+        **_LAUNCH),
     Api("cudaStreamCreate", R, (_hidden("pStream", 0),), (Out("stream", K.HANDLE, 0),),
         "stream"),
     Api("cudaStreamSynchronize", R, (_a("stream", K.HANDLE, 0),), (), "sync",
@@ -138,40 +218,43 @@ TABLE: Tuple[Api, ...] = (
     Api("cudaSetDevice", R, (_a("device", K.INT, 0),), (), "device"),
     # The rest of the runtime API.
     Api("cudaMallocManaged", R, (_hidden("devPtr", 0), _a("size", K.SIZE, 1),
-                                 _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory"),
+                                 _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory",
+        **_alloc(DEVICE)),
     Api("cudaMallocHost", R, (_hidden("pHost", 0), _a("size", K.SIZE, 1)),
-        (Out("ptr", K.PTR, 0),), "memory"),
+        (Out("ptr", K.PTR, 0),), "memory", **_alloc(HOST)),
     Api("cudaHostAlloc", R, (_hidden("pHost", 0), _a("size", K.SIZE, 1), _a("flags", K.UINT, 2)),
-        (Out("ptr", K.PTR, 0),), "memory"),
-    Api("cudaFreeHost", R, (_a("ptr", K.PTR, 0),), (), "memory"),
+        (Out("ptr", K.PTR, 0),), "memory", **_alloc(HOST)),
+    Api("cudaFreeHost", R, (_a("ptr", K.PTR, 0),), (), "memory", **_free(HOST)),
     Api("cudaMallocAsync", R, (_hidden("devPtr", 0), _a("size", K.SIZE, 1),
                                _a("stream", K.HANDLE, 2)), (Out("ptr", K.PTR, 0),), "memory",
-        ("cudaMallocAsync_ptsz",)),
+        ("cudaMallocAsync_ptsz",), **_alloc(DEVICE, asynchronous=True)),
     Api("cudaFreeAsync", R, (_a("ptr", K.PTR, 0), _a("stream", K.HANDLE, 1)), (), "memory",
-        ("cudaFreeAsync_ptsz",)),
+        ("cudaFreeAsync_ptsz",), **_free(DEVICE, asynchronous=True)),
     Api("cudaMallocPitch", R, (_hidden("devPtr", 0), _hidden("pPitch", 1),
                                _a("width", K.SIZE, 2), _a("height", K.U64, 3)),
-        (Out("ptr", K.PTR, 0), Out("pitch", K.U64, 1)), "memory"),
+        (Out("ptr", K.PTR, 0), Out("pitch", K.U64, 1)), "memory",
+        **_alloc(DEVICE, size=("pitch", "height"))),
     Api("cudaMemcpyAsync", R, _MEMCPY + (_a("kind", K.MEMCPY_KIND, 3),
                                          _a("stream", K.HANDLE, 4)), (), "memcpy",
-        ("cudaMemcpyAsync_ptsz",)),
+        ("cudaMemcpyAsync_ptsz",), **_copy(A.FROM_KIND, asynchronous=True)),
     Api("cudaMemcpy2D", R, (_a("dst", K.PTR, 0), _a("dpitch", K.U64, 1), _a("src", K.PTR, 2),
                             _a("spitch", K.U64, 3), _a("width", K.SIZE, 4),
                             _a("height", K.U64, 5), _a("kind", K.MEMCPY_KIND, 6)), (),
-        "memcpy", ("cudaMemcpy2D_ptds",)),
+        "memcpy", ("cudaMemcpy2D_ptds",), **_copy(A.FROM_KIND, size=("width", "height"))),
     Api("cudaMemcpy2DAsync", R, (_a("dst", K.PTR, 0), _a("dpitch", K.U64, 1),
                                  _a("src", K.PTR, 2), _a("spitch", K.U64, 3),
                                  _a("width", K.SIZE, 4), _a("height", K.U64, 5),
                                  _a("kind", K.MEMCPY_KIND, 6), _a("stream", K.HANDLE, 7)), (),
-        "memcpy", ("cudaMemcpy2DAsync_ptsz",)),
+        "memcpy", ("cudaMemcpy2DAsync_ptsz",),
+        **_copy(A.FROM_KIND, asynchronous=True, size=("width", "height"))),
     Api("cudaMemcpyPeer", R, (_a("dst", K.PTR, 0), _a("dstDevice", K.INT, 1),
                               _a("src", K.PTR, 2), _a("srcDevice", K.INT, 3),
-                              _a("size", K.SIZE, 4)), (), "memcpy"),
+                              _a("size", K.SIZE, 4)), (), "memcpy", **_copy(A.PEER)),
     Api("cudaMemset", R, (_a("ptr", K.PTR, 0), _a("value", K.INT, 1), _a("size", K.SIZE, 2)),
-        (), "memset", ("cudaMemset_ptds",)),
+        (), "memset", ("cudaMemset_ptds",), **_memset()),
     Api("cudaMemsetAsync", R, (_a("ptr", K.PTR, 0), _a("value", K.INT, 1),
                                _a("size", K.SIZE, 2), _a("stream", K.HANDLE, 3)), (), "memset",
-        ("cudaMemsetAsync_ptsz",)),
+        ("cudaMemsetAsync_ptsz",), **_memset(asynchronous=True)),
     Api("cudaDeviceSynchronize", R, (), (), "sync"),
     Api("cudaDeviceReset", R, (), (), "device"),
     Api("cudaGetDeviceCount", R, (_hidden("pCount", 0),), (Out("count", K.INT, 0, size=4),),
@@ -197,9 +280,9 @@ TABLE: Tuple[Api, ...] = (
                                     _a("end", K.HANDLE, 2)),
         (Out("ms", K.FLOAT, 0, size=4),), "event"),
     Api("cudaLaunchKernelExC", R, (_CONFIG, _a("func", K.PTR, 1), _hidden("args", 2)), (),
-        "launch", ("cudaLaunchKernelExC_ptsz",)),
+        "launch", ("cudaLaunchKernelExC_ptsz",), **_LAUNCH),
     Api("cudaLaunchCooperativeKernel", R, _launch_args(6), (), "launch",
-        ("cudaLaunchCooperativeKernel_ptsz",)),
+        ("cudaLaunchCooperativeKernel_ptsz",), **_LAUNCH),
     Api("cudaGraphLaunch", R, (_a("graphExec", K.HANDLE, 0), _a("stream", K.HANDLE, 1)), (),
         "graph", ("cudaGraphLaunch_ptsz",)),
     Api("cudaGraphInstantiate", R, (_hidden("pGraphExec", 0), _a("graph", K.HANDLE, 1),
@@ -227,60 +310,72 @@ TABLE: Tuple[Api, ...] = (
     Api("cuDevicePrimaryCtxRetain", D, (_hidden("pCtx", 0), _a("device", K.INT, 1)),
         (Out("ctx", K.HANDLE, 0),), "context"),
     Api("cuMemAlloc_v2", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1)),
-        (Out("ptr", K.PTR, 0),), "memory"),
-    Api("cuMemFree_v2", D, (_a("ptr", K.PTR, 0),), (), "memory"),
+        (Out("ptr", K.PTR, 0),), "memory", **_alloc(DEVICE)),
+    Api("cuMemFree_v2", D, (_a("ptr", K.PTR, 0),), (), "memory", **_free(DEVICE)),
     Api("cuMemAllocAsync", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1),
                                _a("stream", K.HANDLE, 2)), (Out("ptr", K.PTR, 0),), "memory",
-        ("cuMemAllocAsync_ptsz",)),
+        ("cuMemAllocAsync_ptsz",), **_alloc(DEVICE, asynchronous=True)),
     Api("cuMemFreeAsync", D, (_a("ptr", K.PTR, 0), _a("stream", K.HANDLE, 1)), (), "memory",
-        ("cuMemFreeAsync_ptsz",)),
+        ("cuMemFreeAsync_ptsz",), **_free(DEVICE, asynchronous=True)),
     Api("cuMemAllocManaged", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1),
-                                 _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory"),
+                                 _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory",
+        **_alloc(DEVICE)),
     Api("cuMemAllocHost_v2", D, (_hidden("pHost", 0), _a("size", K.SIZE, 1)),
-        (Out("ptr", K.PTR, 0),), "memory"),
-    Api("cuMemFreeHost", D, (_a("ptr", K.PTR, 0),), (), "memory"),
+        (Out("ptr", K.PTR, 0),), "memory", **_alloc(HOST)),
+    Api("cuMemFreeHost", D, (_a("ptr", K.PTR, 0),), (), "memory", **_free(HOST)),
     Api("cuMemAllocPitch_v2", D, (_hidden("pPtr", 0), _hidden("pPitch", 1),
                                   _a("width", K.SIZE, 2), _a("height", K.U64, 3),
                                   _a("elementSize", K.UINT, 4)),
-        (Out("ptr", K.PTR, 0), Out("pitch", K.U64, 1)), "memory"),
+        (Out("ptr", K.PTR, 0), Out("pitch", K.U64, 1)), "memory",
+        **_alloc(DEVICE, size=("pitch", "height"))),
     Api("cuMemHostAlloc", D, (_hidden("pHost", 0), _a("size", K.SIZE, 1),
-                              _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory"),
-    Api("cuMemcpy", D, _MEMCPY, (), "memcpy", ("cuMemcpy_ptds",)),
-    Api("cuMemcpyHtoD_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyHtoD_v2_ptds",)),
-    Api("cuMemcpyDtoH_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyDtoH_v2_ptds",)),
-    Api("cuMemcpyDtoD_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyDtoD_v2_ptds",)),
+                              _a("flags", K.UINT, 2)), (Out("ptr", K.PTR, 0),), "memory",
+        **_alloc(HOST)),
+    Api("cuMemcpy", D, _MEMCPY, (), "memcpy", ("cuMemcpy_ptds",), **_copy(A.DEFAULT)),
+    Api("cuMemcpyHtoD_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyHtoD_v2_ptds",),
+        **_copy(A.HTOD)),
+    Api("cuMemcpyDtoH_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyDtoH_v2_ptds",),
+        **_copy(A.DTOH)),
+    Api("cuMemcpyDtoD_v2", D, _MEMCPY, (), "memcpy", ("cuMemcpyDtoD_v2_ptds",),
+        **_copy(A.DTOD)),
     Api("cuMemcpyAsync", D, _MEMCPY + (_a("stream", K.HANDLE, 3),), (), "memcpy",
-        ("cuMemcpyAsync_ptsz",)),
+        ("cuMemcpyAsync_ptsz",), **_copy(A.DEFAULT, asynchronous=True)),
     Api("cuMemcpyHtoDAsync_v2", D, _MEMCPY + (_a("stream", K.HANDLE, 3),), (), "memcpy",
-        ("cuMemcpyHtoDAsync_v2_ptsz",)),
+        ("cuMemcpyHtoDAsync_v2_ptsz",), **_copy(A.HTOD, asynchronous=True)),
     Api("cuMemcpyDtoHAsync_v2", D, _MEMCPY + (_a("stream", K.HANDLE, 3),), (), "memcpy",
-        ("cuMemcpyDtoHAsync_v2_ptsz",)),
+        ("cuMemcpyDtoHAsync_v2_ptsz",), **_copy(A.DTOH, asynchronous=True)),
     Api("cuMemcpyDtoDAsync_v2", D, _MEMCPY + (_a("stream", K.HANDLE, 3),), (), "memcpy",
-        ("cuMemcpyDtoDAsync_v2_ptsz",)),
+        ("cuMemcpyDtoDAsync_v2_ptsz",), **_copy(A.DTOD, asynchronous=True)),
     Api("cuMemsetD8_v2", D, (_a("ptr", K.PTR, 0), _a("value", K.UINT, 1),
-                             _a("count", K.U64, 2)), (), "memset", ("cuMemsetD8_v2_ptds",)),
+                             _a("count", K.U64, 2)), (), "memset", ("cuMemsetD8_v2_ptds",),
+        **_memset(size="count")),
     Api("cuMemsetD32_v2", D, (_a("ptr", K.PTR, 0), _a("value", K.UINT, 1),
-                              _a("count", K.U64, 2)), (), "memset", ("cuMemsetD32_v2_ptds",)),
+                              _a("count", K.U64, 2)), (), "memset", ("cuMemsetD32_v2_ptds",),
+        **_memset(size="count", elem_size=4)),
     Api("cuMemsetD8Async", D, (_a("ptr", K.PTR, 0), _a("value", K.UINT, 1),
                                _a("count", K.U64, 2), _a("stream", K.HANDLE, 3)), (), "memset",
-        ("cuMemsetD8Async_ptsz",)),
+        ("cuMemsetD8Async_ptsz",), **_memset(asynchronous=True, size="count")),
     Api("cuMemsetD32Async", D, (_a("ptr", K.PTR, 0), _a("value", K.UINT, 1),
                                 _a("count", K.U64, 2), _a("stream", K.HANDLE, 3)), (),
-        "memset", ("cuMemsetD32Async_ptsz",)),
+        "memset", ("cuMemsetD32Async_ptsz",),
+        **_memset(asynchronous=True, size="count", elem_size=4)),
     Api("cuMemCreate", D, (_hidden("pHandle", 0), _a("size", K.SIZE, 1), _a("prop", K.PTR, 2),
-                           _a("flags", K.U64, 3)), (Out("handle", K.HANDLE, 0),), "vmm"),
+                           _a("flags", K.U64, 3)), (Out("handle", K.HANDLE, 0),), "vmm",
+        **_SIZED),
     Api("cuMemMap", D, (_a("ptr", K.PTR, 0), _a("size", K.SIZE, 1), _a("offset", K.U64, 2),
-                        _a("handle", K.HANDLE, 3), _a("flags", K.U64, 4)), (), "vmm"),
-    Api("cuMemUnmap", D, (_a("ptr", K.PTR, 0), _a("size", K.SIZE, 1)), (), "vmm"),
+                        _a("handle", K.HANDLE, 3), _a("flags", K.U64, 4)), (), "vmm", **_SIZED),
+    Api("cuMemUnmap", D, (_a("ptr", K.PTR, 0), _a("size", K.SIZE, 1)), (), "vmm", **_SIZED),
     Api("cuMemRelease", D, (_a("handle", K.HANDLE, 0),), (), "vmm"),
     Api("cuMemAddressReserve", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1),
                                    _a("alignment", K.U64, 2), _a("addr", K.PTR, 3),
-                                   _a("flags", K.U64, 4)), (Out("ptr", K.PTR, 0),), "vmm"),
-    Api("cuLaunchKernel", D, _cu_launch_args(), (), "launch", ("cuLaunchKernel_ptsz",)),
+                                   _a("flags", K.U64, 4)), (Out("ptr", K.PTR, 0),), "vmm",
+        **_SIZED),
+    Api("cuLaunchKernel", D, _cu_launch_args(), (), "launch", ("cuLaunchKernel_ptsz",),
+        **_LAUNCH),
     Api("cuLaunchKernelEx", D, (_CONFIG, _a("func", K.HANDLE, 1), _hidden("params", 2)), (),
-        "launch", ("cuLaunchKernelEx_ptsz",)),
+        "launch", ("cuLaunchKernelEx_ptsz",), **_LAUNCH),
     Api("cuLaunchCooperativeKernel", D, _cu_launch_args(), (), "launch",
-        ("cuLaunchCooperativeKernel_ptsz",)),
+        ("cuLaunchCooperativeKernel_ptsz",), **_LAUNCH),
     Api("cuGraphLaunch", D, (_a("graphExec", K.HANDLE, 0), _a("stream", K.HANDLE, 1)), (),
         "graph", ("cuGraphLaunch_ptsz",)),
     Api("cuStreamSynchronize", D, (_a("stream", K.HANDLE, 0),), (), "sync",
@@ -335,7 +430,7 @@ def select(patterns: Optional[Iterable[str]] = None, library: Optional[str] = No
 def driver_replaces(api: Api) -> bool:
     """A runtime launch function: the default set leaves it out when the driver's launch
     functions are probed (the driver sees every launch and names it)."""
-    return api.library == RUNTIME and api.category == "launch"
+    return api.library == RUNTIME and api.role == Role.LAUNCH
 
 
 def arg_cells(api: Api) -> List[Tuple[Arg, int]]:

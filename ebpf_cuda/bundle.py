@@ -5,6 +5,22 @@ Builds an executable zip application holding ebpf_cuda and its two dependencies,
 but python3 (`python3 ebpf-cuda.pyz -- ./app`, or `./ebpf-cuda.pyz -- ./app`), and is
 importable as a library too: `sys.path.insert(0, "ebpf-cuda.pyz"); import ebpf_cuda`.
 Only pure-Python sources go in (no bytecode: the target's Python compiles what it imports).
+
+A zip application has no bytecode cache: run from the archive, every start compiles every
+module it imports again. So its `__main__` (MAIN below) unpacks the archive once, on the first
+start, into a per-user cache folder named after a hash of the archive's bytes,
+
+    $XDG_CACHE_HOME/ebpf-cuda/<hash>/   (else ~/.cache/ebpf-cuda/<hash>/)
+
+compiling every module's bytecode there (whatever PYTHONDONTWRITEBYTECODE says), and every
+start runs from that folder. The folder is made in a private temporary folder beside it and
+renamed into place, so concurrent first starts are safe (one rename wins, the others use it).
+It is used only when it and every folder above it can be changed by nobody but root and the
+user running it (owner root or that user, not writable by group or others unless sticky, as
+/tmp; symbolic links resolved first): when root runs the file with a HOME or XDG_CACHE_HOME
+that another user controls, that user cannot plant code for root to run. When the cache
+cannot be used (not writable, not trusted, any error), the file runs from the archive as
+before. Deleting the folder is always safe; old versions' folders are not removed.
 """
 import argparse
 import importlib.util
@@ -18,12 +34,200 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 PACKAGES = ("ebpf_cuda", "elftools", "click")
 DISTRIBUTIONS = {"elftools": "pyelftools", "click": "click"}  # whose licenses go along
 SHEBANG = b"#!/usr/bin/env python3\n"
-MAIN = """\
-# ebpf-cuda as one file: runs the command line (python3 ebpf-cuda.pyz --help).
-from ebpf_cuda.cli import main
+CACHE_NAME = "ebpf-cuda"  # the folder under $XDG_CACHE_HOME or ~/.cache
 
-main()
-"""
+# The archive's __main__.py: compiled from the archive at every start (no bytecode cache for
+# it), so it is short and imports nothing beyond what Python has loaded at start-up (os, sys,
+# stat) on the warm path. Python 3.8+ and the standard library only.
+MAIN = r'''# ebpf-cuda as one file: runs the command line (python3 ebpf-cuda.pyz --help).
+# The first start unpacks the archive, with its modules compiled, into a per-user cache
+# folder named after the archive's hash ($XDG_CACHE_HOME/ebpf-cuda/<hash>, else
+# ~/.cache/ebpf-cuda/<hash>); every start runs from there when it is safe to, else from the
+# archive. Built by `python3 -m ebpf_cuda.bundle` (ebpf_cuda/bundle.py says more).
+import os
+import stat
+import sys
+
+CACHE_NAME = "ebpf-cuda"
+
+
+def archive_path():
+    """The zip archive this __main__ runs from, or None (run from a folder, say)."""
+    archive = getattr(globals().get("__loader__"), "archive", None)
+    return archive if isinstance(archive, str) and os.path.isfile(archive) else None
+
+
+def archive_hash(archive):
+    """Hex digest of the archive's bytes (_blake2 is built in: no OpenSSL to load)."""
+    try:
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    with open(archive, "rb") as stream:
+        return blake2b(stream.read(), digest_size=16).hexdigest()
+
+
+def cache_root():
+    """$XDG_CACHE_HOME/ebpf-cuda (an absolute XDG_CACHE_HOME), else ~/.cache/ebpf-cuda."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            import pwd
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, CACHE_NAME)
+
+
+def trusted(info, uid, last):
+    """A real folder (no symbolic link) that only root and `uid` can change: owned by one of
+    them, not writable by group or others unless sticky (as /tmp). `last`: the cache's own
+    folder, which must be `uid`'s and writable by it alone."""
+    if not stat.S_ISDIR(info.st_mode):
+        return False
+    if last:
+        return info.st_uid == uid and not info.st_mode & 0o022
+    return info.st_uid in (0, uid) and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)
+
+
+def secure_folder(path, uid):
+    """The real path of folder `path`, made (0700) where missing, when it and every folder
+    above it are trusted; else None. Each folder is checked before anything is made in it."""
+    real = os.path.realpath(path)
+    parts = [p for p in real.split(os.sep) if p]
+    current = os.sep
+    if not trusted(os.lstat(current), uid, not parts):
+        return None
+    for index, part in enumerate(parts):
+        current = os.path.join(current, part)
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current, 0o700)
+            except FileExistsError:
+                pass
+            info = os.lstat(current)
+        if not trusted(info, uid, index == len(parts) - 1):
+            return None
+    return real
+
+
+def compiled_marker():
+    """Name of the file that says this interpreter's bytecode was compiled, or None."""
+    tag = sys.implementation.cache_tag
+    if tag is None:
+        return None
+    return ".compiled-%s%s" % (tag, ".opt-%d" % sys.flags.optimize if sys.flags.optimize else "")
+
+
+def compile_tree(folder):
+    """Bytecode of every module under `folder` for this interpreter, then the marker file."""
+    marker = compiled_marker()
+    if marker is None:
+        return
+    import py_compile
+    mode = py_compile.PycInvalidationMode.TIMESTAMP  # not SOURCE_DATE_EPOCH's hashed pycs
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                try:
+                    py_compile.compile(os.path.join(top, name), doraise=True,
+                                       invalidation_mode=mode)
+                except (py_compile.PyCompileError, OSError, ValueError):
+                    pass  # Python compiles it in memory when it imports it
+    temporary = os.path.join(folder, "%s.%d" % (marker, os.getpid()))
+    with open(temporary, "w"):
+        pass
+    os.replace(temporary, os.path.join(folder, marker))
+
+
+def unpack(archive, root, final):
+    """Unpack `archive` with its bytecode into a private temporary folder in `root`, then
+    rename it to `final`; losing the race to a concurrent start is fine."""
+    import shutil
+    import tempfile
+    import time
+    import zipfile
+
+    temporary = tempfile.mkdtemp(prefix=".unpack-", dir=root)
+    try:
+        with zipfile.ZipFile(archive) as zipped:
+            for entry in zipped.infolist():
+                parts = entry.filename.split("/")
+                if entry.is_dir() or entry.filename.startswith("/") or \
+                        any(p in ("", ".", "..") for p in parts):
+                    continue
+                target = os.path.join(temporary, *parts)
+                os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+                descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with zipped.open(entry) as source, open(descriptor, "wb") as out:
+                    shutil.copyfileobj(source, out)
+        compile_tree(temporary)
+        try:
+            os.rename(temporary, final)
+        except OSError:
+            if not os.path.isdir(final):
+                raise
+    finally:
+        if os.path.lexists(temporary):
+            shutil.rmtree(temporary, ignore_errors=True)
+        try:  # leftovers of starts killed while unpacking, an hour old
+            for name in os.listdir(root):
+                path = os.path.join(root, name)
+                if name.startswith(".unpack-") and os.lstat(path).st_mtime < time.time() - 3600:
+                    shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def cached_copy(archive):
+    """The folder to run from instead of `archive` (unpacked on first use), or None."""
+    uid = os.geteuid()
+    root = secure_folder(cache_root(), uid)
+    if root is None:
+        return None
+    final = os.path.join(root, archive_hash(archive))
+    try:
+        info = os.lstat(final)
+    except FileNotFoundError:
+        unpack(archive, root, final)
+        info = os.lstat(final)
+    if not trusted(info, uid, True):
+        return None
+    marker = compiled_marker()
+    if marker is not None and not os.path.exists(os.path.join(final, marker)):
+        try:
+            compile_tree(final)  # another interpreter unpacked it
+        except OSError:
+            pass
+    return final
+
+
+def run_from_cache():
+    """Put the cached copy in the archive's place on sys.path, when there is one."""
+    archive = archive_path()
+    if archive is None:
+        return
+    try:
+        folder = cached_copy(archive)
+    except Exception:  # never keep the tool from running: run from the archive
+        folder = None
+    if folder is None:
+        return
+    if sys.path and os.path.abspath(sys.path[0]) == os.path.abspath(archive):
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+
+
+if __name__ == "__main__":
+    run_from_cache()
+    from ebpf_cuda.cli import main
+
+    main()
+'''
 _SKIPPED_DIRS = {"__pycache__"}
 _KEPT_SUFFIXES = {".py", ".typed"}  # sources and py.typed markers
 

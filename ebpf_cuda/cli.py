@@ -1,21 +1,22 @@
 """The `ebpf-cuda` command: click options → a `Tracer` and an output. Only this module prints,
 exits or installs signal handlers."""
+import errno
 import os
 import signal
 import stat
 import sys
-import threading
-from typing import IO, List, Optional, Set, Tuple
+from typing import IO, List, Optional, Sequence, Set, Tuple
 
 import click
 
-from . import apis, record
-from .analysis.kernels import KernelNamer
-from .errors import TracerError, UsageError, VerifierError
-from .events import Decoder
-from .output import LineWriter, Sink
+from . import apis
+from .errors import KernelError, TracerError, UsageError, VerifierError
+from .losses import Losses
+from .names import KernelNamer
+from .output import Sink
 from .output.text import TextWriter
-from .tracer import DEFAULT_RING_SIZE, NAMED_CATEGORIES, Tracer
+from .stream import Outputs, lines_only
+from .tracer import DEFAULT_RING_SIZE, Tracer
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -41,9 +42,16 @@ def parse_size(text: str) -> int:
 SUMMARY_RING_SIZE = 1 << 20  # --summary alone: only calls that teach kernel names travel
 
 
+MAX_RING_SIZE = 1 << 31  # the kernel's ring buffer sizes are 32-bit; 2G is the largest here
+
+
 def _ring_size(text: Optional[str], in_kernel: bool) -> int:
     if text is not None:
-        return parse_size(text)
+        size = parse_size(text)
+        if size > MAX_RING_SIZE:
+            raise UsageError("the ring buffer size must be at most %s, not %s"
+                             % (format_size(MAX_RING_SIZE), text))
+        return size
     return SUMMARY_RING_SIZE if in_kernel else DEFAULT_RING_SIZE
 
 
@@ -58,6 +66,8 @@ def _open_output(path: Optional[str]) -> IO[str]:
     when it belongs to us or to root, so that root cannot be tricked into overwriting a file
     through another user's link (the /tmp symlink attack)."""
     if path is None:
+        if 1 in _CLOSED_AT_START:
+            raise UsageError("stdout is closed: give the events a file with -o FILE")
         return sys.stdout
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
     try:
@@ -85,8 +95,50 @@ def _trusted_symlink(path: str) -> bool:
 def _log(verbose: int):
     def log(message: str) -> None:
         if verbose:
-            click.echo(message, err=True)
+            _echo(message)
     return log
+
+
+def _say(message: str) -> None:
+    """One line of ours on stderr (`ebpf-cuda: ...`)."""
+    _echo("ebpf-cuda: %s" % message)
+
+
+def _echo(text: str) -> None:
+    """Text on stderr; a stderr that cannot be written (a terminal hung up) is no error."""
+    try:
+        click.echo(text, err=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _print(text: str, err: bool = False) -> bool:
+    """A report on stdout (or stderr); False, said in one line, when it cannot be written."""
+    if not err and 1 in _CLOSED_AT_START:
+        _say("stdout is closed: the reports are not printed")
+        return False
+    try:
+        click.echo(text, err=err)
+        if not err:
+            sys.stdout.flush()
+        return True
+    except OSError as error:
+        _drop_stdout_buffer()
+        _say("cannot write the reports to %s: %s" % ("stderr" if err else "stdout",
+                                                     error.strerror or error))
+        return False
+
+
+def _drop_stdout_buffer() -> None:
+    """stdout failed: what it still buffers goes to /dev/null (the interpreter's last flush
+    would otherwise fail too, and print a traceback of its own)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        os.dup2(null, 1, inheritable=False)
+        os.close(null)
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -153,8 +205,6 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         click.echo("* not when the driver's launch functions are probed too: the driver sees "
                    "every launch")
         return
-    if no_returns and entries:
-        raise UsageError("--entries needs return probes; it cannot go with -r")
     # --summary alone: the kernel sums the calls up, no record per call.
     in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html)
                  and not no_returns)
@@ -162,47 +212,36 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
                     ring_size=_ring_size(ring_size, in_kernel), stacks=stacks,
-                    aggregate=in_kernel,
-                    emit=not in_kernel, log=_log(verbose))
-    namer = KernelNamer(handles=lambda pid, handle: tracer.decoder.handle_name(pid, handle),
-                        functions=lambda pid, handle: tracer.decoder.handle_func(pid, handle))
+                    aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
+    namer = tracer.names
     analyses = _analyses(namer, summary, leaks)
     sinks = analyses + _event_sinks(output, as_json, no_timestamps, namer,
-                                              events_wanted=not analyses and not (
-                                                  trace_out or report_html or save))
+                                    events_wanted=not analyses and not (
+                                        trace_out or report_html or save))
     sinks += _file_sinks(trace_out, report_html, namer)
-    spool = (_spool(spool_size, output) if _lines_writer(sinks) is not None and not save
+    spool = (_spool(spool_size, output) if lines_only(sinks) is not None and not save
              else None)
+    saver = _saver(save, tracer, namer)
     with tracer:
         _install_signals(tracer, spool)  # first: a signal after the start line must not kill us
         _report_start(tracer, verbose)
-        _favour_reader()
-        if spool is not None:
-            _run_lines_spooled(tracer, _lines_writer(sinks), namer, spool)
-        else:
-            _run(tracer, sinks, namer, _saver(save, tracer, namer, sinks))
+        tracer.trace_into(sinks, save=saver, spool=spool, reader_nice=READER_NICE,
+                          notice=lambda text: click.echo("ebpf-cuda: %s" % text, err=True))
         reports = _final_reports(analyses, tracer, namer, stacks)
         stats = tracer.stats()
+        tracer.close(wait=False)  # this process exits now: a child detaches the probes
     if reports:  # after JSON Lines on stdout, reports go to stderr
         click.echo("\n\n".join(reports), err=as_json and output is None)
     _report_lost(stats["lost"], spool)
+    unnamed = tracer.unnamed_launches()
+    if unnamed:
+        click.echo("ebpf-cuda: %s" % unnamed, err=True)
     if tracer.exit_status is not None:
         sys.exit(tracer.exit_status)
 
 
-READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight)
-
-
-def _favour_reader() -> None:
-    """Give this thread, the ring reader, a higher CPU priority than the traced program's
-    threads: a program with more busy threads than cores would otherwise starve it, and the
-    ring would overflow. It only uses the CPU when there are records to read. The lines
-    thread, started after, inherits the priority: lower, it would be preempted while holding
-    the interpreter lock, and the reader would wait for the lock as long."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, READER_NICE)  # PRIO_PROCESS 0: this thread
-    except OSError:
-        pass  # without CAP_SYS_NICE: as it is
+READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight): a program
+# with more busy threads than cores cannot starve the reader (the lines thread inherits it)
 
 
 def _report_lost(ring_full: int, spool) -> None:
@@ -285,49 +324,14 @@ def _file_sinks(trace_out: Optional[str], report_html: Optional[str], namer) -> 
     return sinks
 
 
-def _saver(path: Optional[str], tracer: Tracer, namer, sinks: List[Sink]):
-    """With --save: the raw-trace writer (also a sink, to learn kernel names)."""
+def _saver(path: Optional[str], tracer: Tracer, namer: KernelNamer):
+    """With --save: the raw-trace writer (it learns kernel names for its trailer)."""
     if not path:
         return None
     from . import savefile
 
     _trusted_symlink(path)  # another user's symbolic link is refused, as for -o
-    saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
-    sinks.append(saver)
-    return saver
-
-
-def _run(tracer: Tracer, sinks: List[Sink], namer: KernelNamer, saver=None) -> None:
-    """Read until the end, decoding each batch once and handing it to every sink."""
-    for sink in sinks:
-        sink.header()
-    decoder = tracer.decoder
-    # Saving alone decodes nothing: the launches are named from a bulk scan of their records
-    # (while their processes live), the rest is written raw.
-    save_only = sinks == [saver]
-    teaching = tracer.fn_ids(NAMED_CATEGORIES)
-    lines_only = _lines_writer(sinks)
-    seen_pids: Set[int] = set()
-    try:
-        for frames in tracer.frames():
-            _observe_new(namer, frames, seen_pids)
-            if save_only:
-                saver.write_frames(frames)
-                saver.learn(_name_launches(tracer, namer, frames, teaching))
-                continue
-            if lines_only is not None:  # text or JSON alone: lines straight from the frames
-                lines_only.write_frames(frames, decoder)
-                sys.stdout.flush()
-                continue
-            if saver is not None:
-                saver.write_frames(frames)
-            events = decoder.decode_batch(frames)
-            for sink in sinks:
-                sink.write(events)
-            sys.stdout.flush()  # a person watching sees each batch as it comes
-    finally:
-        for sink in sinks:
-            sink.close()
+    return savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
 
 
 def _spool(size: Optional[str], output: Optional[str]):
@@ -347,90 +351,6 @@ def _spool(size: Optional[str], output: Optional[str]):
     except OSError as err:
         raise UsageError("cannot create a spool file in %s: %s (--spool-size 0 does without)"
                          % (directory or "$TMPDIR", err.strerror)) from None
-
-
-def _run_lines_spooled(tracer: Tracer, writer: LineWriter, namer: KernelNamer, spool) -> None:
-    """Text or JSON alone: this thread reads the ring, names the launches while their
-    processes live and spools the frames; a second thread writes the lines from the spool,
-    behind the reader when it must (see spool.py)."""
-    reader = tracer.decoder
-    behind = Decoder(reader.table, reader.clock_offset_ns,
-                     names=lambda pid, handle: reader.handle_names.get((pid, handle)))
-    writer.namer = namer.found_names()
-    failed: List[BaseException] = []
-    lines = threading.Thread(target=_write_spooled, args=(spool, writer, behind, failed),
-                             name="ebpf-cuda lines", daemon=True)
-    writer.header()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    lines.start()
-    seen_pids: Set[int] = set()
-    teaching = tracer.fn_ids(NAMED_CATEGORIES)
-    try:
-        for frames in tracer.frames():
-            _observe_new(namer, frames, seen_pids)
-            _name_launches(tracer, namer, frames, teaching)  # kept by the namer for the lines
-            spool.put(frames)
-            if failed:
-                break
-    finally:
-        spool.close()
-        if spool.backlog > SPOOL_NOTICE and not failed:
-            click.echo("ebpf-cuda: writing the %d events still spooled (Ctrl-C stops there; "
-                       "the rest is counted as lost)" % spool.backlog, err=True)
-        while lines.is_alive():
-            lines.join(0.2)  # (a bare join would hold signals off until it returns)
-        spool.discard()
-        writer.close()
-    if failed:
-        raise failed[0]
-
-
-# The lines thread holds the interpreter lock while it formats; the reader, woken by the
-# ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
-# well below the time the ring takes to fill.
-SWITCH_INTERVAL_S = 0.0002
-SPOOL_NOTICE = 200_000  # calls left at the end worth a word: about a second of formatting
-
-
-def _write_spooled(spool, writer: LineWriter, decoder: Decoder,
-                   failed: List[BaseException]) -> None:
-    """The lines thread: every batch of the spool, in order; an error stops the reader."""
-    try:
-        for frames in spool:
-            writer.write_frames(frames, decoder)
-            sys.stdout.flush()  # a person watching sees each batch as it comes
-    except BaseException as err:  # handed to the reader's thread, which raises it
-        failed.append(err)
-        spool.abandon()
-
-
-def _observe_new(namer: KernelNamer, frames: bytes, seen: Set[int]) -> None:
-    """Snapshot the mappings of the processes first seen in `frames` (added to `seen`), while
-    they live: launches are named from them. A thread's first call sends a hello record,
-    read at once, so this happens long before its first launch."""
-    new = record.frame_pids(frames) - seen
-    if new:
-        namer.observe_pids(new)
-        seen |= new
-
-
-def _name_launches(tracer: Tracer, namer: KernelNamer, frames: bytes,
-                   teaching: Set[int]) -> List[Tuple[int, int, Optional[str]]]:
-    """(pid, func, kernel name) of the launches in `frames`, named now, while their processes
-    live, after the calls in them that teach names (function ids `teaching`, decoded alone);
-    the namer keeps what it found."""
-    decoder, table = tracer.decoder, tracer.apis_table
-    decoder.decode_batch(frames, teaching)
-    return [(pid, func, namer.name_for(pid, table[fn_id].name, func))
-            for fn_id, pid, func in decoder.launch_keys(frames)]
-
-
-def _lines_writer(sinks: List[Sink]):
-    """The text or JSON writer when it is the only output: it can then format lines from the
-    frames without decoding them into events."""
-    if len(sinks) == 1 and isinstance(sinks[0], LineWriter):
-        return sinks[0]
-    return None
 
 
 def _report_start(tracer: Tracer, verbose: int) -> None:

@@ -1,22 +1,31 @@
 """ELF symbols for uprobes: symbol -> file offset, address -> symbol, fast bulk symbol reads.
 
-Headers, symbol tables and the dynamic section are read in bulk with `struct` (the Elf64
-layouts below): iterating libtorch_cuda.so's 211k symbols through pyelftools takes seconds and
-even opening it with pyelftools parses whole hash tables; a raw read takes a fraction of a
-second. pyelftools remains the reference the tests check these readings against.
+The file's structure (ELF header, program headers, section headers, dynamic tags such as
+DT_NEEDED/DT_RPATH/DT_RUNPATH/DT_SONAME, notes such as the GNU build id) is read with
+pyelftools, imported on the first file opened (its import costs ~15-20 ms: `import
+ebpf_cuda.elf` alone does not pay it). Only pyelftools' cheap, lazy pieces are used: headers
+one by one, never its section objects for hash tables, which parse the whole table (a tenth of
+a second and more on big libraries), nor its section-name map or dynamic segment, which build
+every section.
 
-Every failure while reading a file (struct, I/O, a corrupted field) comes out as an
-`ElfError` (or a subclass), never as a raw exception.
+The symbol tables themselves are read in bulk with `struct` (Elf64_Sym below): iterating
+libtorch_cuda.so's 211k symbols through pyelftools takes seconds, a raw read a fraction of a
+second; the tests check the bulk reader against pyelftools.
+
+Every failure while reading a file (pyelftools' ELFError and construct errors, struct, I/O, a
+corrupted field) comes out as an `ElfError` (or a subclass) with a one-line message, never as
+a raw exception.
 """
 import bisect
 import ctypes
+import errno
 import functools
 import gc
 import heapq
 import os
 import stat
 import struct
-from typing import Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from .errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 
@@ -24,22 +33,18 @@ ELF_MAGIC = b"\x7fELF"
 ELFCLASS64 = 2
 ELFDATA2LSB = 1
 ET_EXEC, ET_DYN = 2, 3
-PT_LOAD = 1
-SHT_NOBITS = 8
 STT_FUNC = 2
 SHN_UNDEF = 0
 STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 SYM_FORMAT = "<IBBHQQ"  # Elf64_Sym: st_name st_info st_other st_shndx st_value st_size
 SYM_SIZE = struct.calcsize(SYM_FORMAT)
 EHDR_SIZE = 64
-PHDR_FORMAT = "<IIQQQQQQ"  # Elf64_Phdr: type flags offset vaddr paddr filesz memsz align
-PHDR_SIZE = struct.calcsize(PHDR_FORMAT)
-SHDR_FORMAT = "<IIQQQQIIQQ"  # Elf64_Shdr: name type flags addr offset size link info align entsize
-SHDR_SIZE = struct.calcsize(SHDR_FORMAT)
-SHT_SYMTAB, SHT_DYNAMIC, SHT_DYNSYM = 2, 6, 11
-DYN_FORMAT = "<qQ"  # Elf64_Dyn: d_tag d_val
-DYN_SIZE = struct.calcsize(DYN_FORMAT)
-DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
+PHDR_SIZE = 56  # Elf64_Phdr
+SHDR_SIZE = 64  # Elf64_Shdr
+DYN_SIZE = 16  # Elf64_Dyn
+MAX_DYNAMIC_TAGS = 65536  # a damaged table without DT_NULL is not read to the end of the file
+_STRING_TAGS = {"DT_NEEDED": "needed", "DT_SONAME": "soname", "DT_RPATH": "rpath",
+                "DT_RUNPATH": "runpath"}
 
 # e_machine values by `os.uname().machine` name.
 MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
@@ -122,6 +127,7 @@ class ElfFile:
         self._ends: List[int] = []
         self._names: List[str] = []
         self._indexed = False
+        self._build_id: Optional[str] = None
         self._read_headers()
         if not allow_stripped:
             self._check_not_stripped()
@@ -145,19 +151,29 @@ class ElfFile:
         return info.st_size
 
     def _check_ident(self, header: bytes) -> None:
+        """What pyelftools cannot say well: not ELF at all, or cut inside its header."""
         if header[:4] != ELF_MAGIC:
             raise ElfError("%s is not an ELF file" % self.path)
         if len(header) < EHDR_SIZE:
             raise ElfError("%s is truncated (%d bytes, shorter than an ELF header)"
                            % (self.path, len(header)))
-        if header[4] != ELFCLASS64:
-            kind = {1: "32-bit (ELFCLASS32)"}.get(header[4], "of unknown class %d" % header[4])
-            raise ElfError("%s is a %s ELF file; only 64-bit ELF files can be traced"
-                           % (self.path, kind))
-        if header[5] != ELFDATA2LSB:
+        if header[4] not in (1, ELFCLASS64):
+            raise ElfError("%s is an ELF file of unknown class %d; only 64-bit ELF files can be "
+                           "traced" % (self.path, header[4]))
+        if header[5] not in (ELFDATA2LSB, 2):
+            raise ElfError("%s is an ELF file of unknown byte order %d" % (self.path, header[5]))
+
+    def _check_identity(self, elf) -> None:
+        """64-bit, little-endian, this machine, an executable or shared library."""
+        if elf.elfclass != 64:
+            raise ElfError("%s is a 32-bit (ELFCLASS32) ELF file; only 64-bit ELF files can be "
+                           "traced" % self.path)
+        if not elf.little_endian:
             raise ElfError("%s is a big-endian ELF file; only little-endian is supported"
                            % self.path)
-        self.elf_type, self.machine = struct.unpack_from("<HH", header, 16)
+        enums = _pyelftools().enums
+        self.machine = _enum_value(elf["e_machine"], enums.ENUM_E_MACHINE)
+        self.elf_type = _enum_value(elf["e_type"], enums.ENUM_E_TYPE)
         if self.machine != self._expected_machine:
             raise ElfError("%s is built for %s (e_machine %d), not for this machine (%s)"
                            % (self.path, MACHINE_NAMES.get(self.machine, "another machine"),
@@ -166,93 +182,148 @@ class ElfFile:
             raise ElfError("%s is %s, not an executable or shared library"
                            % (self.path, TYPE_NAMES.get(self.elf_type, "of ELF type %d"
                                                         % self.elf_type)))
-        self._check_table_bounds(header)
 
-    def _check_table_bounds(self, header: bytes) -> None:
-        phoff, shoff = struct.unpack_from("<QQ", header, 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
-        if phoff + phentsize * phnum > self.size or shoff + shentsize * shnum > self.size:
-            raise ElfError("%s is truncated (its header tables run past the end of the "
-                           "%d-byte file)" % (self.path, self.size))
+    def _check_table(self, offset: int, entry_size: int, count: int, minimum: int,
+                     what: str) -> None:
+        if count and entry_size < minimum:
+            raise ElfError("%s is a corrupted ELF file (%s entries of %d bytes, fewer than %d)"
+                           % (self.path, what, entry_size, minimum))
+        if count and offset + entry_size * count > self.size:
+            raise ElfError("%s is truncated (its %s table runs past the end of the %d-byte "
+                           "file)" % (self.path, what, self.size))
 
     def _read_headers(self) -> None:
         try:
             with open(self.path, "rb") as stream:
-                header = stream.read(EHDR_SIZE)
-                self._check_ident(header)
-                self._parse(stream, header)
+                self._check_ident(stream.read(EHDR_SIZE))
+                stream.seek(0)
+                self._parse(_pyelftools().ELFFile(stream))
         except ElfError:
             raise
         except OSError as err:
+            if err.errno in (errno.EINVAL, errno.EOVERFLOW):  # a seek to a corrupted offset
+                raise ElfError("%s is a corrupted ELF file (an offset past any file's end)"
+                               % self.path) from None
             raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
-        except Exception as err:  # corrupted fields: struct.error, IndexError, ...
+        except Exception as err:  # pyelftools' ELFError, construct errors, corrupted fields
             raise ElfError("%s is a corrupted ELF file (%s)" % (self.path, _describe(err))) \
                 from None
 
-    def _parse(self, stream, header: bytes) -> None:
-        # The headers are parsed with struct, not pyelftools: pyelftools builds every section
-        # object (parsing whole GNU hash tables), which costs a third of a second on big files.
-        self.entry, phoff, shoff = struct.unpack_from("<QQQ", header, 24)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 54)
-        if phnum and phentsize < PHDR_SIZE or shnum and shentsize < SHDR_SIZE:
-            raise ElfError("%s is a corrupted ELF file (header entries too small)" % self.path)
-        stream.seek(phoff)
-        table = stream.read(phentsize * phnum)
-        for i in range(phnum):
-            p_type, flags, offset, vaddr, _paddr, filesz, memsz, _align = \
-                struct.unpack_from(PHDR_FORMAT, table, i * phentsize)
-            if p_type == PT_LOAD:
-                self.segments.append(Segment(vaddr, offset, filesz, memsz, flags))
-        stream.seek(shoff)
-        table = stream.read(shentsize * shnum)
-        sections = [struct.unpack_from(SHDR_FORMAT, table, i * shentsize) for i in range(shnum)]
-        for index, section in enumerate(sections):
-            if section[1] in (SHT_SYMTAB, SHT_DYNSYM):
-                self._add_symbol_section(index, sections)
-            elif section[1] == SHT_DYNAMIC:
-                self._read_dynamic(stream, section, sections)
+    def _parse(self, elf) -> None:
+        """Segments, symbol tables and dynamic tags: header by header through pyelftools
+        (get_section and iter_segments would build pyelftools' objects for every section,
+        hash tables parsed whole included)."""
+        self._check_identity(elf)
+        self.entry = elf["e_entry"]
+        sections = elf.num_sections()  # e_shnum, or section 0's sh_size when past 0xff00
+        self._check_table(elf["e_shoff"], elf["e_shentsize"], sections, SHDR_SIZE,
+                          "section header")
+        segments = elf.num_segments()  # e_phnum, or section 0's sh_info when 0xffff
+        self._check_table(elf["e_phoff"], elf["e_phentsize"], segments, PHDR_SIZE,
+                          "program header")
+        dynamic_segment = None
+        for index in range(segments):
+            header = elf._get_segment_header(index)
+            if header["p_type"] == "PT_LOAD":
+                self.segments.append(Segment(header["p_vaddr"], header["p_offset"],
+                                             header["p_filesz"], header["p_memsz"],
+                                             header["p_flags"]))
+            elif header["p_type"] == "PT_DYNAMIC" and dynamic_segment is None:
+                dynamic_segment = index
+        headers = [elf._get_section_header(index) for index in range(sections)]
+        dynamic_sections = []
+        for index, header in enumerate(headers):
+            if header["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                self._add_symbol_section(header, headers)
+            elif header["sh_type"] == "SHT_DYNAMIC":
+                dynamic_sections.append(index)
+        for index in dynamic_sections:
+            strtab = self._linked_strings(headers[index], headers, "dynamic section")
+            if strtab["sh_type"] != "SHT_STRTAB":
+                raise ElfError("%s: its dynamic section links to no string table" % self.path)
+            self._read_dynamic(elf.get_section(index), headers[index]["sh_size"],
+                               strtab["sh_size"])
+        if not sections and dynamic_segment is not None:
+            # No section table (stripped of it): the loader reads PT_DYNAMIC, so do we (with
+            # sections, pyelftools' DynamicSegment would build every section to find its own).
+            # Best effort: a damaged one leaves the file without known dependencies.
+            try:
+                segment = elf.get_segment(dynamic_segment)
+                self._read_dynamic(segment, segment["p_filesz"], None)
+            except Exception:  # pyelftools' errors, construct's, seek errors
+                self.needed, self.soname, self.rpath, self.runpath = [], None, [], []
 
-    def _section_bytes_in_file(self, section: Tuple[int, ...], what: str) -> None:
-        _name, sh_type, _flags, _addr, offset, size = section[:6]
-        if sh_type != SHT_NOBITS and offset + size > self.size:
+    def _section_bytes_in_file(self, header, what: str) -> None:
+        if header["sh_type"] != "SHT_NOBITS" and \
+                header["sh_offset"] + header["sh_size"] > self.size:
             raise ElfError("%s is truncated (its %s runs past the end of the file)"
                            % (self.path, what))
 
-    def _linked_strings(self, section: Tuple[int, ...], sections, what: str):
-        link = section[6]
-        if not 0 < link < len(sections):
+    def _linked_strings(self, header, headers, what: str):
+        link = header["sh_link"]
+        if not 0 < link < len(headers):
             raise ElfError("%s: its %s links to no string table" % (self.path, what))
-        strtab = sections[link]
-        self._section_bytes_in_file(section, what)
+        strtab = headers[link]
+        self._section_bytes_in_file(header, what)
         self._section_bytes_in_file(strtab, "string table of its " + what)
         return strtab
 
-    def _add_symbol_section(self, index: int, sections) -> None:
-        section = sections[index]
-        kind = ".symtab" if section[1] == SHT_SYMTAB else ".dynsym"
-        strtab = self._linked_strings(section, sections, kind)
+    def _add_symbol_section(self, header, headers) -> None:
+        kind = ".symtab" if header["sh_type"] == "SHT_SYMTAB" else ".dynsym"
+        strtab = self._linked_strings(header, headers, kind)
         self._symbol_sections.append(_SymbolSection(
-            kind, section[4], section[5], section[9] or SYM_SIZE, strtab[4], strtab[5]))
+            kind, header["sh_offset"], header["sh_size"], header["sh_entsize"] or SYM_SIZE,
+            strtab["sh_offset"], strtab["sh_size"]))
 
-    def _read_dynamic(self, stream, section, sections) -> None:
-        strtab = self._linked_strings(section, sections, "dynamic section")
-        stream.seek(section[4])
-        data = stream.read(section[5] - section[5] % DYN_SIZE)
-        stream.seek(strtab[4])
-        strings = stream.read(strtab[5])
-        for tag, value in struct.iter_unpack(DYN_FORMAT, data):
-            if tag == DT_NULL:
+    def _read_dynamic(self, table, size: int, strings_size: Optional[int]) -> None:
+        """DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a pyelftools DynamicSection (or
+        DynamicSegment), up to DT_NULL and never past the table's `size`."""
+        for index in range(min(size // DYN_SIZE, MAX_DYNAMIC_TAGS)):
+            entry = table._get_tag(index)  # the raw entry: get_tag also looks up its string
+            tag = entry["d_tag"]
+            if tag == "DT_NULL":
                 break
-            if tag not in (DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH):
+            field = _STRING_TAGS.get(tag)
+            if field is None:
                 continue
-            text = _c_string(strings, value)
-            if tag == DT_NEEDED:
+            if strings_size is not None and not 0 <= entry["d_val"] < strings_size:
+                raise ElfError("%s: string offset %d of its %s lies outside its string table"
+                               % (self.path, entry["d_val"], tag))
+            text = getattr(table.get_tag(index), field)
+            if tag == "DT_NEEDED":
                 self.needed.append(text)
-            elif tag == DT_SONAME:
+            elif tag == "DT_SONAME":
                 self.soname = text
             else:
-                paths = self.rpath if tag == DT_RPATH else self.runpath
+                paths = self.rpath if tag == "DT_RPATH" else self.runpath
                 paths.extend(p for p in text.split(":") if p)
+
+    @property
+    def build_id(self) -> Optional[str]:
+        """The GNU build id (NT_GNU_BUILD_ID note) in hex, or None; read on first use."""
+        if self._build_id is None:
+            self._build_id = self._read_build_id() or ""
+        return self._build_id or None
+
+    def _read_build_id(self) -> Optional[str]:
+        try:
+            with open(self.path, "rb") as stream:
+                elf = _pyelftools().ELFFile(stream)
+                notes = [elf.get_section(i) for i in range(elf.num_sections())
+                         if elf._get_section_header(i)["sh_type"] == "SHT_NOTE"]
+                if not notes:  # no section table: the PT_NOTE segments
+                    notes = [elf.get_segment(i) for i in range(elf.num_segments())
+                             if elf._get_segment_header(i)["p_type"] == "PT_NOTE"]
+                for table in notes:
+                    for note in table.iter_notes():
+                        if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                            return str(note["n_desc"])
+        except OSError as err:
+            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
+        except Exception as err:
+            raise ElfError("%s has corrupted notes (%s)" % (self.path, _describe(err))) \
+                from None
+        return None
 
     def _check_not_stripped(self) -> None:
         names = [s.name for s in self._symbol_sections]
@@ -414,10 +485,6 @@ class ElfFile:
         vaddr = self.offset_to_vaddr(offset)
         return None if vaddr is None else self.symbolize(vaddr)
 
-    def runtime_to_vaddr(self, address: int, load_bias: int) -> int:
-        """A run-time address in a process -> this file's virtual address (see discovery)."""
-        return address - load_bias
-
     def read_at(self, offset: int, count: int) -> bytes:
         """`count` raw bytes at file offset `offset` (for checks and disassembly)."""
         try:
@@ -501,15 +568,32 @@ def _merge_preferring_global(by_name: Dict[str, _Sym], symbols) -> None:
             by_name[name] = (value, size, bind)
 
 
-def _c_string(strings: bytes, offset: int) -> str:
-    if not 0 <= offset < len(strings):
-        raise ElfError("string offset %d lies outside its string table" % offset)
-    end = strings.find(b"\0", offset)
-    return strings[offset:end if end >= 0 else len(strings)].decode("utf-8", "replace")
+class _Pyelftools(NamedTuple):
+    ELFFile: Any
+    enums: Any
+
+
+@functools.lru_cache(maxsize=None)
+def _pyelftools() -> _Pyelftools:
+    """pyelftools' ELFFile and enums, imported on first use (not by `import ebpf_cuda.elf`)."""
+    from elftools.elf import enums
+    from elftools.elf.elffile import ELFFile
+
+    return _Pyelftools(ELFFile, enums)
+
+
+def _enum_value(value: Any, names: Dict[str, int]) -> int:
+    """pyelftools gives the names of known enum values (`EM_X86_64`), others as numbers."""
+    return names.get(value, -1) if isinstance(value, str) else int(value)
 
 
 def _describe(err: BaseException) -> str:
-    text = str(err).strip()
+    """`Type: message` on one line (construct's messages span several)."""
+    text = " ".join(str(err).split())
+    if not text and isinstance(err, AssertionError):
+        text = "a table pyelftools cannot make sense of"
+    if len(text) > 200:
+        text = text[:197] + "..."
     return "%s: %s" % (type(err).__name__, text) if text else type(err).__name__
 
 

@@ -7,32 +7,31 @@ programs return at once in any process not in the map (see probes.ProbeOptions.f
 children are traced from their first call, however short they live, and other processes
 using the same library cost only the uprobe trap.
 """
-import struct
 from typing import List, Optional
 
-from . import asm, syscalls, tracepoints
+from . import asm, layout, syscalls, tracepoints
 from .asm import FP, R0, R1, R2, R3, R4, R6, W, Helper
 from .errors import KernelError
 from .maps import HashMap
 from .programs import Program
+from .workers import close_all
 
-FOLLOWED_MAP = "followed"
-MAX_PROCESSES = 1 << 16
-_PID = struct.Struct("<I")
+FOLLOWED_MAP = layout.FOLLOWED
 
 
 def on_fork(child_pid_offset: int) -> list:
     """sched_process_fork (runs in the parent): followed[child] = 1 if the parent is followed."""
     return [
         asm.mov(R6, R1),
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, -4, R0),
-        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -4),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
+        asm.stx(W, FP, layout.TP_PID_AT, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, "out"),
-        asm.ldx(W, R1, R6, child_pid_offset), asm.stx(W, FP, -8, R1),
-        asm.st(W, FP, -12, 1),
-        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -8),
-        asm.mov(R3, FP), asm.add(R3, -12), asm.mov(R4, 0),
+        asm.ldx(W, R1, R6, child_pid_offset), asm.stx(W, FP, layout.TP_CHILD_AT, R1),
+        asm.st(W, FP, layout.TP_ONE_AT, 1),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_CHILD_AT),
+        asm.mov(R3, FP), asm.add(R3, layout.TP_ONE_AT), asm.mov(R4, 0),
         asm.call(Helper.MAP_UPDATE_ELEM),
         asm.Label("out"), asm.mov(R0, 0), asm.exit(),
     ]
@@ -43,8 +42,9 @@ def on_exit(group_dead_offset: int) -> list:
     return [
         asm.ldx(asm.B, R6, R1, group_dead_offset),
         asm.jeq(R6, 0, "out"),
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, -4, R0),
-        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, -4),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
+        asm.stx(W, FP, layout.TP_PID_AT, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
         asm.call(Helper.MAP_DELETE_ELEM),
         asm.Label("out"), asm.mov(R0, 0), asm.exit(),
     ]
@@ -52,7 +52,8 @@ def on_exit(group_dead_offset: int) -> list:
 
 def followed_map() -> HashMap:
     """A new `followed` map: pid -> 1 for each process traced."""
-    return HashMap(4, 4, MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=_PID, value_struct=_PID)
+    return HashMap(4, 4, layout.MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=layout.PID,
+                   value_struct=layout.PID)
 
 
 class ProcessFollower:
@@ -91,8 +92,7 @@ class ProcessFollower:
         return list(self.map.keys())
 
     def close(self) -> None:
-        for fd in self._fds:
-            fd.close()
+        close_all(self._fds)  # each detach waits for a grace period: in parallel
         for program in self._programs:
             program.close()
         if self._own_map:

@@ -233,12 +233,6 @@ class LruHashMap(_ElementMap):
     map_type = syscalls.BPF_MAP_TYPE_LRU_HASH
 
 
-class PerCpuHashMap(_PerCpu):
-    """BPF_MAP_TYPE_PERCPU_HASH."""
-
-    map_type = syscalls.BPF_MAP_TYPE_PERCPU_HASH
-
-
 class ArrayMap(_ElementMap):
     """BPF_MAP_TYPE_ARRAY: u32 keys 0..max_entries-1, every element exists (zeroed)."""
 

@@ -11,40 +11,23 @@ For each traced function, with return probes on (the default):
 With return probes off, or `emit_entry=True`, the entry program writes a record itself.
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
-from typing import Hashable, List, NamedTuple, Optional, Tuple
+from typing import Hashable, List, NamedTuple, Tuple
 
-from . import asm, record
+from . import aggregates, asm, layout, record
 from .apis import Api, arg_cells
 from .arch import Arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,
                   W, Helper)
 
-EVENTS_MAP = "events"
-INFLIGHT_MAP = "inflight"
-STATS_MAP = "stats"
-TASKS_MAP = "tasks"
-STACKS_MAP = "stacks"
-NAMES_MAP = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
-SCRATCH_MAP = "scratch"  # per-CPU room to build a names entry (too big for the stack)
-NAME_KEY_SIZE = 16
-NAME_SIZE = 256
 BPF_F_USER_STACK = 1 << 8
 BPF_RB_AVAIL_DATA = 0  # ringbuf_query: bytes not yet consumed
 BPF_LOCAL_STORAGE_GET_F_CREATE = 1
 
-_KEY = -record.INFLIGHT_KEY.size  # the inflight key on the stack: fp-16
-_VALUE = _KEY - record.INFLIGHT_VALUE_SIZE  # the inflight value on the stack: fp-120
-_STAT_KEY = _VALUE - 8  # a u32 stats index: fp-128
-NOW = _STAT_KEY - 8  # return probe: the exit time, fp-136 (below it: aggregation keys)
-FN_SLOT = -272  # the function id read from the attach cookie (below aggregates.py's keys)
-
 Items = List[object]
 
-# The function id of a program is either a constant (one program per function) or, with
-# FROM_COOKIE, the attach cookie of the probe that fired: then one program serves every
-# function of the same shape (see `shape_of`), attached with each function's id as cookie.
-FnId = Optional[int]
-FROM_COOKIE: FnId = None
+FnId = layout.FnId
+FROM_COOKIE = layout.FROM_COOKIE
+fn_id_into = layout.fn_id_into
 
 
 def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> Hashable:
@@ -59,21 +42,13 @@ def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> H
     learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
     if not aggregate:
         return tuple(out.size for out in api.outs), learn
-    from .aggregates import shape_of as aggregate_shape
-
-    return tuple(out.size for out in api.outs), learn, aggregate_shape(api)
-
-
-def fn_id_into(reg, fn_id: FnId) -> Items:
-    """reg = the function id."""
-    if fn_id is FROM_COOKIE:
-        return [asm.ldx(DW, reg, FP, FN_SLOT)]
-    return [asm.mov(reg, fn_id)]
+    return tuple(out.size for out in api.outs), learn, aggregates.shape_of(api)
 
 
 def _read_cookie() -> Items:
     """fp-272 = the attach cookie (R6 = ctx)."""
-    return [asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE), asm.stx(DW, FP, FN_SLOT, R0)]
+    return [asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE),
+            asm.stx(DW, FP, layout.FN_ID_AT, R0)]
 
 
 def _store_fn_and_phase(fn_id: FnId, phase: int) -> Items:
@@ -137,15 +112,14 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += _inflight_key(arch, arch.stack_args_start)
     prog += _find_in_task() if options.task_storage else _find_in_map()
-    prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, NOW, R0)]
+    prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
     if options.aggregate:
-        from .aggregates import aggregate_call
-
-        prog += aggregate_call(api, fn_id, arch)
+        prog += aggregates.aggregate_call(api, fn_id, arch)
     if not options.task_storage:  # (a task's stack was popped when the entry was found)
-        prog += [asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        prog += [asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP),
+                 asm.add(R2, layout.INFLIGHT_KEY_AT),
                  asm.call(Helper.MAP_DELETE_ELEM)]
     prog += [asm.ja("done"), asm.Label("no_entry")]
     prog += _count(record.STAT_NO_ENTRY)
@@ -156,9 +130,9 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     """Reserve, fill and submit the record of a complete call (R7 = the inflight value)."""
     prog = _reserve("ring_full")
     prog += [
-        asm.ldx(DW, R1, FP, NOW), asm.stx(DW, R8, record.TS_EXIT, R1),
+        asm.ldx(DW, R1, FP, layout.NOW_AT), asm.stx(DW, R8, record.TS_EXIT, R1),
         asm.ldx(DW, R1, R7, record.INFLIGHT_TS), asm.stx(DW, R8, record.TS_ENTER, R1),
-        asm.ldx(DW, R1, FP, _KEY), asm.stx(DW, R8, record.PID_TGID, R1),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.stx(DW, R8, record.PID_TGID, R1),
     ] + _store_fn_and_phase(fn_id, record.PHASE_CALL)
     prog += _stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
     prog += _comm()
@@ -177,11 +151,10 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
 
 def _only_followed() -> Items:
     """Return at once unless this process is in the `followed` map."""
-    from .follow import FOLLOWED_MAP
-
     return [
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, _STAT_KEY, R0),
-        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
+        asm.stx(W, FP, layout.STAT_KEY_AT, R0),
+        asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(), asm.Label("followed"),
     ]
@@ -190,7 +163,7 @@ def _only_followed() -> Items:
 def _find_in_map() -> Items:
     """R7 = this call's entry in the inflight map (key at fp-16), else jump to no_entry."""
     return [
-        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
+        asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, "no_entry"),
         asm.mov(R7, R0),
@@ -201,7 +174,7 @@ def _task_storage(create: bool) -> Items:
     """R0 = this thread's `tasks` value (created when asked), or NULL."""
     return [
         asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
-        asm.ld_map(R1, TASKS_MAP), asm.mov(R3, 0),
+        asm.ld_map(R1, layout.TASKS), asm.mov(R3, 0),
         asm.mov(R4, BPF_LOCAL_STORAGE_GET_F_CREATE if create else 0),
         asm.call(Helper.TASK_STORAGE_GET),
     ]
@@ -263,7 +236,7 @@ def _build_find_in_task() -> Items:
     prog = _task_storage(create=False) + [
         asm.jeq(R0, 0, "done"),
         asm.mov(R9, R0),
-        asm.ldx(DW, R1, FP, _KEY + 8), asm.ldx(DW, R2, R9, 0),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT + 8), asm.ldx(DW, R2, R9, 0),
     ]
     for level in reversed(range(record.TASK_DEPTH)):
         at = 8 + level * record.TASK_SLOT
@@ -284,27 +257,28 @@ _FIND_IN_TASK = tuple(_build_find_in_task())
 
 def _inflight_key(arch: Arch, sp_adjust: int) -> Items:
     """fp-16 = pid_tgid, fp-8 = the stack pointer as it was at function entry."""
-    prog: Items = [asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, FP, _KEY, R0),
+    prog: Items = [asm.call(Helper.GET_CURRENT_PID_TGID),
+                   asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0),
                    asm.ldx(DW, R1, R6, arch.sp)]
     if sp_adjust:
         prog.append(asm.sub(R1, sp_adjust))
-    return prog + [asm.stx(DW, FP, _KEY + 8, R1)]
+    return prog + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT + 8, R1)]
 
 
 def _stash_entry(api: Api, arch: Arch) -> Items:
     """Save entry time, argument cells and out-parameter pointers in the inflight map."""
-    prog: Items = [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, _VALUE, R0)]
-    prog += _load_args(api, arch, R6, FP, _VALUE + record.INFLIGHT_ARGS)
+    prog: Items = [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.INFLIGHT_VALUE_AT, R0)]
+    prog += _load_args(api, arch, R6, FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_ARGS)
     for j in range(record.OUT_CELLS):
-        where = _VALUE + record.INFLIGHT_OUTPTRS + 8 * j
+        where = layout.INFLIGHT_VALUE_AT + record.INFLIGHT_OUTPTRS + 8 * j
         if j < len(api.outs):
             prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, FP, where, R1)]
         else:
             prog.append(asm.st(DW, FP, where, 0))
     prog += _inflight_key(arch, 0)
     return prog + [
-        asm.ld_map(R1, INFLIGHT_MAP), asm.mov(R2, FP), asm.add(R2, _KEY),
-        asm.mov(R3, FP), asm.add(R3, _VALUE), asm.mov(R4, 0),
+        asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
+        asm.mov(R3, FP), asm.add(R3, layout.INFLIGHT_VALUE_AT), asm.mov(R4, 0),
         asm.call(Helper.MAP_UPDATE_ELEM),
     ]
 
@@ -424,33 +398,45 @@ def _field_offset(api: Api, name: str) -> int:
 
 
 def _learn_name(api: Api, arch: Arch) -> Items:
-    """On success, names[(pid, handle)] = the string the name field points to."""
+    """On success, the string the name field points to goes to the `names` map in chunks of
+    NAME_CHUNK characters: names[(pid | k << 32, handle)] = chunk k, NUL-terminated, for
+    k = 0, 1, ... until the string ends (at most NAME_CHUNKS chunks): names of any length
+    are kept whole, read while the call's memory is still there."""
     assert api.learn_name is not None
     handle, string = (_field_offset(api, f) for f in api.learn_name)
-    return [
+    prog = [
         asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "name_done"),
-        asm.st(W, FP, _STAT_KEY, 0),
-        asm.ld_map(R1, SCRATCH_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.st(W, FP, layout.STAT_KEY_AT, 0),
+        asm.ld_map(R1, layout.SCRATCH), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, "name_done"),
         asm.mov(R9, R0),
-        asm.ldx(DW, R1, R8, record.PID_TGID), asm.rsh(R1, 32), asm.stx(DW, R9, 0, R1),
         asm.ldx(DW, R1, R8, handle), asm.stx(DW, R9, 8, R1),
-        asm.mov(R1, R9), asm.add(R1, NAME_KEY_SIZE), asm.mov(R2, NAME_SIZE),
-        asm.ldx(DW, R3, R8, string),
-        asm.call(Helper.PROBE_READ_USER_STR),
-        asm.jsle(R0, 0, "name_done"),
-        asm.ld_map(R1, NAMES_MAP), asm.mov(R2, R9), asm.mov(R3, R9),
-        asm.add(R3, NAME_KEY_SIZE), asm.mov(R4, 0),
-        asm.call(Helper.MAP_UPDATE_ELEM),
-        asm.Label("name_done"),
     ]
+    for k in range(layout.NAME_CHUNKS):
+        prog += [
+            asm.ldx(DW, R1, R8, record.PID_TGID), asm.rsh(R1, 32),
+        ] + ([asm.mov(R2, k), asm.lsh(R2, 32), asm.or_(R1, R2)] if k else []) + [
+            asm.stx(DW, R9, 0, R1),
+            asm.mov(R1, R9), asm.add(R1, layout.NAME_KEY_SIZE), asm.mov(R2, layout.NAME_SIZE),
+            asm.ldx(DW, R3, R8, string),
+        ] + ([asm.add(R3, k * layout.NAME_CHUNK)] if k else []) + [
+            asm.call(Helper.PROBE_READ_USER_STR),
+            asm.jsle(R0, 0, "name_done"),
+            asm.stx(DW, FP, layout.NAME_LEN_AT, R0),
+            asm.ld_map(R1, layout.NAMES), asm.mov(R2, R9), asm.mov(R3, R9),
+            asm.add(R3, layout.NAME_KEY_SIZE), asm.mov(R4, 0),
+            asm.call(Helper.MAP_UPDATE_ELEM),
+            asm.ldx(DW, R1, FP, layout.NAME_LEN_AT),
+            asm.jlt(R1, layout.NAME_SIZE, "name_done"),  # the string ended in this chunk
+        ]
+    return prog + [asm.Label("name_done")]
 
 
 def _reserve(fail_label: str) -> Items:
     """R8 = a new record in the ring buffer, or jump to fail_label."""
     return [
-        asm.ld_map(R1, EVENTS_MAP), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
+        asm.ld_map(R1, layout.EVENTS), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
         asm.call(Helper.RINGBUF_RESERVE),
         asm.jeq(R0, 0, fail_label),
         asm.mov(R8, R0),
@@ -460,7 +446,7 @@ def _reserve(fail_label: str) -> Items:
 def _stack_id() -> Items:
     """record.STACK_ID = 1 + get_stackid(user stack), or 0 (counted) when it fails."""
     return [
-        asm.mov(R1, R6), asm.ld_map(R2, STACKS_MAP), asm.mov(R3, BPF_F_USER_STACK),
+        asm.mov(R1, R6), asm.ld_map(R2, layout.STACKS), asm.mov(R3, BPF_F_USER_STACK),
         asm.call(Helper.GET_STACKID),
         asm.jsge(R0, 0, "stack_ok"),
     ] + _count(record.STAT_STACK_LOST) + [
@@ -482,7 +468,7 @@ def _submit(options: ProbeOptions) -> Items:
         flags = RB_FORCE_WAKEUP if options.wake_now else 0
         return [asm.mov(R1, R8), asm.mov(R2, flags), asm.call(Helper.RINGBUF_SUBMIT)]
     return [
-        asm.ld_map(R1, EVENTS_MAP), asm.mov(R2, BPF_RB_AVAIL_DATA),
+        asm.ld_map(R1, layout.EVENTS), asm.mov(R2, BPF_RB_AVAIL_DATA),
         asm.call(Helper.RINGBUF_QUERY),
         asm.mov(R2, RB_NO_WAKEUP),
         asm.jlt(R0, options.wakeup_bytes, "quiet"),
@@ -497,8 +483,8 @@ def _count(stat: int, tag: str = "") -> Items:
     counts of one stat in a program."""
     label = "counted_%d%s" % (stat, tag)
     return [
-        asm.st(W, FP, _STAT_KEY, stat),
-        asm.ld_map(R1, STATS_MAP), asm.mov(R2, FP), asm.add(R2, _STAT_KEY),
+        asm.st(W, FP, layout.STAT_KEY_AT, stat),
+        asm.ld_map(R1, layout.STATS), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, label),
         asm.ldx(DW, R1, R0, 0), asm.add(R1, 1), asm.stx(DW, R0, 0, R1),

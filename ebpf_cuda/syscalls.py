@@ -636,10 +636,6 @@ def perf_event_enable(fd: int) -> None:
     _ioctl(fd, PERF_EVENT_IOC_ENABLE, 0, "enabling a perf event")
 
 
-def perf_event_disable(fd: int) -> None:
-    _ioctl(fd, PERF_EVENT_IOC_DISABLE, 0, "disabling a perf event")
-
-
 def perf_event_set_bpf(fd: int, prog_fd: int) -> None:
     """Attach a program to a perf event the pre-5.15 way (no cookie)."""
     _ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd, "attaching a program to a perf event")

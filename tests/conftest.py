@@ -1,23 +1,37 @@
-"""Shared fixtures: building small C programs and libraries with gcc, skipping without root."""
-import os
+"""Shared fixtures: building small C programs and libraries with gcc; the `kernel` marker.
+
+Tests that load BPF programs, create maps, attach probes or run the tracer are marked
+`kernel` (setup.cfg registers the markers): they are skipped unless running as root, and
+`pytest -m "not kernel"` runs only the pure-logic tests. A test that requests the `root`
+fixture is marked `kernel` too, in case its module forgot. Helpers that are not fixtures
+are in helpers.py.
+"""
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from helpers import ROOT_REASON, build_robust, is_root, need_root
+
 NATIVE = Path(__file__).parent / "native"
 
 
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skipif(not is_root(), reason=ROOT_REASON)
+    for item in items:
+        if "root" in item.fixturenames and item.get_closest_marker("kernel") is None:
+            item.add_marker(pytest.mark.kernel)
+        if item.get_closest_marker("kernel") is not None:
+            # First, before other skipif conditions (which may ask the kernel something).
+            item.add_marker(skip, append=False)
 
 
 @pytest.fixture
 def root():
-    """Skip the test unless running as root."""
-    _need_root()
+    """Skip the test unless running as root (and mark it `kernel`)."""
+    need_root()
 
 
 class Builder:
@@ -83,3 +97,16 @@ def lib(fake):
 @pytest.fixture(scope="session")
 def prog(fake):
     return fake[1]
+
+
+# The robustness tests' stub runtime and workloads (test_robust_support.py).
+@pytest.fixture(scope="session")
+def robust(cc):
+    """(stub libcudart.so.12, robust_load program): see helpers.build_robust."""
+    return build_robust(cc)
+
+
+@pytest.fixture(scope="session")
+def dlopener(cc) -> Path:
+    """tests/native/robust_dlopen.c: loads a library by path only when told to."""
+    return cc.executable("robust_dlopen.c", "robust/robust_dlopen", extra=["-ldl"])

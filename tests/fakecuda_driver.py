@@ -7,19 +7,14 @@ tests/native/cuda_driver_prog.c against it. The programs print lines in the form
 `fakecuda.parse_output` reads. The constants are the stand-in driver's deterministic values
 (fakecuda_driver.c's header comment is the full specification).
 """
-import os
-import tempfile
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-import pytest
-
 from ebpf_cuda.events import EXIT, Event
-from ebpf_cuda.tracer import Tracer
 from fakecuda import LIB_FLAGS as RUNTIME_LIB_FLAGS
 from fakecuda import SONAME as RUNTIME_SONAME
 from fakecuda import VERSION_SCRIPT as RUNTIME_VERSION_SCRIPT
-from fakecuda import Call, build_driver_prog, parse_output
+from fakecuda import build_driver_prog
 
 SONAME = "libcuda.so.1"
 CTX_BASE = 0xC000
@@ -92,35 +87,6 @@ def build_layered_runtime(cc) -> Tuple[Path, Path, Path]:
                            "-lpthread"])
     prog = build_driver_prog(cc, lib, "fakecuda_layered/cuda_driver_prog")
     return lib, driver, prog
-
-
-def trace_command(argv: Sequence[str], timeout: float = 30,
-                  **options) -> Tuple[List[Event], List[Call], Tracer]:
-    """Runs `argv` under a `Tracer(command=argv, **options)` to its end; (events, the lines the
-    program printed as `Call`s, the closed tracer with `stats_at_end` set)."""
-    with tempfile.NamedTemporaryFile("r", suffix=".out") as out:
-        tracer = Tracer(command=[str(a) for a in argv], **options)
-        try:
-            saved = os.dup(1)
-            fd = os.open(out.name, os.O_WRONLY | os.O_TRUNC)
-            try:
-                os.dup2(fd, 1)  # the command inherits this stdout when it is forked
-                tracer.start()
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-                os.close(fd)
-            events = list(tracer.events(timeout=timeout))
-            tracer.stats_at_end = tracer.stats()  # type: ignore[attr-defined]
-        finally:
-            tracer.close()
-        return events, parse_output(out.read()), tracer
-
-
-def need_root() -> None:
-    """Skip (from a module-scoped fixture too) unless running as root."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
 
 
 def exits(events: Sequence[Event]) -> List[Event]:

@@ -6,20 +6,20 @@ Everything the program does is known (kernels_app.cpp's header lists it); durati
 so they are checked against the JSON events of the same run (totals, medians, extremes).
 """
 import json
-import os
 import re
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
 from ebpf_cuda.analysis._table import clock
+import helpers
 from fakecuda import build_fake_cuda, device_ptr
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.kernel
+
 NATIVE = Path(__file__).parent / "native"
 
 KERNELS = {
@@ -68,12 +68,6 @@ MEMORY_TABLE = """\
       0.001      1     0.001     0.001     0.001     0.001        0.000  [CUDA memcpy Device-to-Device]"""
 
 
-@pytest.fixture(autouse=True)
-def _root():
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
-
-
 def _gxx(*args) -> None:
     subprocess.run(["g++", "-O2", "-g", "-fno-omit-frame-pointer", "-I", str(NATIVE), *args],
                    check=True)
@@ -110,11 +104,7 @@ def run_cli(*args, timeout: float = 60) -> subprocess.CompletedProcess:
         args = args[1:]
     else:
         args = FUNCTIONS + args
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "ebpf_cuda", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env,
-                          stdin=subprocess.DEVNULL)
+    done = helpers.run_cli(*args, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return done
 

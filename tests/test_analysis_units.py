@@ -16,7 +16,8 @@ from ebpf_cuda.analysis import (ALLOCATORS, FREES, AddressResolver, Frame, Kerne
                                 stats)
 from ebpf_cuda.analysis._table import clock
 from ebpf_cuda.analysis.memory import DOUBLE_FREE, MISMATCHED_FREE, UNKNOWN_FREE, format_stack
-from ebpf_cuda.events import ENTER, EXIT, Event
+from ebpf_cuda.events import ENTER, EXIT
+from helpers import event
 
 NATIVE = Path(__file__).parent / "native"
 PID = 4242
@@ -25,8 +26,9 @@ PID = 4242
 def ev(api, args=None, ret=0, duration=1000, outs=None, ts=1.0, pid=PID, tid=None, stack_id=0,
        phase=EXIT):
     ret_name = "cudaSuccess" if ret == 0 else "error%d" % ret
-    return Event(ts, int(ts * 1e9), pid, tid or pid, "app", api, phase, dict(args or {}),
-                 ret, ret_name, duration, dict(outs or {}), (), stack_id)
+    return event(api, phase, args, ts=ts, ts_ns=int(ts * 1e9), pid=pid, tid=tid or pid,
+                 ret=ret, ret_name=ret_name, duration_ns=duration, outs=dict(outs or {}),
+                 stack_id=stack_id)
 
 
 def malloc(ptr, size, ret=0, api="cudaMalloc", **kw):
@@ -313,7 +315,7 @@ def _address(function) -> int:
 
 def test_namer_rereads_the_maps_for_a_library_opened_later(kernels_lib):
     namer = KernelNamer()
-    namer.observe([ev("cudaMalloc", pid=os.getpid())])  # first snapshot: library not mapped
+    namer.observe_pids([os.getpid()])  # first snapshot: library not mapped
     lib = _load(kernels_lib)
     saxpy = _address(lib._Z5saxpyifPKfPf)
     relu = _address(lib.relu_kernel)
@@ -335,7 +337,8 @@ def test_local_symbols_resolve_through_the_load_bias(kernels_lib):
 
 
 def test_driver_launches_are_named_by_their_handle():
-    namer = KernelNamer(handles=lambda pid, handle: "k%x" % handle if handle == 0x55 else None)
+    namer = KernelNamer(probe_names=lambda pid, handle: "k%x" % handle)
+    namer.learn([ev("cuModuleGetFunction", ret=0, outs={"function": 0x55})])
     launch = ev("cuLaunchKernel", {"func": 0x55})
     assert namer(launch, 0x55) == "k55"
     assert namer(ev("cuLaunchKernel", {"func": 0x56}), 0x56) is None
@@ -409,3 +412,113 @@ def test_check_trace_reports_resolution_and_locates_unnamed(tmp_path, capsys):
     assert check.main([str(trace), "--min-resolved", "0.9", "--expect-kernel", "nope"]) == 1
     out = capsys.readouterr().out
     assert "FAIL: 75.0% of launches named" in out and "FAIL: kernel 'nope' never named" in out
+
+
+# ---- roles from the function table, layers, in-kernel tables ----------------------------
+
+def test_operations_come_from_the_table_roles():
+    from ebpf_cuda.analysis.operations import copy_bytes, event_bytes, is_synchronous_copy
+
+    assert copy_operation(ev("cuMemcpyHtoDAsync_v2", {"size": 8})) == \
+        "[CUDA memcpy Host-to-Device]"
+    assert copy_operation(ev("cudaMemcpy2DAsync", {"kind": "DeviceToHost"})) == \
+        "[CUDA memcpy Device-to-Host]"
+    assert copy_operation(ev("cuMemsetD32Async", {"count": 4})) == "[CUDA memset]"
+    assert copy_operation(ev("cuMemAlloc_v2", {"size": 4})) is None
+    assert copy_operation(ev("notInTheTable", {"size": 4})) is None
+    assert copy_bytes(ev("cuMemsetD32_v2", {"count": 250})) == 1000
+    assert copy_bytes(ev("cudaMemcpy2D", {"width": 100, "height": 3})) == 300
+    assert event_bytes(malloc(0x10, 64)) == 64
+    assert event_bytes(ev("cudaMallocPitch", {"width": 1000, "height": 3},
+                          outs={"pitch": 1024})) == 3072
+    assert is_synchronous_copy(ev("cuMemcpyDtoH_v2")) and \
+        not is_synchronous_copy(ev("cudaMemcpyAsync")) and not is_synchronous_copy(ev("cudaMemset"))
+
+
+def _nested(outer, inner, start, ts=1.0, tid=None):
+    """A runtime call and the driver call inside it (the inner one returns first)."""
+    return [ev(inner[0], inner[1], outs=inner[2] if len(inner) > 2 else None, duration=500,
+               ts=ts + start + 0.0000007, tid=tid),
+            ev(outer[0], outer[1], outs=outer[2] if len(outer) > 2 else None, duration=2000,
+               ts=ts + start + 0.000001, tid=tid)]
+
+
+def test_a_copy_through_both_layers_counts_once_and_a_direct_driver_copy_counts():
+    summary = Summary()
+    summary.add(_nested(("cudaMemcpy", {"size": 4000, "kind": "HostToDevice"}),
+                        ("cuMemcpyHtoD_v2", {"size": 4000}), 0.0)
+                + [ev("cuMemcpyHtoD_v2", {"size": 96}, ts=1.5)])
+    memory = summary.memory_table()
+    assert "0.004      2" in memory and memory.count("[CUDA memcpy") == 1
+
+
+def test_long_kernel_names_are_cut_in_the_table():
+    from ebpf_cuda.analysis.summary import KERNEL_NAME_WIDTH
+
+    name = "void at::native::vectorized_elementwise_kernel<4, " + "x" * 1000 + ">(int)"
+    summary = Summary(namer=lambda event, address: name)
+    summary.add([ev("cudaLaunchKernel", {"func": 0xAAA, "grid": (4, 1, 1),
+                                         "block": (256, 1, 1), "smem": 0, "stream": 0})])
+    lines = summary.kernel_table().splitlines()
+    assert max(len(line) for line in lines) < KERNEL_NAME_WIDTH + 50
+    assert lines[-1].endswith("...") and lines[-1].split("  ")[-1].startswith("void at::native")
+    assert summary.kernel_names()[(PID, 0xAAA)] == name  # whole where names are kept
+
+
+def test_leak_tracker_counts_allocations_frees_and_double_frees_once_across_layers():
+    events = (_nested(("cudaMalloc", {"size": 64}, {"ptr": 0x10}),
+                      ("cuMemAlloc_v2", {"size": 64}, {"ptr": 0x10}), 0.0)
+              + _nested(("cudaFree", {"ptr": 0x10}), ("cuMemFree_v2", {"ptr": 0x10}), 0.1)
+              + _nested(("cudaFree", {"ptr": 0x10}), ("cuMemFree_v2", {"ptr": 0x10}), 0.2))
+    tracker = LeakTracker()
+    raised = tracker.feed_all(events)
+    assert [w.kind for w in raised] == [DOUBLE_FREE]
+    assert (tracker.allocations, tracker.releases, tracker.double_frees) == (1, 1, 1)
+    assert tracker.pids() == [PID]
+
+
+def _stats(api, kind=None, count=1, errors=0, nbytes=0, total=1000):
+    from ebpf_cuda.aggregates import FunctionStats
+
+    f = FunctionStats(api, kind)
+    f.add_cpu((count, total, 1, total, errors, nbytes, 0) + (0,) * 40)
+    return f
+
+
+def test_in_kernel_copies_count_runtime_calls_and_the_driver_calls_beyond_them():
+    from ebpf_cuda.analysis.kernel_summary import layered_operations
+
+    HTOD, DEFAULT = "[CUDA memcpy Host-to-Device]", "[CUDA memcpy Default (unified addressing)]"
+    ops = layered_operations([
+        _stats("cudaMemcpy", 1, count=2, nbytes=8000),  # 2 HtoD, each through cuMemcpyHtoD_v2
+        _stats("cuMemcpyHtoD_v2", count=3, nbytes=8096),  # ... and one direct of 96 bytes
+        _stats("cudaMemcpyAsync", 1, count=1, nbytes=64),  # through cuMemcpyAsync (Default)
+        _stats("cuMemcpyAsync", count=1, nbytes=64),
+        _stats("cudaMemsetAsync", count=2, errors=1, nbytes=10),  # one failed: no driver call
+        _stats("cuMemsetD32Async", count=3, nbytes=10 + 400),  # 1 nested + 2 direct
+    ])
+    assert ops[(HTOD, False)][:2] == (3, 8096)
+    assert ops[(HTOD, True)][:2] == (1, 64)
+    assert (DEFAULT, True) not in ops
+    assert ops[("[CUDA memset]", True)][:2] == (3, 410)
+
+
+def test_in_kernel_launch_geometry_is_decoded_from_the_counted_cells():
+    from ebpf_cuda.aggregates import Aggregates
+    from ebpf_cuda.analysis.kernel_summary import launches
+
+    cells = [0] * 10
+    cells[0], cells[1], cells[2], cells[3], cells[4], cells[6] = \
+        0xAAA, 4 | 1 << 32, 1, 256 | 1 << 32, 1, 64
+    cu = [0x55, 2, 3, 1, 64, 1, 1, 0, 0, 0]
+    agg = Aggregates([], {}, [(PID, "cudaLaunchKernel", tuple(cells), 3, 0),
+                              (PID, "cuLaunchKernel", tuple(cu), 2, 0)])
+    # with driver launches seen, runtime launches are theirs (every one makes a driver one)
+    assert [(l.api, l.func, l.geometry, l.count) for l in launches(agg)] == [
+        ("cuLaunchKernel", 0x55, ((2, 3, 1), (64, 1, 1), 0), 2)]
+    agg.launches.pop()
+    assert [(l.func, l.geometry, l.count) for l in launches(agg)] == [
+        (0xAAA, ((4, 1, 1), (256, 1, 1), 64), 3)]
+    summary = Summary(namer=_names)
+    text = summary.report(agg)
+    assert "       3  (4,1,1)  (256,1,1)            64  0xaaa" in text

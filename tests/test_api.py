@@ -50,7 +50,7 @@ def stand_in(cc):
 
 
 @pytest.fixture(scope="module")
-def traced(root_module, stand_in):
+def traced(stand_in):
     lib, prog = stand_in
     with ebpf_cuda.Tracer(command=[str(prog), *OPS], functions=FUNCTIONS,
                           library=[str(lib)]) as tracer:
@@ -59,14 +59,7 @@ def traced(root_module, stand_in):
     return events
 
 
-@pytest.fixture(scope="module")
-def root_module():
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
-
-
+@pytest.mark.kernel
 def test_events_are_typed(traced):
     from fakecuda import device_ptr
 
@@ -85,7 +78,8 @@ def test_events_are_typed(traced):
     assert json.dumps([ev.to_json() for ev in traced])
 
 
-def test_on_event_calls_back_until_the_end(root_module, stand_in):
+@pytest.mark.kernel
+def test_on_event_calls_back_until_the_end(stand_in):
     lib, prog = stand_in
     seen = []
     with ebpf_cuda.Tracer(command=[str(prog), "malloc:8", "free"],
@@ -96,6 +90,7 @@ def test_on_event_calls_back_until_the_end(root_module, stand_in):
         ("cudaMalloc", ENTER), ("cudaMalloc", EXIT), ("cudaFree", ENTER), ("cudaFree", EXIT)]
 
 
+@pytest.mark.kernel
 def test_analyses_and_writers_take_any_iterable(traced):
     summary = ebpf_cuda.Summary()
     summary.add(iter(traced))
@@ -115,7 +110,8 @@ def test_analyses_and_writers_take_any_iterable(traced):
     assert "cudaLaunchKernel" in page.getvalue()
 
 
-def test_saved_trace_through_the_api(root_module, stand_in, tmp_path):
+@pytest.mark.kernel
+def test_saved_trace_through_the_api(stand_in, tmp_path):
     lib, prog = stand_in
     path = str(tmp_path / "run.ebpfcuda")
     with ebpf_cuda.Tracer(command=[str(prog), *OPS], functions=FUNCTIONS,

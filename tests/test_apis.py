@@ -45,3 +45,90 @@ def test_the_seed_functions_lead_the_table():
         "cudaMalloc", "cudaFree", "cudaMemcpy", "cudaLaunchKernel", "cudaStreamCreate",
         "cudaStreamSynchronize", "cudaEventCreate", "cudaEventRecord", "cudaEventSynchronize",
         "cudaGetDevice", "cudaSetDevice")
+
+
+# ---- roles: what the analyses read -----------------------------------------------------------
+
+ROLE_OF_CATEGORY = {"launch": apis.Role.LAUNCH, "memcpy": apis.Role.COPY,
+                    "memset": apis.Role.MEMSET}
+ROLES = {apis.Role.ALLOC, apis.Role.FREE, apis.Role.COPY, apis.Role.MEMSET, apis.Role.LAUNCH}
+DIRECTIONS = {apis.Direction.HTOH, apis.Direction.HTOD, apis.Direction.DTOH,
+              apis.Direction.DTOD, apis.Direction.DEFAULT, apis.Direction.PEER,
+              apis.Direction.FROM_KIND}
+
+
+def _fields(api):
+    return {a.name for a in api.args} | {o.name for o in api.outs}
+
+
+def test_every_row_of_the_analysed_categories_has_its_role():
+    for api in apis.TABLE:
+        assert api.role in ROLES | {None}, api.name
+        if api.category == "memory":
+            assert api.role in (apis.Role.ALLOC, apis.Role.FREE), api.name
+        elif api.category in ROLE_OF_CATEGORY:
+            assert api.role == ROLE_OF_CATEGORY[api.category], api.name
+        else:
+            assert api.role is None, api.name
+
+
+def test_allocators_and_frees_name_their_pointer_size_and_family():
+    for api in apis.TABLE:
+        if api.role == apis.Role.ALLOC:
+            assert api.ptr in {o.name for o in api.outs}, api.name
+            assert api.size and set(api.size) <= _fields(api), api.name
+        if api.role == apis.Role.FREE:
+            assert api.ptr in {a.name for a in api.args} and not api.size, api.name
+        if api.role in (apis.Role.ALLOC, apis.Role.FREE):
+            assert api.memory in (apis.DEVICE, apis.HOST), api.name
+            assert api.family == (api.library, api.memory)
+        else:
+            assert api.memory is None and api.family is None, api.name
+
+
+def test_every_allocator_family_has_a_free_of_its_own():
+    frees = {api.family for api in apis.TABLE if api.role == apis.Role.FREE}
+    allocs = {api.family for api in apis.TABLE if api.role == apis.Role.ALLOC}
+    assert allocs == frees == {(apis.RUNTIME, apis.DEVICE), (apis.RUNTIME, apis.HOST),
+                               (apis.DRIVER, apis.DEVICE), (apis.DRIVER, apis.HOST)}
+
+
+def test_copies_and_memsets_name_their_bytes_and_direction():
+    for api in apis.TABLE:
+        kinds = [a for a in api.args if a.kind == Kind.MEMCPY_KIND]
+        if api.role in (apis.Role.COPY, apis.Role.MEMSET):
+            assert api.ptr in {a.name for a in api.args}, api.name
+            # bytes are read from the arguments at entry (the in-kernel aggregates too)
+            assert api.size and set(api.size) <= {a.name for a in api.args}, api.name
+            assert api.elem_size in (1, 2, 4), api.name
+        else:
+            assert api.elem_size == 1, api.name
+        if api.role == apis.Role.COPY:
+            assert api.direction in DIRECTIONS, api.name
+            assert (api.direction == apis.Direction.FROM_KIND) == (len(kinds) == 1), api.name
+        else:
+            assert api.direction is None and not kinds, api.name
+    assert apis.BY_NAME["cuMemsetD32_v2"].elem_size == 4
+    assert apis.BY_NAME["cudaMemcpy2D"].size == ("width", "height")
+    assert apis.BY_NAME["cuMemcpyDtoH_v2"].direction == apis.Direction.DTOH
+
+
+def test_asynchronous_rows_are_the_stream_ordered_ones():
+    for api in apis.TABLE:
+        if api.role in (apis.Role.ALLOC, apis.Role.FREE, apis.Role.COPY, apis.Role.MEMSET):
+            assert api.asynchronous == ("Async" in api.name), api.name
+        elif api.role == apis.Role.LAUNCH:
+            assert api.asynchronous, api.name
+        else:
+            assert not api.asynchronous, api.name
+
+
+def test_policies_follow_the_category():
+    for api in apis.TABLE:
+        assert api.teaches_names == (api.category == "module"), api.name
+        assert api.captures_stack == (api.category == "memory"), api.name
+        if api.learn_name or api.learn_func or api.learn_alias:
+            assert api.teaches_names, api.name
+    assert apis.BY_NAME["cuModuleGetFunction"].teaches_names
+    assert apis.BY_NAME["cudaMalloc"].captures_stack
+    assert not apis.BY_NAME["cudaMemcpy"].captures_stack

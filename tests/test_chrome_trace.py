@@ -8,9 +8,11 @@ import textwrap
 from pathlib import Path
 from typing import List
 
+import pytest
 
 from ebpf_cuda.events import ENTER, EXIT, Event
 from ebpf_cuda.output.chrome_trace import ChromeTraceWriter, MemoryTracker, write_chrome_trace
+from helpers import event
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = 0x7F0000000000
@@ -20,9 +22,9 @@ def call(api: str, args: dict, ts_ns: int, duration_ns: int = 500, ret: int = 0,
          outs: dict = None, pid: int = 100, tid: int = 100, comm: str = "app") -> List[Event]:
     """The enter and exit events of one complete call, as the decoder yields them."""
     ret_name = "cudaSuccess" if ret == 0 else "cudaErrorInvalidValue"
-    return [Event(ts_ns / 1e9, ts_ns, pid, tid, comm, api, ENTER, dict(args)),
-            Event((ts_ns + duration_ns) / 1e9, ts_ns + duration_ns, pid, tid, comm, api, EXIT,
-                  dict(args), ret, ret_name, duration_ns, dict(outs or {}))]
+    return [event(api, ENTER, args, ts_ns=ts_ns, pid=pid, tid=tid, comm=comm),
+            event(api, EXIT, args, ts_ns=ts_ns + duration_ns, pid=pid, tid=tid, comm=comm,
+                  ret=ret, ret_name=ret_name, duration_ns=duration_ns, outs=dict(outs or {}))]
 
 
 def sample_events() -> List[Event]:
@@ -173,6 +175,7 @@ def test_memory_stays_constant_as_events_grow():
     assert large - small < 4 * 1024, (small, large)
 
 
+@pytest.mark.kernel
 def test_real_trace_of_the_stand_in(root, cc, tmp_path):
     from fakecuda import build_fake_cuda, device_ptr
     from ebpf_cuda.tracer import Tracer

@@ -6,7 +6,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,9 +16,9 @@ import pytest
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
 from fakecuda import SEED_FUNCTIONS, device_ptr, parse_output
+from helpers import REPO, cli_argv, cli_env, run_cli
 from kernel_fds import bpf_link_types
 
-REPO = Path(__file__).resolve().parent.parent
 COMM = "cuda_driver_prog"[:15]
 # A trace line: [time] process pid function [ENTER]/[EXIT] details
 LINE = re.compile(r"^(?:(?P<time>\d\d:\d\d:\d\d\.\d{6}) )?(?P<comm>.{16}) (?P<pid>\d+) +"
@@ -29,24 +28,9 @@ KERNEL = "vec_add_kernel"  # the function the driver program's launches name
 SEED = ",".join(SEED_FUNCTIONS)  # the seed tool's eleven functions
 
 
-def _env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
-def cli_argv(*args) -> List[str]:
-    return [sys.executable, "-m", "ebpf_cuda", *[str(a) for a in args]]
-
-
-def run_cli(*args, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=timeout,
-                          env=_env(), cwd=str(REPO), stdin=subprocess.DEVNULL)
-
-
 def start_cli(*args, stdin=subprocess.DEVNULL) -> "Live":
     return Live(subprocess.Popen(cli_argv(*args), stdin=stdin, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=_env(),
+                                 stderr=subprocess.PIPE, text=True, env=cli_env(),
                                  cwd=str(REPO)))
 
 
@@ -143,6 +127,7 @@ def cleanup():
 
 # -- text output ----------------------------------------------------------------------------
 
+@pytest.mark.kernel
 def test_text_lines_are_exact(root, lib, prog, cleanup):
     ops = ["malloc:4000", "memcpy:4000:1", "launch:4,1,1:256,1,1", "getdevice", "setdevice:7",
            "free"]
@@ -188,6 +173,7 @@ def _unname(line: str, func: str) -> str:
     return line.replace("func=%s " % KERNEL, "func=%s " % func)
 
 
+@pytest.mark.kernel
 def test_default_lines_start_with_the_wall_clock_time(root, lib, prog):
     before = time.time()
     done = run_cli("-p", lib, "--functions", "cudaMalloc,cudaFree", "--", prog, "malloc:4000",
@@ -205,6 +191,7 @@ def test_default_lines_start_with_the_wall_clock_time(root, lib, prog):
         assert m.group("time") is not None and m.group("time")[:8] in allowed
 
 
+@pytest.mark.kernel
 def test_no_returns_gives_enter_lines_only_and_attaches_no_return_probe(root, lib, prog,
                                                                          cleanup):
     tracer = start_cli("-r", "-t", "-p", lib, "--functions", "cudaMalloc,cudaFree", "--",
@@ -222,6 +209,7 @@ def test_no_returns_gives_enter_lines_only_and_attaches_no_return_probe(root, li
     assert len(links) == 2 and not any(t.startswith("uretprobe") for t in links)
 
 
+@pytest.mark.kernel
 def test_return_probes_are_links_too(root, lib, prog, cleanup):
     """The control for the test above: without -r the same selection holds 4 links."""
     tracer = start_cli("-p", lib, "--functions", "cudaMalloc,cudaFree", "--", prog,
@@ -238,6 +226,7 @@ def test_return_probes_are_links_too(root, lib, prog, cleanup):
 
 # -- JSON ------------------------------------------------------------------------------------
 
+@pytest.mark.kernel
 def test_json_matches_text_event_by_event(root, lib, prog, cleanup):
     """Two tracers on the same process (-d PID), one text (library found from the process),
     one JSON: the same events, field by field."""
@@ -306,6 +295,7 @@ def _details_from_json(obj: dict) -> str:
                      "(%.1f us)" % (obj["duration_ns"] / 1000.0)])
 
 
+@pytest.mark.kernel
 def test_json_values(root, lib, prog):
     done = run_cli("--json", "-p", lib, "--functions", SEED, "--", prog, "malloc:4000",
                    "launch:2,3,4:8,8,2:64", "setdevice:7")
@@ -322,6 +312,7 @@ def test_json_values(root, lib, prog):
 
 # -- files, commands, processes ----------------------------------------------------------------
 
+@pytest.mark.kernel
 def test_output_file(root, lib, prog, tmp_path):
     target = tmp_path / "trace.txt"
     done = run_cli("-t", "-o", target, "-p", lib, "--functions", SEED, "--", prog,
@@ -338,12 +329,14 @@ def test_output_file(root, lib, prog, tmp_path):
     assert len(written) == 5
 
 
+@pytest.mark.kernel
 def test_exit_status_of_a_command_linking_nothing_passes_through(root, lib):
     done = run_cli("-p", lib, "--", "sh", "-c", "exit 3")
     assert done.returncode == 3, done.stderr
     assert trace_lines_of(done.stdout) == []
 
 
+@pytest.mark.kernel
 def test_exit_status_of_a_failing_driver_passes_through(root, lib, prog):
     done = run_cli("-t", "-p", lib, "--functions", SEED, "--", prog, "malloc:4000",
                    "no-such-op")
@@ -354,6 +347,7 @@ def test_exit_status_of_a_failing_driver_passes_through(root, lib, prog):
         ("cudaMalloc", "ENTER"), ("cudaMalloc", "EXIT")]
 
 
+@pytest.mark.kernel
 def test_pid_traces_only_that_process_and_ends_with_it(root, lib, prog, cleanup):
     traced = start_driver(prog, "malloc:4000", "getdevice", "free")
     other = start_driver(prog, "malloc:4000", "setdevice:1", "getdevice", "free")
@@ -373,6 +367,7 @@ def test_pid_traces_only_that_process_and_ends_with_it(root, lib, prog, cleanup)
         ("cudaGetDevice", "EXIT"), ("cudaFree", "ENTER"), ("cudaFree", "EXIT")]
 
 
+@pytest.mark.kernel
 def test_command_first_call_is_seen(root, lib, prog):
     done = run_cli("-t", "-p", lib, "--functions", SEED, "--", prog, "malloc:123")
     assert done.returncode == 0, done.stderr
@@ -381,6 +376,7 @@ def test_command_first_call_is_seen(root, lib, prog):
     assert len(trace_lines_of(done.stdout)) == 2
 
 
+@pytest.mark.kernel
 def test_functions_selects_only_those(root, lib, prog):
     done = run_cli("-t", "--functions", "cudaMalloc,cudaFree", "-p", lib, "--", prog,
                    "malloc:4000", "memcpy:4000:1", "getdevice", "streamcreate", "free",
@@ -393,6 +389,7 @@ def test_functions_selects_only_those(root, lib, prog):
                                         % os.path.realpath(lib)]
 
 
+@pytest.mark.kernel
 def test_sigint_goes_to_the_command_and_the_tracer_drains(root, lib, prog, cleanup):
     tracer = start_cli("-t", "-p", lib, "--functions", SEED, "--", prog, "malloc:4000",
                        "sleep:20000", "free")
@@ -418,6 +415,7 @@ def _one_line_error(done: subprocess.CompletedProcess, code: int) -> str:
     return lines[0]
 
 
+@pytest.mark.kernel
 def test_unknown_function_is_a_usage_error(root, lib, prog):
     line = _one_line_error(run_cli("--functions", "cudaMalloc,cudaNope", "-p", lib, "--",
                                    prog, "malloc:1"), errors.UsageError.exit_code)
@@ -437,6 +435,7 @@ def plain_lib(cc):
     return cc.from_text("int not_cuda(int x) { return x + 1; }\n", "libnotcuda.so", shared=True)
 
 
+@pytest.mark.kernel
 def test_path_errors_are_one_line_with_distinct_codes(root, prog, plain_lib, tmp_path):
     text_file = tmp_path / "notes.txt"
     text_file.write_text("not an ELF file\n")
@@ -455,12 +454,14 @@ def test_path_errors_are_one_line_with_distinct_codes(root, prog, plain_lib, tmp
     assert len(codes) == 4 and 0 not in codes and 1 not in codes
 
 
+@pytest.mark.kernel
 def test_dead_pid_with_a_path_is_a_process_error(root, lib):
     line = _one_line_error(run_cli("-p", lib, "-d", _dead_pid()),
                            errors.ProcessError.exit_code)
     assert "no process" in line
 
 
+@pytest.mark.kernel
 def test_vv_shows_each_program_once_with_the_functions_sharing_it(root, lib, prog):
     """cudaMalloc and cudaMallocHost have the same shape: one entry and one return program
     serve both (with uprobe_multi); -vv prints each program once and names its functions."""

@@ -11,16 +11,11 @@ import pytest
 from ebpf_cuda import discovery
 from ebpf_cuda.elf import ElfFile
 from ebpf_cuda.errors import ElfError, ProcessError
+from fakecuda import wheel_libcudart
+from helpers import gcc
 
 NATIVE = Path(__file__).parent / "native"
-WHEEL_CUDART = Path("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/nvidia"
-                    "/cuda_runtime/lib/libcudart.so.12")
-
-
-def gcc(*args: str) -> None:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    subprocess.run(["gcc", "-O2", "-g", *args], check=True, capture_output=True)
+WHEEL_CUDART = wheel_libcudart()  # None where nvidia-cuda-runtime-cu12 is not installed
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +196,7 @@ def test_needed_libraries_of_python():
 # ---- searching the machine -----------------------------------------------------------------
 
 def test_find_library_finds_the_wheel():
-    if not WHEEL_CUDART.exists():
+    if WHEEL_CUDART is None:
         pytest.skip("nvidia-cuda-runtime-cu12 is not installed")
     found = discovery.find_library()
     assert os.path.realpath(WHEEL_CUDART) in found

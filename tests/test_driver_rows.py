@@ -15,7 +15,10 @@ from fakecuda import Call, dims
 from fakecuda import numbers as _n
 from fakecuda_driver import (CTX_BASE, LIBRARY_BASE, MEMHANDLE_BASE, MODULE_BASE, VA_BASE,
                              base_name, build_fake_driver, device_ptr, exits, function_handle,
-                             generated_name, host_ptr, kernel_handle, need_root, trace_command)
+                             generated_name, host_ptr, kernel_handle)
+from helpers import trace_command
+
+pytestmark = pytest.mark.kernel
 
 RET_NAMES = {0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
              3: "CUDA_ERROR_NOT_INITIALIZED", 101: "CUDA_ERROR_INVALID_DEVICE",
@@ -57,13 +60,7 @@ OPS = (
 
 
 def _cu_launch(call: Call) -> Dict[str, Any]:
-    grid, block = dims(call.fields["grid"]), dims(call.fields["block"])
-    return {"func": call.number("func"), "gridX": grid[0], "gridY": grid[1], "gridZ": grid[2],
-            "blockX": block[0], "blockY": block[1], "blockZ": block[2],
-            "smem": call.number("smem"), "stream": call.number("stream")}
-
-
-def _cu_launch_ex(call: Call) -> Dict[str, Any]:
+    """cuLaunchKernel's six scalars arrive as the dim3 grid and block of every launch."""
     return {"func": call.number("func"), "grid": dims(call.fields["grid"]),
             "block": dims(call.fields["block"]), "smem": call.number("smem"),
             "stream": call.number("stream")}
@@ -95,7 +92,7 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
     "cuLibraryGetKernel": _n("library"), "cuKernelGetFunction": _n("kernel"),
     "cuFuncGetName": _n("function"),
     "cuLaunchKernel": _cu_launch, "cuLaunchCooperativeKernel": _cu_launch,
-    "cuLaunchKernelEx": _cu_launch_ex,
+    "cuLaunchKernelEx": _cu_launch,
     "cuGraphLaunch": _n("stream", graphExec="exec"), "cuStreamSynchronize": _n("stream"),
     "cuEventSynchronize": _n("event"),
 }
@@ -135,7 +132,6 @@ def fake(cc):
 
 @pytest.fixture(scope="module")
 def traced(fake):
-    need_root()
     lib, prog = fake
     return trace_command([prog, *OPS], library=[str(lib)], everything=True)
 
@@ -213,14 +209,14 @@ def test_cu_launch_kernel_stack_arguments(root, traced):
     """blockZ, sharedMemBytes and hStream are cuLaunchKernel's stack slots 0, 1, 2."""
     by = _by_api(traced[0])
     first, ptsz, biggest, too_many, smem, null_f = by["cuLaunchKernel"]
-    assert first.args == {"func": function_handle(0), "gridX": 2, "gridY": 3, "gridZ": 4,
-                          "blockX": 8, "blockY": 8, "blockZ": 2, "smem": 1024, "stream": 0x51}
-    assert (ptsz.args["func"], ptsz.args["stream"], ptsz.args["blockZ"]) == (
+    assert first.args == {"func": function_handle(0), "grid": (2, 3, 4), "block": (8, 8, 2),
+                          "smem": 1024, "stream": 0x51}
+    assert (ptsz.args["func"], ptsz.args["stream"], ptsz.args["block"][2]) == (
         function_handle(1), 0x52, 1)
-    assert (biggest.args["gridX"], biggest.args["gridZ"], biggest.args["blockZ"],
-            biggest.args["smem"], biggest.args["stream"]) == (65535, 65535, 1024, 49152, 0x53)
+    assert (biggest.args["grid"], biggest.args["block"][2], biggest.args["smem"],
+            biggest.args["stream"]) == ((65535, 65535, 65535), 1024, 49152, 0x53)
     assert biggest.ret_name == "CUDA_SUCCESS"
-    assert too_many.ret_name == "CUDA_ERROR_INVALID_VALUE" and too_many.args["blockX"] == 2000
+    assert too_many.ret_name == "CUDA_ERROR_INVALID_VALUE" and too_many.args["block"][0] == 2000
     assert smem.ret_name == "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" and smem.args["smem"] == 65536
     assert null_f.ret_name == "CUDA_ERROR_INVALID_HANDLE"
     coop, coop_ptsz = by["cuLaunchCooperativeKernel"]
@@ -239,13 +235,13 @@ def test_cu_launch_kernel_ex_config(root, traced):
 def test_kernel_names_are_learned_from_handles(root, traced):
     events, calls, tracer = traced
     pid = tracer.child_pid
-    decoder = tracer.decoder
+    names = tracer.names
     long_name = generated_name(LONG)
     assert len(long_name) == LONG > 100
-    assert decoder.handle_name(pid, function_handle(0)) == "vec_add"
-    assert decoder.handle_name(pid, function_handle(1)) == long_name
-    assert decoder.handle_name(pid, kernel_handle(0)) == "lib_kernel"
-    assert decoder.handle_name(pid, function_handle(2)) == "lib_kernel"  # cuKernelGetFunction
+    assert names.learned(pid, function_handle(0)) == "vec_add"
+    assert names.learned(pid, function_handle(1)) == long_name
+    assert names.learned(pid, kernel_handle(0)) == "lib_kernel"
+    assert names.learned(pid, function_handle(2)) == "lib_kernel"  # cuKernelGetFunction
     by = _by_api(events)
     assert [e.outs.get("kernel_name") for e in by["cuModuleGetFunction"]] == [
         "vec_add", long_name, None, None]
@@ -253,13 +249,13 @@ def test_kernel_names_are_learned_from_handles(root, traced):
     assert [e.outs.get("kernel_name") for e in by["cuFuncGetName"]] == [
         "vec_add", long_name, "lib_kernel", None]
     launches = by["cuLaunchKernel"][:3] + by["cuLaunchKernelEx"][:2]
-    assert [decoder.handle_name(pid, e.args["func"]) for e in launches] == [
+    assert [names.learned(pid, e.args["func"]) for e in launches] == [
         "vec_add", long_name, "lib_kernel", long_name, "lib_kernel"]
-    assert decoder.handle_name(pid + 1, function_handle(0)) is None  # names are per process
+    assert names.learned(pid + 1, function_handle(0)) is None  # names are per process
 
 
-@pytest.mark.parametrize("length, kept", [(255, 255), (256, 255), (400, 255)])
-def test_long_names_are_kept_up_to_255_characters(root, fake, length, kept):
+@pytest.mark.parametrize("length", [254, 255, 256, 510, 600, 5050])
+def test_names_of_any_length_are_kept_whole(root, fake, length):
     lib, prog = fake
     events, calls, tracer = trace_command(
         [prog, "init", "moduleload", "getfunction:=%d" % length, "funcname",
@@ -269,8 +265,21 @@ def test_long_names_are_kept_up_to_255_characters(root, fake, length, kept):
     assert calls[2].fields["name"] == full
     got = exits(events)
     assert [e.api for e in got] == ["cuModuleGetFunction", "cuFuncGetName", "cuLaunchKernel"]
-    assert got[0].outs["kernel_name"] == got[1].outs["kernel_name"] == full[:kept]
-    assert tracer.decoder.handle_name(tracer.child_pid, got[2].args["func"]) == full[:kept]
+    assert got[0].outs["kernel_name"] == got[1].outs["kernel_name"] == full
+    assert tracer.names.learned(tracer.child_pid, got[2].args["func"]) == full
+
+
+def test_two_kernels_alike_in_their_first_255_characters_stay_two(root, fake):
+    lib, prog = fake
+    events, _, tracer = trace_command(
+        [prog, "init", "moduleload", "getfunction:=300", "getfunction:=400",
+         "launch:1:32:0:0:%#x" % function_handle(0), "launch:1:32:0:0:%#x" % function_handle(1)],
+        library=[str(lib)],
+        functions=["cuModuleGetFunction", "cuLaunchKernel"])
+    launches = [e for e in exits(events) if e.api == "cuLaunchKernel"]
+    names = [tracer.names.learned(tracer.child_pid, e.args["func"]) for e in launches]
+    assert names == [generated_name(300), generated_name(400)]
+    assert names[0][:255] == names[1][:255]
 
 
 def test_names_are_learned_without_tracing_the_launches(root, fake):
@@ -280,4 +289,4 @@ def test_names_are_learned_without_tracing_the_launches(root, fake):
                                       library=[str(lib)], functions=["cuModuleGetFunction"])
     (event,) = exits(events)
     assert event.outs == {"function": function_handle(0), "kernel_name": "only_this"}
-    assert tracer.decoder.handle_name(tracer.child_pid, function_handle(0)) == "only_this"
+    assert tracer.names.learned(tracer.child_pid, function_handle(0)) == "only_this"

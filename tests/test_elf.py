@@ -1,9 +1,13 @@
 """elf.py on real files: NVIDIA's libcudart.so.12, gcc-built PIE/non-PIE/shifted/stripped
-files, an nvcc static binary when nvcc exists, and broken files of every kind."""
+files, an nvcc static binary when nvcc exists, and broken files of every kind; the file
+structure read through pyelftools (dynamic tags, build id, no section table, extended
+section numbering) checked against pyelftools' own full iteration and binutils."""
 import os
 import re
 import shutil
+import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,20 +17,15 @@ from hypothesis import strategies as st
 
 from ebpf_cuda.elf import ElfFile, base_name, demangle, open_elf, read_function_symbols
 from ebpf_cuda.errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
+from fakecuda import wheel_libcudart
+from helpers import gcc
 
 NATIVE = Path(__file__).parent / "native"
-CUDART = Path("/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/nvidia/cuda_runtime"
-              "/lib/libcudart.so.12")
+CUDART = wheel_libcudart()  # None where nvidia-cuda-runtime-cu12 is not installed
 RUNTIME_FUNCTIONS = ["cudaMalloc", "cudaLaunchKernel", "cudaMemcpy", "cudaFree", "cudaGetDevice",
                      "cudaStreamCreate", "cudaMemcpyAsync", "cudaDeviceSynchronize",
                      "cudaMallocManaged", "cudaEventRecord"]
 MANGLED = "_Z6vecAddPKfS0_Pfi"
-
-
-def gcc(*args: str) -> None:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    subprocess.run(["gcc", "-O2", "-g", *args], check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +86,7 @@ def nm_dynamic(path: Path):
 
 @pytest.fixture(scope="module")
 def cudart() -> ElfFile:
-    if not CUDART.exists():
+    if CUDART is None:
         pytest.skip("nvidia-cuda-runtime-cu12 is not installed")
     return ElfFile(str(CUDART))
 
@@ -348,3 +347,129 @@ def test_suggestions_stay_fast_on_huge_similar_tables():
     assert suggest("_ZN5torch4cuda6kernel5Ev_impl_5x", names)[0] == \
         "_ZN5torch4cuda6kernel5Ev_impl_5"
     assert time.perf_counter() - start < 5
+
+
+# ---- what pyelftools reads: dynamic tags, notes, extended numbering -----------------------
+
+def _pyelftools_tags(path: Path):
+    """(needed, soname, rpath, runpath) through pyelftools' own, full iteration."""
+    needed, soname, rpath, runpath = [], None, [], []
+    with open(path, "rb") as stream:
+        for section in ELFFile(stream).iter_sections():
+            if section["sh_type"] != "SHT_DYNAMIC":
+                continue
+            for tag in section.iter_tags():
+                kind = tag.entry.d_tag
+                if kind == "DT_NEEDED":
+                    needed.append(tag.needed)
+                elif kind == "DT_SONAME":
+                    soname = tag.soname
+                elif kind in ("DT_RPATH", "DT_RUNPATH"):
+                    paths = rpath if kind == "DT_RPATH" else runpath
+                    paths += [p for p in getattr(tag, kind[3:].lower()).split(":") if p]
+    return needed, soname, rpath, runpath
+
+
+@pytest.mark.parametrize("flags", [("-Wl,--disable-new-dtags,-rpath,/opt/a:/opt/b",),
+                                   ("-Wl,--enable-new-dtags,-rpath,$ORIGIN/lib:/opt/c",)])
+def test_dynamic_tags_match_pyelftools(build, flags):
+    path = build("libtags%d.so" % len(flags[0]), "elf_fakecudart.c", "-shared", "-fPIC",
+                 "-Wl,-soname,libtags.so.1", "-lm", "-Wl,--no-as-needed", *flags)
+    elf = ElfFile(str(path))
+    assert (elf.needed, elf.soname, elf.rpath, elf.runpath) == _pyelftools_tags(path)
+    assert elf.soname == "libtags.so.1" and "libc.so.6" in elf.needed
+    assert (elf.rpath or elf.runpath) in (["/opt/a", "/opt/b"], ["$ORIGIN/lib", "/opt/c"])
+    assert bool(elf.runpath) == ("enable-new-dtags" in flags[0])
+
+
+def test_dynamic_tags_of_system_files_match_pyelftools():
+    for path in (Path("/usr/bin/python3"), CUDART):
+        if path.exists():
+            elf = ElfFile(str(path.resolve()), allow_stripped=True)
+            assert (elf.needed, elf.soname, elf.rpath, elf.runpath) == \
+                _pyelftools_tags(path.resolve()), path
+
+
+def test_build_id_is_the_gnu_note(build, tmp_path):
+    path = build("libbuildid.so", "elf_fakecudart.c", "-shared", "-fPIC", "-Wl,--build-id=sha1")
+    with open(path, "rb") as stream:
+        note = ELFFile(stream).get_section_by_name(".note.gnu.build-id")
+        expected = next(n["n_desc"] for n in note.iter_notes())
+    assert len(expected) == 40 and ElfFile(str(path)).build_id == expected
+    if shutil.which("readelf"):
+        out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True).stdout
+        assert "Build ID: " + expected in out
+    bare = build("libnobuildid.so", "elf_fakecudart.c", "-shared", "-fPIC", "-Wl,--build-id=none")
+    assert ElfFile(str(bare)).build_id is None
+
+
+def _without_section_table(data: bytes) -> bytes:
+    """The file as sstrip leaves it: no section headers (e_shoff, e_shnum, e_shstrndx 0)."""
+    damaged = bytearray(data)
+    damaged[40:48] = bytes(8)
+    damaged[60:64] = bytes(4)
+    return bytes(damaged)
+
+
+def test_no_section_table_reads_the_dynamic_segment(build, tmp_path):
+    """The loader needs no section headers; dependencies come from PT_DYNAMIC then."""
+    lib = build("libfake.so", "elf_fakecudart.c", "-shared", "-fPIC")
+    expected = ElfFile(str(lib))
+    bare = tmp_path / "libnosections.so"
+    bare.write_bytes(_without_section_table(lib.read_bytes()))
+    elf = ElfFile(str(bare), allow_stripped=True)
+    assert elf.needed == expected.needed and elf.needed
+    assert elf.segments == expected.segments
+    assert elf.build_id == expected.build_id  # from the PT_NOTE segment
+    with pytest.raises(ElfError, match="is stripped"):
+        ElfFile(str(bare))
+
+
+def test_extended_section_numbering(build, tmp_path):
+    """Past 0xff00 sections, e_shnum is 0 and e_shstrndx SHN_XINDEX; section 0's sh_size
+    and sh_link hold the real ones (pyelftools follows them)."""
+    lib = build("libfake.so", "elf_fakecudart.c", "-shared", "-fPIC")
+    data = bytearray(lib.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 40)
+    shnum, shstrndx = struct.unpack_from("<HH", data, 60)
+    struct.pack_into("<Q", data, shoff + 32, shnum)  # section 0's sh_size
+    struct.pack_into("<I", data, shoff + 40, shstrndx)  # section 0's sh_link
+    struct.pack_into("<HH", data, 60, 0, 0xFFFF)
+    extended = tmp_path / "libextended.so"
+    extended.write_bytes(bytes(data))
+    elf, plain = ElfFile(str(extended)), ElfFile(str(lib))
+    assert elf.function_symbols() == plain.function_symbols()
+    assert elf.needed == plain.needed and elf.symbol_offset("cudaMalloc") == \
+        plain.symbol_offset("cudaMalloc")
+
+
+@pytest.mark.parametrize("what,edit,message", [
+    ("section table past the end", lambda d: struct.pack_into("<Q", d, 40, len(d)),
+     "section header table runs past the end"),
+    ("program header entries too small", lambda d: struct.pack_into("<H", d, 54, 8),
+     "program header entries of 8 bytes"),
+    ("unknown class", lambda d: d.__setitem__(4, 9), "unknown class 9"),
+    ("unknown byte order", lambda d: d.__setitem__(5, 7), "unknown byte order 7"),
+    ("big-endian", lambda d: d.__setitem__(5, 2), "big-endian"),
+    ("section header string table index huge", lambda d: struct.pack_into("<H", d, 62, 0xfff0),
+     "corrupted ELF file"),
+])
+def test_damaged_headers_are_one_line_elf_errors(build, tmp_path, what, edit, message):
+    data = bytearray(build("libfake.so", "elf_fakecudart.c", "-shared", "-fPIC").read_bytes())
+    edit(data)
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ElfError, match=message) as info:
+        ElfFile(str(bad))
+    assert "\n" not in str(info.value) and str(bad) in str(info.value)
+
+
+def test_pyelftools_is_imported_on_first_use_only():
+    code = ("import sys, ebpf_cuda.elf, ebpf_cuda.discovery\n"
+            "print(any(m.startswith('elftools') for m in sys.modules))\n"
+            "ebpf_cuda.elf.ElfFile(sys.executable, allow_stripped=True)\n"
+            "print(any(m.startswith('elftools') for m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=str(Path(__file__).resolve().parent.parent))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

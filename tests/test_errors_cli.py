@@ -17,7 +17,8 @@ from ebpf_cuda import syscalls
 from ebpf_cuda.elf import open_elf
 from ebpf_cuda.errors import (AttachError, ElfError, NoCudaSymbolsError, PrivilegeError,
                               ProcessError, UnsupportedKernelError, UsageError)
-from test_robust_support import REPO, cli_env, robust, run_cli  # noqa: F401
+from helpers import cli_env
+from test_robust_support import run_cli
 
 NO_CUDA_C = "int main(void) { return 0; }\n"
 
@@ -58,6 +59,7 @@ def files(cc, robust, tmp_path_factory):
             "header_only": header_only, "cut": cut, "elf32": elf32, "dir": folder}
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("case, args, error, words", [
     ("missing", ["-p", "/nonexistent/libcudart.so.12"], ElfError, ["no such file"]),
     ("directory", ["-p", "{dir}"], ElfError, ["directory"]),
@@ -91,6 +93,7 @@ def test_exit_codes_are_distinct():
     assert all(c.exit_code not in (0, 1) for c in classes)
 
 
+@pytest.mark.kernel
 def test_pid_that_does_not_exist(root):
     with open("/proc/sys/kernel/pid_max") as f:
         never = int(f.read()) + 1
@@ -109,6 +112,7 @@ def public_lib(files):
     shutil.rmtree(folder)
 
 
+@pytest.mark.kernel
 def test_non_root_user_is_told_which_capabilities(root, public_lib):
     """Started as root, the child drops to nobody (65534) before the CLI runs: the python under
     /root cannot be run by nobody directly."""
@@ -127,6 +131,7 @@ def test_non_root_user_is_told_which_capabilities(root, public_lib):
     assert_one_line(done, PrivilegeError.exit_code, "CAP_BPF", "CAP_PERFMON")
 
 
+@pytest.mark.kernel
 def test_kernel_without_uprobe_pmu(root, files):
     """EBPF_CUDA_SYSFS_UPROBE points the PMU lookup at a missing folder. uprobe_multi links
     (Linux 6.6+) need no PMU, so the tracer is also made to believe the kernel lacks them, as
@@ -142,6 +147,7 @@ def test_kernel_without_uprobe_pmu(root, files):
     assert_one_line(done, UnsupportedKernelError.exit_code, "uprobe", "/nonexistent")
 
 
+@pytest.mark.kernel
 def test_missing_pmu_does_not_matter_with_uprobe_multi(root, files):
     """On this kernel the tracer attaches with uprobe_multi links, which need no PMU."""
     from ebpf_cuda.uprobe import uprobe_multi_supported
@@ -178,6 +184,7 @@ def conflicting_probe(files):
     fd.close()
 
 
+@pytest.mark.kernel
 def test_probe_refused_by_the_kernel_is_named_and_the_rest_traced(root, robust, files,
                                                                   conflicting_probe, tmp_path):
     lib, prog = robust
@@ -190,6 +197,7 @@ def test_probe_refused_by_the_kernel_is_named_and_the_rest_traced(root, robust, 
     assert out.read_text().count('"api":"cudaGetDevice","phase":"exit"') == 7
 
 
+@pytest.mark.kernel
 def test_every_probe_refused_is_one_line(root, files, conflicting_probe):
     done = run_cli(["-p", files["lib"], "--functions", "cudaMemcpy"], timeout=30)
     assert_one_line(done, AttachError.exit_code, "cudaMemcpy", "EINVAL")

@@ -3,6 +3,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ebpf_cuda import tracepoints
 from ebpf_cuda.follow import ProcessFollower
 
@@ -27,6 +29,7 @@ def test_format_fields_are_parsed():
     assert fields["common_pid"] == (4, 4)
 
 
+@pytest.mark.kernel
 def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root):
     before = open("/proc/self/mountinfo").read().count(" tracefs ")
     point = tracepoints.find("sched", "sched_process_fork")
@@ -34,6 +37,7 @@ def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root):
     assert open("/proc/self/mountinfo").read().count(" tracefs ") == before  # nothing left
 
 
+@pytest.mark.kernel
 def test_children_and_grandchildren_join_and_leave_the_followed_set(root):
     script = ("import os, sys, time\n"
               "r, w = os.pipe()\n"

@@ -1,6 +1,7 @@
-"""Fuzzing the two parsers that read untrusted bytes: the ELF symbol reader and the record
-decoder. Whatever the input, the only exceptions allowed out are ElfError (and its subclasses)
-and DecodeError: anything else would surface as a traceback in the CLI.
+"""Fuzzing the two parsers that read untrusted bytes: the ELF reader (pyelftools for the
+file's structure, elf.py's bulk symbol reader) and the record decoder. Whatever the input,
+the only exceptions allowed out are ElfError (and its subclasses) and DecodeError: anything
+else would surface as a traceback in the CLI.
 
 Hypothesis mutates a real small ELF (tests/native/robust_stub.c built as a shared library):
 bit flips weighted towards the headers and tables, truncations, overwrites with random or
@@ -47,6 +48,8 @@ SEGMENT_FIELDS = {"p_type": (0, "I"), "p_flags": (4, "I"), "p_offset": (8, "Q"),
                   "p_memsz": (40, "Q"), "p_align": (48, "Q")}
 SYMBOL_FIELDS = {"st_name": (0, "I"), "st_info": (4, "B"), "st_other": (5, "B"),
                  "st_shndx": (6, "H"), "st_value": (8, "Q"), "st_size": (16, "Q")}
+DYNAMIC_FIELDS = {"d_tag": (0, "q"), "d_val": (8, "Q")}
+DYNAMIC_TAGS = {"DT_NULL": 0, "DT_NEEDED": 1, "DT_STRTAB": 5, "DT_STRSZ": 10, "DT_SONAME": 14}
 
 
 class Base:
@@ -102,6 +105,11 @@ def read_symbols(path: Path) -> None:
         for address in list(functions.values())[:40]:
             elf.symbolize(address)
             elf.symbolize_offset(address)
+    except ElfError:
+        pass
+    try:  # what pyelftools reads besides: dependencies without symbols, the build id
+        elf = ElfFile(str(path), allow_stripped=True)
+        elf.build_id
     except ElfError:
         pass
 
@@ -171,7 +179,18 @@ def apply_mutation(base: Base, case: dict) -> bytes:
         index, header, _, _ = base.sections[name]
         for field, value in fields.items():
             offset, fmt = SECTION_FIELDS[field]
-            _put(damaged, header + offset, fmt, index if value == "self" else value)
+            if value == "self":
+                value = index
+            elif isinstance(value, str) and value.startswith("@"):  # another section's index
+                value = base.sections[value[1:]][0]
+            _put(damaged, header + offset, fmt, value)
+    for tag, fields in case.get("dynamic", {}).items():  # the first entry with that tag
+        _, _, start, size = base.sections[".dynamic"]
+        entry = next(start + k for k in range(0, size, 16)
+                     if struct.unpack_from("<q", base.data, start + k)[0] == DYNAMIC_TAGS[tag])
+        for field, value in fields.items():
+            offset, fmt = DYNAMIC_FIELDS[field]
+            _put(damaged, entry + offset, fmt, DYNAMIC_TAGS.get(value, value))
     for key, fields in case.get("symbols", {}).items():
         for field, value in fields.items():
             offset, fmt = SYMBOL_FIELDS[field]

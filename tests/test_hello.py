@@ -7,12 +7,15 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ebpf_cuda import record
-from ebpf_cuda.cli import _observe_new
+from ebpf_cuda.names import KernelNamer
 from ebpf_cuda.tracer import Tracer
-from test_robust_support import cli_env, robust  # noqa: F401
+from helpers import cli_env
 
 
+@pytest.mark.kernel
 def test_one_hello_per_thread_and_no_event(root, robust):
     _, prog = robust
     threads, per_thread = 4, 1000
@@ -35,6 +38,7 @@ def test_one_hello_per_thread_and_no_event(root, robust):
     assert all(pid == child for pid, _ in hellos)
 
 
+@pytest.mark.kernel
 def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake, tmp_path):
     """The process pauses after its first call (as CUDA's initialisation does), launches and
     exits at once: the reader, woken by the hello, has read its mappings meanwhile; the
@@ -66,16 +70,17 @@ def _frames_of(pids) -> bytes:
 
 
 def test_the_reader_snapshots_each_process_once():
-    """Every batch read goes by `_observe_new` (hello records included): each process's
-    mappings are read once, at the first batch it appears in."""
-    class Namer:
+    """Every batch read goes by `KernelNamer.observe_frames` (hello records included): each
+    process's mappings are read once, at the first batch it appears in."""
+    class Resolver:
         def __init__(self):
             self.observed = []
 
-        def observe_pids(self, pids):
-            self.observed.append(sorted(pids))
+        def observe(self, pid):
+            self.observed.append(pid)
 
-    namer, seen = Namer(), set()
+    resolver = Resolver()
+    namer = KernelNamer(resolver=resolver)
     for batch in ([10, 11, 10], [11, 12], [10, 11, 12]):
-        _observe_new(namer, _frames_of(batch), seen)
-    assert namer.observed == [[10, 11], [12]] and seen == {10, 11, 12}
+        namer.observe_frames(_frames_of(batch))
+    assert sorted(resolver.observed[:2]) == [10, 11] and resolver.observed[2:] == [12]

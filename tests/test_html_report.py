@@ -140,3 +140,31 @@ def test_chromium_renders_it_without_errors(tmp_path):
                     "--screenshot=" + str(shot), page_path.as_uri()],
                    capture_output=True, timeout=120)
     assert shot.exists() and os.path.getsize(shot) > 10_000
+
+
+def _layered(outer, inner, ts_ns, outs=None):
+    """A runtime call and the driver call inside it (the driver call returns first)."""
+    return (call(inner[0], inner[1], ts_ns + 200, duration_ns=500, outs=outs)
+            + call(outer[0], outer[1], ts_ns, duration_ns=1000, outs=outs))
+
+
+def test_both_layers_count_once_as_in_the_summary_and_the_leak_report():
+    """Formerly the page counted a cudaMemcpy and its cuMemcpyHtoD_v2 as two copies (H200,
+    PyTorch: 12 calls, 201,400,320 bytes for 6, 100.7 MB) and each cudaFree after its
+    cuMemFree_v2 as a double free (18 where --leaks found none)."""
+    events = []
+    events += _layered(("cudaMalloc", {"size": 4000}), ("cuMemAlloc_v2", {"size": 4000}),
+                       1_000_000, outs={"ptr": DEV})
+    for i in range(3):
+        events += _layered(("cudaMemcpy", {"dst": DEV, "src": 0x1000, "size": 4000,
+                                           "kind": "HostToDevice"}),
+                           ("cuMemcpyHtoD_v2", {"dst": DEV, "src": 0x1000, "size": 4000}),
+                           2_000_000 + i * 10_000)
+    events += call("cuMemcpyDtoH_v2", {"dst": 0x1000, "src": DEV, "size": 10}, 3_000_000)
+    events += _layered(("cudaFree", {"ptr": DEV}), ("cuMemFree_v2", {"ptr": DEV}), 4_000_000)
+    page = Page(render(events))
+    assert row(page, "Host-to-Device")[:3] == ["Host-to-Device", "3", "12000"]
+    assert row(page, "Device-to-Host")[:3] == ["Device-to-Host", "1", "10"]
+    assert "double frees: 0" in page.texts and "allocations: 1" in page.texts
+    assert "frees: 1" in page.texts
+    assert row(page, "100")[2:] == ["4000", "0", "0"]  # peak, live at end, leaks

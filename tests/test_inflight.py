@@ -2,10 +2,14 @@
 LRU hash map kernels without task storage get. Both must pair every call the same way."""
 import os
 
-from ebpf_cuda import probes, tracer as tracer_module
+import pytest
+
+from ebpf_cuda import layout, maps as maps_module
 from ebpf_cuda.errors import KernelError
 from ebpf_cuda.tracer import Tracer
 from fakecuda import build_fake_cuda
+
+pytestmark = pytest.mark.kernel
 
 OPS = ["malloc:4000", "memcpy:4000:1", "launch:4,1,1:256,1,1", "setdevice:7", "free",
        "threads:3:200:malloc:64"]
@@ -15,7 +19,7 @@ def _trace(cc):
     lib, prog = build_fake_cuda(cc)
     with Tracer(command=[str(prog), *OPS], library=[str(lib)]) as tracer:
         exits = [e for e in tracer.events() if e.phase == "exit"]
-        return set(tracer._maps), exits, tracer.stats()
+        return set(tracer.session.maps), exits, tracer.stats()
 
 
 def _check(exits, stats):
@@ -30,7 +34,7 @@ def _check(exits, stats):
 def test_task_storage_is_used_where_the_kernel_has_it(root, cc):
     maps, exits, stats = _trace(cc)
     if os.path.exists("/sys/kernel/btf/vmlinux"):  # task storage needs the kernel's BTF
-        assert probes.TASKS_MAP in maps and probes.INFLIGHT_MAP not in maps
+        assert layout.TASKS in maps and layout.INFLIGHT not in maps
     _check(exits, stats)
 
 
@@ -38,7 +42,7 @@ def test_the_hash_map_fallback_pairs_calls_the_same_way(root, cc, monkeypatch):
     def no_task_storage(*args, **kwargs):
         raise KernelError("task storage unavailable (simulated)")
 
-    monkeypatch.setattr(tracer_module, "TaskStorageMap", no_task_storage)
+    monkeypatch.setattr(maps_module, "TaskStorageMap", no_task_storage)
     maps, exits, stats = _trace(cc)
-    assert probes.INFLIGHT_MAP in maps and probes.TASKS_MAP not in maps
+    assert layout.INFLIGHT in maps and layout.TASKS not in maps
     _check(exits, stats)

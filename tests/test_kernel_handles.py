@@ -1,19 +1,20 @@
 """CUDA 13's nvcc code launches with a cudaKernel_t from __cudaGetKernel instead of the host
 stub's address: the tracer learns handle → stub from that call and names the launch."""
 import json
-import subprocess
-import sys
+
+import pytest
 
 from fakecuda import build_fake_cuda
+from helpers import run_cli
+
+pytestmark = pytest.mark.kernel
 
 
 def test_a_launch_through_a_kernel_handle_is_named(root, cc, tmp_path):
     lib, prog = build_fake_cuda(cc)
     out = tmp_path / "t.jsonl"
-    done = subprocess.run([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out), "-p",
-                           str(lib), "--", str(prog), "getkernel", "launchhandle:4:256",
-                           "cudagetkernel", "launchhandle:2:32", "sleep:300"],
-                          capture_output=True, text=True, timeout=60)
+    done = run_cli("--json", "-o", out, "-p", lib, "--", prog, "getkernel", "launchhandle:4:256",
+                   "cudagetkernel", "launchhandle:2:32", "sleep:300")
     assert done.returncode == 0, done.stderr
     events = [json.loads(line) for line in out.read_text().splitlines()]
     kernels = [e["kernel"] for e in events if e["api"] == "cudaLaunchKernel"

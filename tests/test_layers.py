@@ -12,7 +12,10 @@ from ebpf_cuda import apis
 from ebpf_cuda.events import Event
 from fakecuda import build_fake_cuda
 from fakecuda_driver import (build_fake_driver, build_layered_runtime, device_ptr, exits,
-                             host_ptr, need_root, trace_command)
+                             host_ptr)
+from helpers import trace_command
+
+pytestmark = pytest.mark.kernel
 
 try:
     from ebpf_cuda.analysis.memory import LeakTracker
@@ -52,7 +55,6 @@ def layered(cc):
 def both(layered):
     """The layered program traced with both layers' default rows, named (so that the
     runtime's launches are probed too), libraries found from it."""
-    need_root()
     _, _, prog = layered
     return trace_command([prog, *(op for op, _ in LAYERED_OPS)],
                          functions=[api.name for api in apis.TABLE if api.default])
@@ -124,9 +126,8 @@ def test_nested_driver_calls_carry_the_runtime_arguments(root, both):
     assert malloc.outs == alloc.outs == {"ptr": device_ptr(0)}
     assert alloc.args == {"size": 4000}
     (launch,), (cu_launch,) = by["cudaLaunchKernel"], by["cuLaunchKernel"]
-    assert cu_launch.args == {"func": launch.args["func"], "gridX": 2, "gridY": 1, "gridZ": 1,
-                              "blockX": 64, "blockY": 1, "blockZ": 1, "smem": 256,
-                              "stream": 0x5}
+    assert cu_launch.args == {"func": launch.args["func"], "grid": (2, 1, 1),
+                              "block": (64, 1, 1), "smem": 256, "stream": 0x5}
     (ex,), (cu_ex,) = by["cudaLaunchKernelExC"], by["cuLaunchKernelEx"]
     assert {k: ex.args[k] for k in ("grid", "block", "smem", "stream", "func")} == {
         k: cu_ex.args[k] for k in ("grid", "block", "smem", "stream", "func")} == {
@@ -295,4 +296,36 @@ def test_short_lived_grandchildren_are_followed(root, driver_prog):
     script = "%s %s; true" % (prog, " ".join(QUICK_OPS))
     for _ in range(5):
         events, calls, tracer = trace_command(["sh", "-c", script], library=[str(lib)])
-        assert len(exits(events)) == len(calls) == 8, tracer._tree.unplaced
+        assert len(exits(events)) == len(calls) == 8, tracer.stats()
+
+
+# ---- every analysis counts an operation once -------------------------------------------------
+
+def test_summary_and_html_report_count_each_operation_once(root, both):
+    """Each runtime copy, memset and launch above makes one driver call inside it: the
+    summary and the HTML report (the same layering rule) count each operation once."""
+    import io
+
+    from ebpf_cuda.analysis import Summary
+    from ebpf_cuda.output.html_report import HtmlReport
+
+    events, _, _ = both
+    summary = Summary()
+    summary.add(events)
+    memory = {line[line.index("["):]: line.split()[1]
+              for line in summary.memory_table().splitlines()[4:]}
+    assert memory == {"[CUDA memcpy Host-to-Device]": "1", "[CUDA memcpy Device-to-Host]": "1",
+                      "[CUDA memcpy Device-to-Device]": "1", "[CUDA memset]": "2",
+                      "[CUDA memcpy Default (unified addressing)]": "1"}
+    assert sum(summary.launches.values()) == 2
+    stream = io.StringIO()
+    stream.close = lambda: None
+    report = HtmlReport(stream)
+    report.write(events)
+    report.close()
+    assert {d: row[:2] for d, row in report.copies.items()} == {
+        "Host-to-Device": [1, 4000], "Device-to-Host": [1, 64], "Device-to-Device": [1, 64],
+        "Default (unified addressing)": [1, 64]}
+    assert sum(n for n, _ in report.kernels.values()) == 2
+    assert (report.memory.allocations, report.memory.releases, report.memory.double_frees) == \
+        (3, 3, 0)

@@ -24,6 +24,7 @@ def test_possible_cpus_from_sysfs():
         assert maps.possible_cpus() == maps.parse_cpu_list(f.read())
 
 
+@pytest.mark.kernel
 def test_hash_map_bytes_crud_and_iteration(root):
     with maps.HashMap(8, 16, 8, name="h.bytes") as m:
         assert m.info().name == "h.bytes" and m.info().type == syscalls.BPF_MAP_TYPE_HASH
@@ -46,6 +47,7 @@ def test_hash_map_bytes_crud_and_iteration(root):
         assert list(m.keys()) == []
 
 
+@pytest.mark.kernel
 def test_hash_map_flags_and_full(root):
     with maps.HashMap(4, 8, 1, key_struct=U32, value_struct=U64) as m:
         m[1] = 5
@@ -59,6 +61,7 @@ def test_hash_map_flags_and_full(root):
         assert m[1] == 7
 
 
+@pytest.mark.kernel
 def test_struct_keys_and_tuple_values(root):
     pair = struct.Struct("<IQ")
     with maps.HashMap(4, pair.size, 4, key_struct=U32, value_struct=pair) as m:
@@ -72,12 +75,14 @@ def test_size_checks():
         maps.HashMap(8, 8, 1, key_struct=U32)
 
 
+@pytest.mark.kernel
 def test_wrong_length_bytes(root):
     with maps.HashMap(4, 4, 1) as m:
         with pytest.raises(ValueError, match="key must be 4 bytes"):
             m[b"abc"] = b"abcd"
 
 
+@pytest.mark.kernel
 def test_lru_hash_evicts(root):
     with maps.LruHashMap(4, 4, 4, key_struct=U32, value_struct=U32) as m:
         for i in range(64):
@@ -88,6 +93,7 @@ def test_lru_hash_evicts(root):
         assert all(v == k * 2 for k, v in items.items())
 
 
+@pytest.mark.kernel
 def test_array_map(root):
     with maps.ArrayMap(8, 4, name="arr", value_struct=U64) as m:
         assert list(m.items()) == [(0, 0), (1, 0), (2, 0), (3, 0)]
@@ -99,6 +105,7 @@ def test_array_map(root):
         assert m[2] == 0
 
 
+@pytest.mark.kernel
 def test_percpu_array_map(root):
     ncpu = maps.possible_cpus()
     with maps.PerCpuArrayMap(4, 2, value_struct=U32) as m:
@@ -112,6 +119,7 @@ def test_percpu_array_map(root):
         assert dict(m.items())[1] == list(range(1, ncpu + 1))
 
 
+@pytest.mark.kernel
 def test_percpu_array_bytes_are_padded_per_cpu(root):
     ncpu = maps.possible_cpus()
     with maps.PerCpuArrayMap(3, 1) as m:  # 3-byte values sit in 8-byte slots
@@ -119,6 +127,7 @@ def test_percpu_array_bytes_are_padded_per_cpu(root):
         assert m[0] == [bytes([i, i, i]) for i in range(ncpu)]
 
 
+@pytest.mark.kernel
 def test_ringbuf_map(root):
     with maps.RingBufMap(1 << 14, name="events") as rb:
         assert rb.size == 1 << 14 and rb.fd >= 0
@@ -136,6 +145,7 @@ def test_map_name_validation():
         maps.ArrayMap(4, 1, name="a_name_that_is_16")
 
 
+@pytest.mark.kernel
 def test_maps_close_their_fds(root):
     before = open_fds()
     m = maps.HashMap(4, 4, 1)

@@ -5,17 +5,18 @@ import time
 
 import pytest
 
-from ebpf_cuda.events import ENTER, EXIT, Event
+from ebpf_cuda.events import ENTER, EXIT
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.text import (HEADER_NO_TIME, HEADER_WITH_TIME, TextWriter, details,
                                    format_event, format_value)
+from helpers import event
 
 TS = 1700000000.123456  # 2023-11-14, wall clock
 
 
 def _event(api, phase, args, pid=4242, tid=4242, **exit_fields):
-    return Event(ts=TS, ts_ns=5_000_000, pid=pid, tid=tid, comm="basic02", api=api,
-                 phase=phase, args=args, **exit_fields)
+    return event(api, phase, args, ts=TS, ts_ns=5_000_000, pid=pid, tid=tid, comm="basic02",
+                 **exit_fields)
 
 
 def _exit(api, args, ret_name="cudaSuccess", ret=0, duration_ns=12_345, outs=None, faults=(),

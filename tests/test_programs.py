@@ -30,6 +30,7 @@ def counter(null_check: bool = True):
     ]
 
 
+@pytest.mark.kernel
 def test_load_with_maps_and_disassembly(root):
     with maps.ArrayMap(8, 1, name="counts") as counts:
         prog = Program(counter(), maps={"counts": counts}, name="count")
@@ -43,12 +44,14 @@ def test_load_with_maps_and_disassembly(root):
         assert not prog.loaded
 
 
+@pytest.mark.kernel
 def test_map_may_be_given_as_fd(root):
     with maps.ArrayMap(8, 1) as counts:
         with Program(counter(), maps={"counts": counts.fd}, name="count_fd").load(log_level=1) as p:
             assert "processed" in p.log
 
 
+@pytest.mark.kernel
 def test_from_bytes_independent_of_asm(root):
     code = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
     with Program.from_bytes(code, name="raw", expected_attach_type=EXPECTED_UPROBE_MULTI) as p:
@@ -57,6 +60,7 @@ def test_from_bytes_independent_of_asm(root):
         assert "exit" in p.disassembly()
 
 
+@pytest.mark.kernel
 def test_missing_null_check_is_rejected_with_log(root):
     # A hash map: on 6.18 an array lookup with a constant in-range key is known non-NULL.
     with maps.HashMap(4, 8, 1) as counts:
@@ -70,6 +74,7 @@ def test_missing_null_check_is_rejected_with_log(root):
     assert any("map_value_or_null" in line for line in prog.relevant_log_lines())
 
 
+@pytest.mark.kernel
 def test_gpl_only_helper_needs_gpl_license(root):
     body = [
         asm.mov(R1, R10), asm.add(R1, -8), asm.mov(R2, 8), asm.mov(asm.R3, 0),
@@ -83,6 +88,7 @@ def test_gpl_only_helper_needs_gpl_license(root):
     assert "GPL" in info.value.log
 
 
+@pytest.mark.kernel
 def test_double_load_and_unloaded_fd(root):
     prog = Program([asm.mov(R0, 0), asm.exit()], name="twice")
     with pytest.raises(ValueError, match="not loaded"):
@@ -98,6 +104,7 @@ def test_bad_program_name():
         Program([asm.exit()], name="has-dash")
 
 
+@pytest.mark.kernel
 def test_programs_close_their_fds(root):
     before = open_fds()
     prog = Program([asm.mov(R0, 0), asm.exit()], name="fds").load()

@@ -14,7 +14,10 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from fakecuda import SEED_FUNCTIONS, build_driver_prog, wheel_libcudart
-from test_trace_e2e import _pairs, expected_args, trace_command
+from helpers import trace_command
+from test_trace_e2e import _pairs, expected_args
+
+pytestmark = pytest.mark.kernel
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "cuda_calls.py"

@@ -196,6 +196,7 @@ def seqs(records: List[bytes]) -> List[int]:
 
 # -- kernel tests ------------------------------------------------------------------------------
 
+@pytest.mark.kernel
 def test_records_arrive_exactly_and_in_order(rig):
     r = rig()
     r.lib.rb_emit_many(0, 500, 0)
@@ -208,6 +209,7 @@ def test_records_arrive_exactly_and_in_order(rig):
     assert r.dropped == 0
 
 
+@pytest.mark.kernel
 def test_discarded_records_are_skipped(rig):
     r = rig()
     r.lib.rb_emit_many(1, 300, 3)  # every seq divisible by 3 is discarded
@@ -218,6 +220,7 @@ def test_discarded_records_are_skipped(rig):
         assert rb.available() == 0  # the consumer moved past the discarded ones too
 
 
+@pytest.mark.kernel
 def test_payload_lengths_are_exact_and_8_byte_rounded(rig):
     r = rig()
     sizes = [0, 1, 7, 8, 9, 15, 16, 17, 63, 100, 200, 254, 255] + list(range(2, 255, 11))
@@ -229,6 +232,7 @@ def test_payload_lengths_are_exact_and_8_byte_rounded(rig):
     assert r.dropped == 0
 
 
+@pytest.mark.kernel
 def test_record_larger_than_a_page_wrapping_the_data_area(rig):
     ring = 4 * PAGE  # three 5008-byte records fit; they straddle the end as positions advance
     r = rig(ring)
@@ -248,6 +252,7 @@ def test_record_larger_than_a_page_wrapping_the_data_area(rig):
     assert r.dropped == 0
 
 
+@pytest.mark.kernel
 def test_wrap_around_many_times(rig):
     ring = 2 * PAGE
     r = rig(ring)
@@ -270,6 +275,7 @@ def test_wrap_around_many_times(rig):
     assert r.dropped == 0
 
 
+@pytest.mark.kernel
 def test_full_ring_keeps_what_fits_and_producers_count_the_rest(rig):
     ring = 2 * PAGE
     r = rig(ring)
@@ -285,6 +291,7 @@ def test_full_ring_keeps_what_fits_and_producers_count_the_rest(rig):
     assert r.dropped == produced - fits
 
 
+@pytest.mark.kernel
 def test_poll_times_out_without_data_and_wakes_on_a_record(rig):
     r = rig()
     with r.reader() as rb:
@@ -300,6 +307,7 @@ def test_poll_times_out_without_data_and_wakes_on_a_record(rig):
         assert rb.poll(0) is False
 
 
+@pytest.mark.kernel
 def test_poll_wakes_for_a_record_produced_while_waiting(rig):
     import threading
 
@@ -316,6 +324,7 @@ def test_poll_wakes_for_a_record_produced_while_waiting(rig):
         assert rb.read_batch() == [seq_payload(9)]
 
 
+@pytest.mark.kernel
 def test_records_iterator_ends_after_quiet_timeout(rig):
     r = rig()
     r.lib.rb_emit_many(0, 10, 0)
@@ -323,6 +332,7 @@ def test_records_iterator_ends_after_quiet_timeout(rig):
         assert seqs(list(rb.records(timeout_s=0.05))) == list(range(10))
 
 
+@pytest.mark.kernel
 def test_leaving_the_records_iterator_early_loses_nothing(rig):
     r = rig()
     r.lib.rb_emit_many(0, 10, 4)
@@ -336,6 +346,7 @@ def test_leaving_the_records_iterator_early_loses_nothing(rig):
         assert seqs(rb.read_batch()) == [5, 6, 7, 9]
 
 
+@pytest.mark.kernel
 def test_consume_limits_and_default_callback(rig):
     r = rig()
     r.lib.rb_emit_many(0, 10, 0)
@@ -348,6 +359,7 @@ def test_consume_limits_and_default_callback(rig):
     assert seqs(got) == [0, 1, 2, 3, 7, 8, 9]
 
 
+@pytest.mark.kernel
 def test_callback_error_keeps_records_after_it(rig):
     r = rig()
     r.lib.rb_emit_many(0, 5, 0)
@@ -362,6 +374,7 @@ def test_callback_error_keeps_records_after_it(rig):
         assert seqs(rb.read_batch()) == [3, 4]
 
 
+@pytest.mark.kernel
 def test_close_drains_what_remains(rig):
     r = rig()
     rb = r.reader()
@@ -381,6 +394,7 @@ def test_close_drains_what_remains(rig):
     assert seqs(r.reader().close()) == [20, 21, 22]  # left in the ring, not lost
 
 
+@pytest.mark.kernel
 def test_drain_frames_and_fixed_after_wraps_with_discards(rig):
     ring = 2 * PAGE
     r = rig(ring)
@@ -405,6 +419,7 @@ def test_drain_frames_and_fixed_after_wraps_with_discards(rig):
     assert set(headers) == {SEQ_RECORD}
 
 
+@pytest.mark.kernel
 def test_drain_frames_stops_at_a_record_of_another_size(rig):
     r = rig()
     r.lib.rb_emit_many(0, 3, 0)

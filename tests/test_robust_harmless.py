@@ -13,7 +13,10 @@ import subprocess
 import pytest
 
 from fakecuda import build_fake_cuda
-from test_robust_support import CLI, cli_env, json_events, robust, run_cli  # noqa: F401
+from helpers import cli_env
+from test_robust_support import CLI, json_events, run_cli
+
+pytestmark = pytest.mark.kernel
 
 OPS = ["malloc:4000", "malloc:1000", "mallochost:64", "memcpy:64:1", "memcpy:64:9", "free:@0",
        "streamcreate", "eventcreate", "eventrecord", "launch:2,1,1:32", "launchnull:1:1",

@@ -9,10 +9,12 @@ tid (taken at return) and as `dst` (taken at entry): entry and return were paire
 import collections
 import time
 
+import pytest
 
 from ebpf_cuda.tracer import Tracer
-from test_robust_support import (exits, json_events, lost_from_stderr, robust,  # noqa: F401
-                                 run_cli, start_cli, stop)
+from test_robust_support import exits, json_events, lost_from_stderr, run_cli, start_cli, stop
+
+pytestmark = pytest.mark.kernel
 
 
 def trace_threads(prog, threads: int, per_thread: int, ring_size: int):

@@ -19,8 +19,10 @@ import shutil
 
 import pytest
 
-from test_robust_support import (Workload, dlopener, exits, json_events, links_on,  # noqa: F401
-                                 robust, run_cli, start_cli, stop, wait_for)
+from test_robust_support import (Workload, exits, json_events, links_on, run_cli, start_cli,
+                                 stop, wait_for)
+
+pytestmark = pytest.mark.kernel
 
 
 def test_pid_target_exits_while_traced(root, robust, tmp_path):

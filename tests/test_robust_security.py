@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ebpf_cuda.errors import UsageError
-from test_robust_support import REPO, robust, run_cli  # noqa: F401
+from helpers import REPO
+from test_robust_support import run_cli
 
 NOBODY = 65534
 
@@ -30,6 +31,7 @@ def _trace_to(robust, output, umask=None) -> subprocess.CompletedProcess:
                     "threads", 1, 3], preexec_fn=preexec)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("umask, mode", [(0o077, 0o600), (0o022, 0o644), (0o027, 0o640)])
 def test_output_file_mode_follows_the_umask(root, robust, tmp_path, umask, mode):
     out = tmp_path / "trace.txt"
@@ -39,6 +41,7 @@ def test_output_file_mode_follows_the_umask(root, robust, tmp_path, umask, mode)
     assert out.read_text().count("cudaMemcpy") == 6
 
 
+@pytest.mark.kernel
 def test_symlink_of_another_user_is_refused(root, robust, tmp_path):
     precious = tmp_path / "precious"
     precious.write_text("keep me\n")
@@ -52,6 +55,7 @@ def test_symlink_of_another_user_is_refused(root, robust, tmp_path):
     assert precious.read_text() == "keep me\n"
 
 
+@pytest.mark.kernel
 def test_dangling_symlink_of_another_user_creates_nothing(root, robust, tmp_path):
     target = tmp_path / "created-by-root"
     link = tmp_path / "trace.txt"
@@ -62,6 +66,7 @@ def test_dangling_symlink_of_another_user_creates_nothing(root, robust, tmp_path
     assert not target.exists()
 
 
+@pytest.mark.kernel
 def test_own_symlink_is_followed(root, robust, tmp_path):
     target = tmp_path / "real.txt"
     link = tmp_path / "trace.txt"
@@ -71,6 +76,7 @@ def test_own_symlink_is_followed(root, robust, tmp_path):
     assert target.read_text().count("cudaMemcpy") == 6
 
 
+@pytest.mark.kernel
 def test_dev_stdout_still_works(root, robust):
     """/dev/stdout is a link owned by root: allowed."""
     done = _trace_to(robust, "/dev/stdout")
@@ -110,6 +116,7 @@ def test_only_the_users_command_and_ldconfig_are_run():
     assert all(re.search(r"CDLL\((None|name)\b", code) for code in loads), loads
 
 
+@pytest.mark.kernel
 def test_save_refuses_a_symlink_of_another_user(root, robust, tmp_path):
     lib, prog = robust
     precious = tmp_path / "precious"

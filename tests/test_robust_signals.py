@@ -14,8 +14,10 @@ import time
 
 import pytest
 
-from test_robust_support import (Workload, dlopener, exits, json_events, links_on,  # noqa: F401
-                                 lost_from_stderr, read_line, robust, start_cli, stop, wait_for)
+from test_robust_support import (Workload, exits, json_events, links_on, lost_from_stderr,
+                                 read_line, start_cli, stop, wait_for)
+
+pytestmark = pytest.mark.kernel
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -1,9 +1,10 @@
 """Shared pieces of the robustness tests (issue 8), and checks of the workload itself.
 
-`build_robust(cc)` builds tests/native/robust_stub.c as a libcudart.so.12 stand-in whose
-functions never touch their pointer arguments, and tests/native/robust_load.c (the workloads)
-linked against it. Helpers run the real `ebpf-cuda` command in a subprocess, read its JSON
-Lines output, and list the kernel's BPF links (to prove that no probe outlives the tracer).
+The `robust` fixture (conftest.py, helpers.build_robust) builds tests/native/robust_stub.c as
+a libcudart.so.12 stand-in whose functions never touch their pointer arguments, and
+tests/native/robust_load.c (the workloads) linked against it. Helpers run the real
+`ebpf-cuda` command in a subprocess, read its JSON Lines output, and list the kernel's BPF
+links (to prove that no probe outlives the tracer).
 """
 import ctypes
 import json
@@ -12,44 +13,19 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
-
-import pytest
+from typing import List, Optional, Sequence
 
 from ebpf_cuda import syscalls
 from ebpf_cuda.errors import KernelError
-from fakecuda import LIB_FLAGS
+import helpers
+from helpers import cli_argv, cli_env
 
-REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "ebpf_cuda"]
+CLI = cli_argv()
 BPF_LINK_GET_FD_BY_ID = 30
 BPF_LINK_GET_NEXT_ID = 31
 STUB_FUNCTIONS = ("cudaMemcpy", "cudaGetDevice", "cudaMalloc", "cudaFree", "cudaSetDevice")
-
-
-def build_robust(cc) -> Tuple[Path, Path]:
-    """(stub libcudart.so.12, robust_load program), in their own folder of the session."""
-    folder = cc.outdir / "robust"
-    folder.mkdir(exist_ok=True)
-    lib = cc.shared("robust_stub.c", "robust/libcudart.so.12", extra=list(LIB_FLAGS))
-    prog = cc.executable("robust_load.c", "robust/robust_load",
-                         extra=["-L", str(folder), "-l:libcudart.so.12",
-                                "-Wl,-rpath," + str(folder), "-lpthread"])
-    return lib, prog
-
-
-@pytest.fixture(scope="session")
-def robust(cc) -> Tuple[Path, Path]:
-    return build_robust(cc)
-
-
-@pytest.fixture(scope="session")
-def dlopener(cc) -> Path:
-    """tests/native/robust_dlopen.c: loads a library by path only when told to."""
-    return cc.executable("robust_dlopen.c", "robust/robust_dlopen", extra=["-ldl"])
 
 
 class Workload:
@@ -90,18 +66,9 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout: float = 60):
     return proc.returncode, out, err
 
 
-def cli_env(**extra: str) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
 def run_cli(args: Sequence[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-    """Runs `ebpf-cuda ARGS` to completion (stdout and stderr captured as text)."""
-    kwargs.setdefault("env", cli_env())
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+    """Runs `ebpf-cuda ARGS` to completion (helpers.run_cli, the arguments as one list)."""
+    return helpers.run_cli(*args, timeout=timeout, **kwargs)
 
 
 def start_cli(args: Sequence[str], **kwargs) -> subprocess.Popen:

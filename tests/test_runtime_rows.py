@@ -13,7 +13,10 @@ from ebpf_cuda import apis
 from fakecuda import (ELAPSED_MS, EVENT_BASE, EXEC_BASE, GRAPH_BASE, MEM_FREE, MEM_TOTAL,
                       STREAM_BASE, Call, device_ptr, dims, host_ptr)
 from fakecuda import numbers as _n
-from fakecuda_driver import base_name, exits, need_root, trace_command
+from fakecuda_driver import base_name, exits
+from helpers import trace_command
+
+pytestmark = pytest.mark.kernel
 
 KINDS = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice",
          4: "Default"}
@@ -129,7 +132,6 @@ def expected_outs(call: Call) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def everything(fake):
-    need_root()
     lib, prog = fake
     return trace_command([prog, *OPS], library=[str(lib)], everything=True)
 

@@ -138,8 +138,6 @@ def live(cc, tmp_path_factory):
     """A live trace with every output, saved with --save; (folder, stdout, stderr)."""
     from fakecuda import build_fake_cuda
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
     _, prog = build_fake_cuda(cc)
     folder = tmp_path_factory.mktemp("live")
     outputs = [arg.format(d=folder) for arg in OUTPUTS]
@@ -153,6 +151,7 @@ def _same_outputs(live_dir: Path, replay_dir: Path) -> None:
         assert (replay_dir / name).read_text() == (live_dir / name).read_text(), name
 
 
+@pytest.mark.kernel
 def test_replay_in_process_equals_the_live_outputs(live, tmp_path, capsys):
     from ebpf_cuda import cli
 
@@ -168,6 +167,7 @@ def test_replay_in_process_equals_the_live_outputs(live, tmp_path, capsys):
     assert json.loads((tmp_path / "trace.json").read_text())
 
 
+@pytest.mark.kernel
 def test_replay_as_nobody_with_the_bundle_and_system_python(live, tmp_path):
     """An unprivileged user with a bare python3 (no click, no pyelftools) replays the file."""
     folder, _, _ = live

@@ -67,6 +67,7 @@ def test_bad_object_names():
     assert syscalls.check_name("cuda.launch_15c") == b"cuda.launch_15c"
 
 
+@pytest.mark.kernel
 def test_map_create_error_names_operation(root):
     with pytest.raises(KernelError) as info:
         syscalls.map_create(syscalls.BPF_MAP_TYPE_RINGBUF, 0, 0, 1000, name="rb")
@@ -77,6 +78,7 @@ def test_map_create_error_names_operation(root):
 # -- fds --------------------------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_fd_close_context_and_gc(root):
     before = open_fds()
     fd = syscalls.map_create(syscalls.BPF_MAP_TYPE_ARRAY, 4, 8, 1)
@@ -98,6 +100,7 @@ def test_fd_close_context_and_gc(root):
 # -- program load and the verifier log --------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_prog_load_and_info(root):
     fd, log = syscalls.prog_load(RET0, name="ret0", log_level=1)
     with fd:
@@ -107,6 +110,7 @@ def test_prog_load_and_info(root):
         assert info.id > 0 and len(info.tag) == 8
 
 
+@pytest.mark.kernel
 def test_verifier_error_carries_log(root):
     with pytest.raises(VerifierError) as info:
         syscalls.prog_load(EXIT_ONLY, name="noret")
@@ -116,6 +120,7 @@ def test_verifier_error_carries_log(root):
     assert err.errno == errno.EACCES
 
 
+@pytest.mark.kernel
 def test_verifier_log_grows_on_enospc(root, monkeypatch):
     monkeypatch.setattr(syscalls, "_LOG_START", 32)  # far too small: kernel says ENOSPC
     with pytest.raises(VerifierError) as info:
@@ -145,6 +150,7 @@ PRIVILEGE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.kernel
 def test_eperm_as_nobody_names_capabilities(root):
     # The imports run as root (the interpreter may live under /root), then the script becomes
     # nobody; a kprobe program load always needs CAP_BPF + CAP_PERFMON.
@@ -194,6 +200,7 @@ def test_missing_pmu_by_parameter_and_env(tmp_path, monkeypatch):
         syscalls.perf_event_open_uprobe("/bin/true", 0)
 
 
+@pytest.mark.kernel
 def test_perf_event_open_failure_names_probe(root):
     with pytest.raises(KernelError) as info:
         syscalls.perf_event_open_uprobe("/nonexistent/lib.so", 0x40)

@@ -7,7 +7,6 @@ import os
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from typing import List, Sequence, Tuple
 
 import pytest
@@ -16,7 +15,10 @@ from ebpf_cuda.events import ENTER, EXIT, Event
 from ebpf_cuda.tracer import Tracer
 from fakecuda import (EVENT_BASE, SEED_FUNCTIONS, STREAM_BASE, Call,
                       device_ptr, parse_output)
+from helpers import stdout_to, trace_command
 from kernel_fds import bpf_link_types
+
+pytestmark = pytest.mark.kernel
 
 COMM = "cuda_driver_prog"[:15]
 KIND_NAMES = {0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice",
@@ -32,39 +34,6 @@ ELEVEN_OPS = (
     "launch:4,1,1:256,1,1", "launch:2,3,4:8,8,2:1024:@0", "launch:1:2000", "getdevice",
     "setdevice:1", "getdevice", "setdevice:7", "free",
 )
-
-
-def _need_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (CAP_BPF, CAP_PERFMON)")
-
-
-@contextmanager
-def _stdout_to(path: str):
-    """Point fd 1 at `path` while a command is forked, so its output can be read back."""
-    saved = os.dup(1)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.dup2(fd, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(fd)
-
-
-def trace_command(argv: Sequence[str], **options) -> Tuple[List[Event], List[Call], Tracer]:
-    """Runs `argv` under a Tracer to its end; (events, the driver's printed calls, tracer)."""
-    with tempfile.NamedTemporaryFile("r", suffix=".out") as out:
-        tracer = Tracer(command=[str(a) for a in argv], **options)
-        try:
-            with _stdout_to(out.name):
-                tracer.start()
-            events = list(tracer.events(timeout=30))
-            tracer.stats_at_end = tracer.stats()
-        finally:
-            tracer.close()
-        return events, parse_output(out.read()), tracer
 
 
 def _pairs(events: Sequence[Event]) -> List[Tuple[Event, Event]]:
@@ -120,7 +89,6 @@ def expected_outs(call: Call) -> dict:
 @pytest.fixture(scope="module")
 def eleven(fake):
     """One traced run of the driver program calling all eleven functions."""
-    _need_root()
     lib, prog = fake
     events, calls, tracer = trace_command([prog, *ELEVEN_OPS], library=[str(lib)],
                                           functions=list(SEED_FUNCTIONS))
@@ -243,7 +211,7 @@ def test_threads_each_exit_pairs_with_its_enter(root, fake):
     done = threading.Event()
     with tempfile.NamedTemporaryFile("r") as out:
         try:
-            with _stdout_to(out.name):
+            with stdout_to(out.name):
                 tracer.start()
             watcher = threading.Thread(target=_watch_threads,
                                        args=(tracer.child_pid, seen, done))

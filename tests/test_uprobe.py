@@ -17,8 +17,9 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 ARCH = arch.current()
 
-pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64",
-                                reason="the register expectations are x86-64 ones")
+pytestmark = [pytest.mark.kernel,
+              pytest.mark.skipif(os.uname().machine != "x86_64",
+                                 reason="the register expectations are x86-64 ones")]
 
 
 # -- the target -------------------------------------------------------------------------

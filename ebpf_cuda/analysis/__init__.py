@@ -8,16 +8,20 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "kernels": ("AddressResolver", "Frame", "KernelNamer", "ProcessMaps"),
+    "kernels": ("AddressResolver", "Frame", "ProcessMaps"),
     "memory": ("ALLOCATORS", "FREES", "Allocation", "Allocator", "LeakTracker", "MemoryWarning",
                "format_leaks", "format_stack"),
     "summary": ("Summary", "copy_operation", "percentile", "stats"),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted(list(_MODULE_OF) + ["KernelNamer"])
 
 
 def __getattr__(name: str) -> Any:
+    if name == "KernelNamer":  # its home is names.py (the one store of kernel names)
+        from ..names import KernelNamer
+
+        return KernelNamer
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,4 +1,5 @@
-"""Run-time addresses → function names: kernel names of launches, frames of call stacks.
+"""Run-time addresses → function names: the frames of call stacks and the kernel names of
+launches by address (names.py keeps the names).
 
 A launch's `func` is the address of the kernel's host stub in the launching process. It is
 mapped to a file through a snapshot of /proc/PID/maps (taken the first time the process is
@@ -9,13 +10,11 @@ the file's .symtab/.dynsym (elf.py) and demangled. Everything is cached per proc
 and per address; names are resolved in user space, after the event was read.
 """
 import os
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
-from ..apis import BY_NAME, Kind
 from ..discovery import Mapping, parse_maps_line, process_file_path, process_mappings
 from ..elf import ElfFile, demangle, open_elf
 from ..errors import TracerError
-from ..events import Event
 
 
 class Frame(NamedTuple):
@@ -132,114 +131,3 @@ def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
     symbol = elf.symbol(name)
     start = symbol.value if symbol is not None else vaddr
     return Frame(demangle(name), vaddr - start, path)
-
-
-HandleNamer = Callable[[int, int], Optional[str]]  # (pid, CUfunction handle) → name
-
-
-def _takes_handle(api: str) -> bool:
-    """True when the launch's `func` is a driver handle (CUfunction), not a code address."""
-    row = BY_NAME.get(api)
-    return row is not None and any(a.name == "func" and a.kind == Kind.HANDLE for a in row.args)
-
-
-class KernelNamer:
-    """Kernel names of launches: `name(pid, address)` → demangled name or None.
-
-    Usable as a sink (its `write` calls `observe`) and as the outputs' `namer`
-    (`namer(event, address)`): a runtime launch's `func` is a code address, named from the
-    symbols; a driver launch's is a CUfunction handle, named by `handles(pid, handle)` (the
-    decoder's names learned from cuModuleGetFunction and co.) when given."""
-
-    def __init__(self, resolver: Optional[AddressResolver] = None,
-                 handles: Optional[HandleNamer] = None,
-                 functions: Optional[Callable[[int, int], Optional[int]]] = None) -> None:
-        self.resolver = resolver or AddressResolver()
-        self.handles = handles
-        self.functions = functions  # (pid, cudaKernel_t) -> host stub address
-        self._names: Dict[Tuple[int, int], Optional[str]] = {}
-        self._handle_apis: Dict[str, bool] = {}
-        self._found: Dict[Tuple[int, str, int], str] = {}  # name_for's answers (known ones)
-
-    def observe(self, events: Iterable[Event]) -> None:
-        """Snapshot the mappings of every process seen for the first time."""
-        self.observe_pids({event.pid for event in events})
-
-    def observe_pids(self, pids: Iterable[int]) -> None:
-        """Snapshot the mappings of these processes, unless already done."""
-        observe = self.resolver.observe
-        for pid in pids:
-            observe(pid)
-
-    def found_names(self) -> "FoundNames":
-        """A read-only view of the names found so far (and found later)."""
-        return FoundNames(self._found)
-
-    def name(self, pid: int, address: int) -> Optional[str]:
-        """The demangled name of the function starting at `address` in process `pid`."""
-        key = (pid, address)
-        if key in self._names:
-            return self._names[key]
-        frame = self.resolver.frame(pid, address)
-        # A kernel stub starts at its symbol; an address inside a function is no kernel name.
-        name = frame.function if frame is not None and frame.offset == 0 else None
-        if name is not None or frame is not None:  # an unmapped address may be dlopened later
-            self._names[key] = name
-        return name
-
-    def __call__(self, event: Event, address: int) -> Optional[str]:
-        return self.name_for(event.pid, event.api, address)
-
-    def name_for(self, pid: int, api: str, address: int) -> Optional[str]:
-        """The kernel a launch by function `api` of process `pid` with `func` = `address`
-        runs: a driver launch's is a handle; a runtime launch's a host stub's address or,
-        in CUDA 13, a cudaKernel_t (the CUkernel of cuLibraryGetKernel). A name once
-        found is kept (launches repeat); an unknown one may be learned later."""
-        found = self._found.get((pid, api, address))
-        if found is not None:
-            return found
-        name = self._name_for(pid, api, address)
-        if name:
-            self._found[(pid, api, address)] = name
-        return name
-
-    def _name_for(self, pid: int, api: str, address: int) -> Optional[str]:
-        handle = self._handle_apis.get(api)
-        if handle is None:
-            handle = self._handle_apis[api] = _takes_handle(api)
-        if handle:
-            return self.handle_name(pid, address)
-        return self.name(pid, address) or self.handle_name(pid, address)
-
-    def handle_name(self, pid: int, handle: int) -> Optional[str]:
-        """The demangled kernel name of a CUfunction/CUkernel handle, if it was learned."""
-        name = self.handles(pid, handle) if self.handles is not None else None
-        if name:
-            return demangle(name)
-        stub = self.functions(pid, handle) if self.functions is not None else None
-        return self.name(pid, stub) if stub else None
-
-    # Sink protocol: snapshot processes as their events arrive.
-    def header(self) -> None:
-        """Nothing to write."""
-
-    def write(self, events: Iterable[Event]) -> None:
-        self.observe(events)
-
-    def close(self) -> None:
-        """Nothing to flush."""
-
-
-class FoundNames:
-    """The kernel names a KernelNamer found, read only, usable as the outputs' `namer`: for
-    a thread that formats lines behind the reader, while the reader names the launches as it
-    reads them (their processes may be gone by the time the lines are written)."""
-
-    def __init__(self, found: Dict[Tuple[int, str, int], str]) -> None:
-        self._found = found
-
-    def name_for(self, pid: int, api: str, address: int) -> Optional[str]:
-        return self._found.get((pid, api, address))
-
-    def __call__(self, event: Event, address: int) -> Optional[str]:
-        return self._found.get((event.pid, event.api, address))

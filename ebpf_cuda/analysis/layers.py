@@ -3,10 +3,15 @@
 cudaMalloc calls cuMemAlloc_v2, cudaLaunchKernel calls cuLaunchKernel: with both layers
 traced, one operation shows as two calls on the same thread, the driver call inside the
 runtime call's time span. Records are written at return, so the driver call arrives first.
+
+Every analysis that counts operations uses this one rule, through `outer` (an operation
+counts as its runtime call: copies, memsets, allocations, frees) or `inner` (as its driver
+call: launches, whose driver handle names every kernel).
 """
 from typing import Dict, List, Tuple
 
 from ..events import Event
+from .operations import is_driver
 
 
 def _start_ns(event: Event) -> int:
@@ -45,6 +50,22 @@ class LayerFilter:
         if later:
             self._held[event.tid] = later
         return inner, earlier
+
+    def outer(self, event: Event) -> List[Event]:
+        """Count each operation once, as its runtime call: the exit events that count now
+        (a driver call is held until it is known that no runtime call contains it; a
+        runtime call counts at once, with the direct driver calls made before it)."""
+        if is_driver(event.api):
+            return self.driver(event)
+        return self.runtime(event)[1] + [event]
+
+    def inner(self, event: Event) -> bool:
+        """Count each operation once, as its driver call: whether `event` counts (a driver
+        call does; a runtime call only when no driver call ran inside it)."""
+        if is_driver(event.api):
+            self.driver(event)  # kept for the runtime call around it; it counts already
+            return True
+        return not self.runtime(event)[0]
 
     def flush(self) -> List[Event]:
         rest = sorted((e for held in self._held.values() for e in held), key=lambda e: e.ts_ns)

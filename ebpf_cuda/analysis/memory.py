@@ -1,19 +1,21 @@
 """Memory correlation: allocations matched with their frees, misuse flagged, leaks listed.
 
-Allocators and frees are a table: a new allocator is a row naming the out-parameter that
-holds the pointer, the arguments whose product is the size, and the frees that release it.
-An allocation is released only by a free of its own family (cudaMallocHost memory by
-cudaFreeHost, ...); a free from another family is flagged.
+Allocators and frees are the rows of the function table with role ALLOC or FREE (apis.py):
+each names the field that holds the pointer, the fields whose product is the size, and its
+memory family. An allocation is released only by a free of its own family (cudaMallocHost
+memory by cudaFreeHost, ...); a free from another family is flagged.
 
 Only completed calls (exit events) count: an allocation that failed is not live, a free is
 recorded when it succeeded; misuse is flagged whatever the free returned (real CUDA fails a
 double free, the flag says why). Pointers allocated before tracing began are unknown to the
-tracker: freeing them is flagged as a free of an unknown pointer.
+tracker: freeing them is flagged as a free of an unknown pointer. With both layers traced,
+a driver call inside a runtime call (cudaMalloc's cuMemAlloc_v2) is the same allocation
+(layers.LayerFilter).
 """
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..apis import BY_NAME
+from ..apis import TABLE, Api, Role
 from ..events import EXIT, Event
 from ._table import clock, integer, table
 from .kernels import AddressResolver
@@ -28,28 +30,16 @@ class Allocator(NamedTuple):
     frees: Tuple[str, ...]  # the functions that release what it returns
 
 
-_DEVICE = ("cudaFree", "cudaFreeAsync")  # CUDA lets either free memory of either allocator
-_HOST = ("cudaFreeHost",)
-_CU_DEVICE = ("cuMemFree_v2", "cuMemFreeAsync")
-_CU_HOST = ("cuMemFreeHost",)
+def _frees_of(api: Api) -> Tuple[str, ...]:
+    """The free functions of an allocator's family, in table order."""
+    return tuple(row.name for row in TABLE if row.role == Role.FREE and row.family == api.family)
 
+
+# Allocator name → how it is read; free name → the argument holding the pointer it releases.
 ALLOCATORS: Dict[str, Allocator] = {
-    "cudaMalloc": Allocator("ptr", ("size",), _DEVICE),
-    "cudaMallocManaged": Allocator("ptr", ("size",), _DEVICE),
-    "cudaMallocAsync": Allocator("ptr", ("size",), _DEVICE),
-    "cudaMallocPitch": Allocator("ptr", ("pitch", "height"), _DEVICE),
-    "cudaMallocHost": Allocator("ptr", ("size",), _HOST),
-    "cudaHostAlloc": Allocator("ptr", ("size",), _HOST),
-    "cuMemAlloc_v2": Allocator("ptr", ("size",), _CU_DEVICE),
-    "cuMemAllocManaged": Allocator("ptr", ("size",), _CU_DEVICE),
-    "cuMemAllocAsync": Allocator("ptr", ("size",), _CU_DEVICE),
-    "cuMemAllocPitch_v2": Allocator("ptr", ("pitch", "height"), _CU_DEVICE),
-    "cuMemAllocHost_v2": Allocator("ptr", ("size",), _CU_HOST),
-    "cuMemHostAlloc": Allocator("ptr", ("size",), _CU_HOST),
-}
-
-# Free function → the argument holding the pointer it releases.
-FREES: Dict[str, str] = {name: "ptr" for name in _DEVICE + _HOST + _CU_DEVICE + _CU_HOST}
+    api.name: Allocator(api.ptr, api.size, _frees_of(api)) for api in TABLE
+    if api.role == Role.ALLOC}
+FREES: Dict[str, str] = {api.name: api.ptr for api in TABLE if api.role == Role.FREE}
 
 DOUBLE_FREE = "double-free"
 UNKNOWN_FREE = "unknown-free"
@@ -96,26 +86,39 @@ def _size(event: Event, names: Sequence[str]) -> Optional[int]:
     return size
 
 
+Change = Callable[[Event, int], None]  # (the event that changed it, the pid's live bytes)
+
+
 class LeakTracker:
     """Matches allocations with frees by (pid, pointer). Feed it events (any iterable, in
     order): `feed(event)` returns the warnings that event raised; `on_warning` (if given) is
     called with each as it happens. Afterwards `leaks()` lists what was never freed and
-    `timeline` holds (ts, pid, live bytes) after every change. It is also a sink."""
+    `timeline` holds (ts, pid, live bytes) after every change (unless `keep_timeline` is
+    False; `on_change` is told each change as it is made). It is also a sink."""
 
     def __init__(self, on_warning: Optional[Callable[[MemoryWarning], None]] = None,
                  allocators: Optional[Dict[str, Allocator]] = None,
-                 frees: Optional[Dict[str, str]] = None) -> None:
+                 frees: Optional[Dict[str, str]] = None, keep_timeline: bool = True,
+                 on_change: Optional[Change] = None) -> None:
         self.allocators = ALLOCATORS if allocators is None else allocators
         self.frees = FREES if frees is None else frees
         self.on_warning = on_warning
+        self.on_change = on_change
+        self.keep_timeline = keep_timeline
         self.live: Dict[Tuple[int, int], Allocation] = {}
         self.freed: Dict[Tuple[int, int], Allocation] = {}  # last release of each pointer
         self.warnings: List[MemoryWarning] = []
         self.timeline: List[Tuple[float, int, int]] = []
-        self.allocations = 0
+        self.allocations = 0  # successful allocations (each counted once across layers)
+        self.releases = 0  # successful frees of a live allocation
         self._live_bytes: Dict[int, int] = {}
         self._peak: Dict[int, int] = {}
         self._layers = LayerFilter()
+
+    @property
+    def double_frees(self) -> int:
+        """Frees of a pointer already freed (and not allocated again)."""
+        return sum(1 for w in self.warnings if w.kind == DOUBLE_FREE)
 
     def feed(self, event: Event) -> List[MemoryWarning]:
         """Account for one event; the warnings it raised (usually none). A driver call made
@@ -123,10 +126,7 @@ class LeakTracker:
         calls are held back until that is known (see LayerFilter)."""
         if event.phase != EXIT or not (event.api in self.allocators or event.api in self.frees):
             return []
-        if _is_driver(event.api):
-            return self._account(self._layers.driver(event))
-        _inner, earlier = self._layers.runtime(event)
-        return self._account(earlier + [event])
+        return self._account(self._layers.outer(event))
 
     def flush(self) -> List[MemoryWarning]:
         """Account for the driver calls still held back (at the end of a trace)."""
@@ -189,6 +189,7 @@ class LeakTracker:
             del self.live[key]
             allocation.freed_by, allocation.freed_ts = event.api, event.ts
             self.freed[key] = allocation
+            self.releases += 1
             self._change(event, -allocation.size)
         return raised
 
@@ -204,7 +205,10 @@ class LeakTracker:
         live = self._live_bytes.get(event.pid, 0) + delta
         self._live_bytes[event.pid] = live
         self._peak[event.pid] = max(self._peak.get(event.pid, 0), live)
-        self.timeline.append((event.ts, event.pid, live))
+        if self.keep_timeline:
+            self.timeline.append((event.ts, event.pid, live))
+        if self.on_change is not None:
+            self.on_change(event, live)
 
     def live_bytes(self, pid: int) -> int:
         """Bytes allocated and not yet freed by process `pid`."""
@@ -213,6 +217,10 @@ class LeakTracker:
     def peak_bytes(self, pid: int) -> int:
         """The most bytes process `pid` had live at once."""
         return self._peak.get(pid, 0)
+
+    def pids(self) -> List[int]:
+        """The processes that allocated memory, in order."""
+        return sorted(self._peak)
 
     def leaks(self) -> List[Allocation]:
         """Allocations never freed, oldest first."""
@@ -275,8 +283,3 @@ def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) 
             frame = resolver.frame(pid, address, return_address=True)
         lines.append("      #%d %s" % (depth, frame if frame is not None else "0x%x" % address))
     return lines
-
-
-def _is_driver(api: str) -> bool:
-    row = BY_NAME.get(api)
-    return row is not None and row.driver

@@ -7,27 +7,23 @@ plus memory operations by size (cuda_gpu_mem_size_sum: sizes by copy direction),
 percentiles per function, effective bandwidth of synchronous copies, errors by function and
 code, and kernels by launch count with their geometry. Durations are those of the API calls
 (host side): a kernel launch's duration is the launch call, not the kernel's run on the GPU.
-Only completed calls (exit events) count.
+Only completed calls (exit events) count. What a call is (copy, memset, launch), its
+direction and bytes come from the function table's roles (operations.py); with both layers
+traced each operation counts once (layers.py).
 """
 import math
-import re
 from collections import Counter, defaultdict
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..apis import BY_NAME
 from ..events import EXIT, Event
 from ._table import decimal, integer, table
 from .layers import LayerFilter
-
-MB = 1000 * 1000  # nsys reports sizes in MB of 10^6 bytes
-DIRECTIONS = {"HostToHost": "Host-to-Host", "HostToDevice": "Host-to-Device",
-              "DeviceToHost": "Device-to-Host", "DeviceToDevice": "Device-to-Device",
-              "Default": "Default (unified addressing)"}
-_DRIVER_DIRECTION = re.compile(r"cuMemcpy([HDA])to([HDA])")
-_SIDES = {"H": "Host", "D": "Device", "A": "Array"}
+from .operations import (MB, Geometry, copy_bytes, copy_operation, is_launch,
+                         is_synchronous_copy, launch_geometry)
+from .operations import operation_of  # noqa: F401 (importable from here, as before)
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
-_ELEMENT_BYTES = {"cuMemsetD16": 2, "cuMemsetD32": 4}  # driver memsets count elements
+KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)
 
 
 class Stats(NamedTuple):
@@ -64,42 +60,6 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def copy_operation(event: Event) -> Optional[str]:
-    """`[CUDA memcpy Host-to-Device]`, `[CUDA memset]`, ... for a copy or set, else None."""
-    return operation_of(event.api, event.args.get("kind", "Default"))
-
-
-def operation_of(api: str, kind: str = "Default") -> Optional[str]:
-    """The memory operation of function `api` with memcpy kind `kind` (a name), or None."""
-    if "Memset" in api or api.startswith("cuMemsetD"):
-        return "[CUDA memset]"
-    row = BY_NAME.get(api)
-    if row is None or row.category != "memcpy":
-        return None
-    if "Peer" in api:
-        return "[CUDA memcpy Peer-to-Peer]"
-    match = _DRIVER_DIRECTION.match(api)
-    if match:
-        return "[CUDA memcpy %s-to-%s]" % (_SIDES[match.group(1)], _SIDES[match.group(2)])
-    return "[CUDA memcpy %s]" % DIRECTIONS.get(kind, kind)  # cuMemcpy: from the pointers
-
-
-def copy_bytes(event: Event) -> Optional[int]:
-    """Bytes moved or set by a copy/set event (width × height for 2D ones)."""
-    args = event.args
-    if "width" in args and "height" in args:
-        return args["width"] * args["height"]
-    for name in ("size", "count"):
-        if isinstance(args.get(name), int):
-            return args[name] * _ELEMENT_BYTES.get(event.api[:11], 1)
-    return None
-
-
-def is_synchronous_copy(event: Event) -> bool:
-    """A copy whose call returns when the bytes have moved (no Async in its name)."""
-    return "Async" not in event.api and "Memset" not in event.api
-
-
 class Summary:
     """Collects completed calls (a sink, or `add(events)` on any iterable) and renders the
     summary tables with `report()`. `namer(event, func)` names kernels (a `KernelNamer`); it
@@ -114,6 +74,7 @@ class Summary:
         self.sync_copies: Dict[str, List[Tuple[int, int]]] = defaultdict(list)  # (bytes, ns)
         self.launches: Counter = Counter()  # (pid, func, grid, block, smem) → launches
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
+        # Both layers traced: a copy counts as its runtime call, a launch as its driver call.
         self._copy_layers = LayerFilter()
         self._launch_layers = LayerFilter()
 
@@ -128,15 +89,12 @@ class Summary:
         if event.ret:
             self.errors[(event.api, event.ret, event.ret_name)] += 1
             return
-        if "func" in event.args:
-            self._launched(event)
+        if is_launch(event):
+            if self._launch_layers.inner(event):
+                self.add_launch(event.pid, event.api, event.args["func"],
+                                launch_geometry(event.args), event=event)
         elif copy_operation(event) is not None:
-            # The same copy through both layers counts once, as the runtime call.
-            if _is_driver(event.api):
-                done = self._copy_layers.driver(event)
-            else:
-                done = self._copy_layers.runtime(event)[1] + [event]
-            for copy in done:
+            for copy in self._copy_layers.outer(event):
                 self._copied(copy)
 
     def _copied(self, event: Event) -> None:
@@ -147,18 +105,25 @@ class Summary:
             if is_synchronous_copy(event):
                 self.sync_copies[operation].append((size, event.duration_ns or 0))
 
-    def _launched(self, event: Event, count: int = 1) -> None:
-        # One GPU launch through both layers counts once, as the driver launch (its kernel
-        # handle names every kernel, cuBLAS's and Triton's too).
-        if _is_driver(event.api):
-            self._launch_layers.driver(event)
-        elif self._launch_layers.runtime(event)[0]:
-            return
-        args = event.args
-        key = (event.pid, args["func"])
+    def add_launch(self, pid: int, api: str, func: int, geometry: Geometry, count: int = 1,
+                   event: Optional[Event] = None) -> None:
+        """Count `count` successful launches of kernel `func` by function `api` (one GPU
+        launch through both layers counts once, as the driver launch: its kernel handle
+        names every kernel, cuBLAS's and Triton's too)."""
+        key = (pid, func)
         if key not in self._names:
-            self._names[key] = self.namer(event, key[1]) if self.namer is not None else None
-        self.launches[key + _geometry(args)] += count
+            self._names[key] = self._name(pid, api, func, event)
+        self.launches[key + tuple(geometry)] += count
+
+    def _name(self, pid: int, api: str, func: int, event: Optional[Event]) -> Optional[str]:
+        """The kernel name: by (pid, api, func) when the namer can (KernelNamer.name_for),
+        else from the launch event."""
+        name_for = getattr(self.namer, "name_for", None)
+        if name_for is not None:
+            return name_for(pid, api, func)
+        if self.namer is None or event is None:
+            return None
+        return self.namer(event, func)
 
     # Sink protocol
     def header(self) -> None:
@@ -175,10 +140,11 @@ class Summary:
         """Every summary table, one after the other. With in-kernel `aggregates` (then only
         launch events were collected here), the call tables come from those."""
         if aggregates is not None:
-            from .kernel_summary import aggregate_tables, launch_events
+            from .kernel_summary import aggregate_tables, launches
 
-            for event, count in launch_events(aggregates):
-                self._launched(event, count)
+            for launch in launches(aggregates):
+                self.add_launch(launch.pid, launch.api, launch.func, launch.geometry,
+                                launch.count)
             return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()])
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
                             self.bandwidth_table(), self.error_table(), self.kernel_table()])
@@ -280,25 +246,17 @@ class Summary:
         for (pid, func, grid, block, smem), count in self.launches.items():
             merged[(names[(pid, func)], _dims(grid), _dims(block),
                     "-" if smem is None else integer(smem))] += count
-        rows = [(integer(count), grid, block, smem, name) for (name, grid, block, smem), count
+        rows = [(integer(count), grid, block, smem, clip(name, KERNEL_NAME_WIDTH))
+                for (name, grid, block, smem), count
                 in sorted(merged.items(), key=lambda item: (-item[1], item[0]))]
         return title + table(("Launches", "Grid", "Block", "Smem (bytes)", "Kernel"), rows,
                              left=(1, 2, 4))
 
 
-def _geometry(args: Dict) -> Tuple:
-    """(grid, block, smem) of a launch: dim3 arguments, or the driver's gridX... scalars."""
-    grid, block = args.get("grid"), args.get("block")
-    if grid is None and "gridX" in args:
-        grid = (args["gridX"], args["gridY"], args["gridZ"])
-        block = (args["blockX"], args["blockY"], args["blockZ"])
-    return grid, block, args.get("smem")
+def clip(text: str, width: int) -> str:
+    """`text`, cut to `width` characters with `...` at the end when longer."""
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _dims(value) -> str:
     return "(%d,%d,%d)" % tuple(value) if value is not None else "-"
-
-
-def _is_driver(api: str) -> bool:
-    row = BY_NAME.get(api)
-    return row is not None and row.driver

@@ -7,7 +7,6 @@ import struct
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .instructions import Instruction, Label
-from .opcodes import Class, JumpOp
 
 Item = Union[Instruction, Label]
 _SLOT = struct.Struct("<BBhi")
@@ -75,10 +74,3 @@ def _signed32(value: int) -> int:
 def assemble(program: Sequence[Item], maps: Optional[Mapping[str, int]] = None) -> bytes:
     """Resolve labels, patch map fds and return the program's bytes."""
     return b"".join(encode(insn, maps) for insn in resolve(program))
-
-
-def is_jump(insn: Instruction) -> bool:
-    """True for conditional and unconditional jumps (not call/exit)."""
-    cls = insn.opcode & 0x07
-    op = insn.opcode & 0xF0
-    return cls in (Class.JMP, Class.JMP32) and op not in (JumpOp.CALL, JumpOp.EXIT)

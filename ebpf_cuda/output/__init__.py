@@ -1,9 +1,16 @@
 """Ways to present events. Each is a `Sink`: the CLI hands every decoded batch to each sink
 it built, then closes them (when summaries and reports are written)."""
+import errno
+import os
+import select
+import stat
 import sys
 from typing import IO, Callable, Iterable, List, Optional
 
 from ..events import Decoder, Event
+
+PIPE_BUF = getattr(select, "PIPE_BUF", 4096)  # a pipe takes a write this long in one piece
+FILE_WRITE = 1 << 16  # bytes of whole lines per write to a regular file
 
 try:
     from typing import Protocol
@@ -40,7 +47,12 @@ class LineWriter:
     def __init__(self, stream: IO[str], namer: Optional[Callable] = None) -> None:
         self.stream = stream
         self.namer = namer  # KernelNamer or a namer(event, address) -> name or None
+        # Set by the stream: shows learned names on teaching calls decoded from frames.
+        self.annotate: Optional[Callable[[List[Event]], None]] = None
         self._from_frames = None
+        self._fd: Optional[int] = None  # the stream's file descriptor (-1: none, use write)
+        self._chunk = FILE_WRITE
+        self._encoding = "utf-8"
 
     def header(self) -> None:
         """No header by default."""
@@ -54,6 +66,12 @@ class LineWriter:
     def write(self, events: Iterable[Event]) -> None:
         self._emit(self.lines(events))
 
+    def slow_lines(self, events: List[Event]) -> List[str]:
+        """Lines of records the frame templates do not cover, decoded into events."""
+        if self.annotate is not None:
+            self.annotate(events)
+        return self.lines(events)
+
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
         `namer` must then have `name_for`, as KernelNamer and FoundNames do, or be None)."""
@@ -65,10 +83,64 @@ class LineWriter:
             self._emit(self._from_frames.lines(chunk))
 
     def _emit(self, lines: List[str]) -> None:
-        if lines:
-            self.stream.write("\n".join(lines))
-            self.stream.write("\n")
+        """Whole lines: on a file descriptor, each write ends at a line's end, and is at
+        most PIPE_BUF bytes when it is not a regular file (a pipe or terminal shared with
+        the traced program, whose output then falls between lines, never inside one)."""
+        if not lines:
+            return
+        text = "\n".join(lines) + "\n"
+        fd = self._fd if self._fd is not None else self._target()
+        if fd < 0:
+            self.stream.write(text)
+            return
+        self.stream.flush()  # what the stream holds (a header) goes first
+        write_lines(fd, text.encode(self._encoding, "backslashreplace"), self._chunk)
+
+    def _target(self) -> int:
+        """The stream's file descriptor and how much to write at once (first use)."""
+        try:
+            fd = self.stream.fileno()
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except (AttributeError, OSError, ValueError):
+            fd, regular = -1, False
+        self._fd, self._chunk = fd, FILE_WRITE if regular else PIPE_BUF
+        self._encoding = getattr(self.stream, "encoding", None) or "utf-8"
+        return fd
 
     def close(self) -> None:
         """Flush; close the stream unless it is stdout or stderr."""
         finish(self.stream)
+
+
+def write_lines(fd: int, data: bytes, limit: int = PIPE_BUF) -> None:
+    """Write `data` (whole lines) to `fd` in writes of at most `limit` bytes that each end
+    at a line's end (a line longer than `limit` in one write of its own). A short write is
+    finished, a non-blocking descriptor (shared with a program that made it so) waited
+    for; OSError for a write the system refuses (ENOSPC, EPIPE, EFBIG, EIO)."""
+    start, size = 0, len(data)
+    view = memoryview(data)
+    while start < size:
+        end = start + limit
+        if end >= size:
+            end = size
+        else:
+            cut = data.rfind(b"\n", start, end)
+            if cut < 0:
+                cut = data.find(b"\n", end)
+                end = size if cut < 0 else cut + 1
+            else:
+                end = cut + 1
+        _write_all(fd, view[start:end])
+        start = end
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        try:
+            done = os.write(fd, view)
+        except BlockingIOError:
+            select.select([], [fd], [], 1.0)
+            continue
+        if done <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[done:]

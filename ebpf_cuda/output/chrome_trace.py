@@ -16,12 +16,15 @@ from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from ..analysis.memory import ALLOCATORS, FREES, Allocator
 from ..analysis.summary import copy_bytes, copy_operation
-from ..apis import BY_NAME, Kind
+from ..apis import BY_NAME
+from ..elf import demangle
 from ..events import ENTER, EXIT, Event
+from ..values import field_kinds, trace_value
 from . import finish
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name
 Emit = Callable[[Dict[str, Any]], None]
+
 
 class ApiInfo:
     """What the writer needs to know of a function, computed once per name: its category
@@ -30,10 +33,7 @@ class ApiInfo:
     def __init__(self, name: str) -> None:
         row = BY_NAME.get(name)
         self.category = row.category if row else "other"
-        self.kinds: Dict[str, str] = {}
-        if row is not None:
-            self.kinds = {arg.name: arg.kind for arg in row.args}
-            self.kinds.update((out.name, out.kind) for out in row.outs)
+        self.kinds: Dict[str, str] = field_kinds(row) if row is not None else {}
 
 
 _INFO: Dict[str, ApiInfo] = {}
@@ -48,13 +48,9 @@ def api_info(name: str) -> ApiInfo:
 
 
 def arg_value(kind: Optional[str], value: Any) -> Any:
-    """An argument as shown in the trace viewer: addresses and handles as hex text (JSON
-    numbers lose precision above 2**53), dim3 as a list, the rest as is."""
-    if kind in (Kind.PTR, Kind.HANDLE) and isinstance(value, int):
-        return "0x%x" % value
-    if isinstance(value, tuple):
-        return list(value)
-    return value
+    """An argument as shown in the trace viewer (values.trace_value: addresses and handles as
+    hex text, dim3 as a list, the rest as is)."""
+    return trace_value(kind, value)
 
 
 @dataclass
@@ -245,7 +241,7 @@ class ChromeTraceWriter:
             return
         emit({"name": pending.api, "cat": "enter", "ph": "i", "s": "t",
               "ts": _us(pending.ts_ns), "pid": pending.pid, "tid": pending.tid,
-              "args": self._args(pending, api_info(pending.api).kinds)})
+              "args": self._args(pending, api_info(pending.api).kinds, self._kernel(pending))})
 
     def _track(self, ev: Event, emit: Emit) -> None:
         if ev.pid not in self._processes:
@@ -257,30 +253,45 @@ class ChromeTraceWriter:
             emit({"name": "thread_name", "ph": "M", "pid": ev.pid, "tid": ev.tid,
                   "args": {"name": "%s %d" % (ev.comm, ev.tid)}})
 
-    def _args(self, ev: Event, kinds: Dict[str, str]) -> Dict[str, Any]:
-        args = {name: arg_value(kinds.get(name), v) for name, v in ev.args.items()}
-        if self.namer is not None and "func" in ev.args:
-            kernel = self.namer(ev, ev.args["func"])
-            if kernel:
-                args["kernel"] = kernel
+    def _args(self, ev: Event, kinds: Dict[str, str], kernel: Optional[str]) -> Dict[str, Any]:
+        args = {name: trace_value(kinds.get(name), v) for name, v in ev.args.items()}
+        if kernel:
+            args["kernel"] = kernel
         return args
+
+    def _kernel(self, ev: Event) -> Optional[str]:
+        """The kernel a launch runs, by the namer (its `func`)."""
+        if self.namer is None or "func" not in ev.args:
+            return None
+        return self.namer(ev, ev.args["func"])
 
     def _call(self, ev: Event, emit: Emit) -> None:
         info = api_info(ev.api)
-        args = self._args(ev, info.kinds)
+        kernel = self._kernel(ev)
+        args = self._args(ev, info.kinds, kernel)
         args["return"] = ev.ret_name
-        args.update((name, arg_value(info.kinds.get(name), v)) for name, v in ev.outs.items())
+        args.update((name, trace_value(info.kinds.get(name), v)) for name, v in ev.outs.items())
         if ev.faults:
             args["unreadable"] = list(ev.faults)
         duration = ev.duration_ns or 0
-        emit({"name": args.get("kernel", ev.api), "cat": info.category,
-              "ph": "X", "ts": _us(ev.ts_ns - duration), "dur": _us(duration),
-              "pid": ev.pid, "tid": ev.tid, "args": args})
+        emit({"name": self._title(ev, kernel), "cat": info.category, "ph": "X",
+              "ts": _us(ev.ts_ns - duration), "dur": _us(duration), "pid": ev.pid,
+              "tid": ev.tid, "args": args})
         if ev.ret:
             emit(self._instant(ev, ev.ret_name or "error %d" % ev.ret, "error",
                                {"api": ev.api, "ret": ev.ret}))
         self._memory(ev, emit)
         self._copies(ev, emit)
+
+    @staticmethod
+    def _title(ev: Event, kernel: Optional[str]) -> str:
+        """A launch is titled by the kernel it runs, a call that taught a kernel's name
+        (cuModuleGetFunction & co.) by that name, demangled as launches are; never by an
+        argument that happens to be called `kernel` (cuLibraryGetKernel's out handle)."""
+        if kernel:
+            return kernel
+        learned = ev.outs.get("kernel_name")
+        return demangle(learned) if isinstance(learned, str) and learned else ev.api
 
     def _instant(self, ev: Event, name: str, cat: str, args: Dict[str, Any],
                  scope: str = "t") -> Dict[str, Any]:

@@ -1,16 +1,24 @@
 """One self-contained HTML page: summary tables and inline SVG plots, no scripts, no fetches.
 
-Events are aggregated as they come (constant memory: per-function counters, log2 duration
-histograms, time buckets that widen as the trace grows); the page is written at `close()`.
+Events are aggregated as they come (per-function counters, log2 duration histograms, time
+buckets that widen as the trace grows; memory grows only with the pointers allocated); the
+page is written at `close()`. Copies, launches and memory are counted by the same analyses
+as `--summary` and `--leaks` (analysis/): with both layers traced each operation counts
+once, and the memory section is the leak tracker's (its allocations, frees, double frees).
 """
 import html
-from typing import IO, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..analysis.layers import LayerFilter
+from ..analysis.memory import LeakTracker
+from ..analysis.operations import copy_bytes, copy_label, copy_operation, is_launch
 from ..events import EXIT, Event
 from . import finish
-from .chrome_trace import MemoryTracker, Namer, copy_direction
+
+Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name
 
 MAX_BUCKETS = 120  # time buckets in the over-time plots
+_KEEP_MAX = (False, False, True)  # calls and bytes add up per bucket; live memory peaks
 FIRST_BUCKET_NS = 1_000_000  # 1 ms; doubled until the trace fits in MAX_BUCKETS
 
 
@@ -87,8 +95,11 @@ class HtmlReport:
         self.copies: Dict[str, List[int]] = {}  # direction -> [calls, bytes, total ns]
         self.errors: Dict[Tuple[str, str], int] = {}
         self.processes: Dict[int, str] = {}
-        self.memory = MemoryTracker()
+        self.memory = LeakTracker(keep_timeline=False, on_change=self._live_changed)
         self.series = TimeSeries(["calls", "copied", "live"])
+        self._live: Dict[int, int] = {}  # pid -> live bytes
+        self._copy_layers = LayerFilter()  # a copy counts as its runtime call
+        self._launch_layers = LayerFilter()  # a launch as its driver call
         self.events = 0
         self.first_ns: Optional[int] = None
         self.last_ns = 0
@@ -108,26 +119,32 @@ class HtmlReport:
 
     def _call(self, ev: Event) -> None:
         self.functions.setdefault(ev.api, FunctionStats()).add(ev)
+        self.series.add(ev.ts_ns, (1, 0, 0), keep_max=_KEEP_MAX)
+        self.memory.feed(ev)
         if ev.ret:
             key = (ev.api, ev.ret_name or str(ev.ret))
             self.errors[key] = self.errors.get(key, 0) + 1
-        copied = self._copy(ev)
-        self.memory.update(ev)
-        live = sum(self.memory.live_bytes(pid) for pid in self.processes)
-        self.series.add(ev.ts_ns, (1, copied, live), keep_max=(False, False, True))
-        if "func" in ev.args:
-            self._kernel(ev)
+        elif is_launch(ev):
+            if self._launch_layers.inner(ev):
+                self._kernel(ev)
+        elif copy_operation(ev) is not None:
+            for copy in self._copy_layers.outer(ev):
+                self._copy(copy)
 
-    def _copy(self, ev: Event) -> int:
-        copied = copy_direction(ev)
-        if copied is None:
-            return 0
-        direction, size = copied
+    def _copy(self, ev: Event) -> None:
+        """Count a successful copy (memsets are not copies)."""
+        direction, size = copy_label(copy_operation(ev) or ""), copy_bytes(ev)
+        if direction is None or size is None:
+            return
         row = self.copies.setdefault(direction, [0, 0, 0])
         row[0] += 1
         row[1] += size
         row[2] += ev.duration_ns or 0
-        return size
+        self.series.add(ev.ts_ns, (0, size, 0), keep_max=_KEEP_MAX)
+
+    def _live_changed(self, ev: Event, live: int) -> None:
+        self._live[ev.pid] = live
+        self.series.add(ev.ts_ns, (0, 0, sum(self._live.values())), keep_max=_KEEP_MAX)
 
     def _kernel(self, ev: Event) -> None:
         address = ev.args["func"]
@@ -137,6 +154,9 @@ class HtmlReport:
         row[1] += ev.duration_ns or 0
 
     def close(self) -> None:
+        for copy in self._copy_layers.flush():  # direct driver copies still held back
+            self._copy(copy)
+        self.memory.flush()
         self.stream.write(render(self))
         finish(self.stream)
 
@@ -265,7 +285,7 @@ def _time_plots(r: HtmlReport) -> str:
         bar_chart(s.column("calls"), labels, "calls per %.3g ms" % width_ms),
         bar_chart(s.column("copied"), labels, "bytes copied per %.3g ms" % width_ms,
                   color="#4aa070"),
-        bar_chart(s.column("live"), labels, "live device memory (bytes, peak per interval)",
+        bar_chart(s.column("live"), labels, "live allocated memory (bytes, peak per interval)",
                   color="#a04a90")))
 
 
@@ -301,16 +321,17 @@ def _copy_table(r: HtmlReport) -> str:
 
 def _memory_table(r: HtmlReport) -> str:
     m = r.memory
-    pids = sorted(set(m.peak) | {a.pid for a in m.live.values()})
-    if not pids and not m.double_frees:
+    pids = m.pids()
+    if not pids and not m.warnings:
         return ""
     leaks = m.leaks()
-    rows = [(pid, r.processes.get(pid, "?"), m.peak.get(pid, 0), m.live_bytes(pid),
+    rows = [(pid, r.processes.get(pid, "?"), m.peak_bytes(pid), m.live_bytes(pid),
              sum(1 for a in leaks if a.pid == pid)) for pid in pids]
-    text = "<h2>Device memory</h2>" + table(
+    text = "<h2>Allocated memory (device, managed, pinned host)</h2>" + table(
         ["pid", "process", "peak live bytes", "live at end (bytes)", "leaked allocations"],
         rows)
-    text += "<p>double frees: %d</p>" % m.double_frees
+    text += "<p>allocations: %d</p><p>frees: %d</p><p>double frees: %d</p>" % (
+        m.allocations, m.releases, m.double_frees)
     if leaks:
         text += "<h2>Leaks (not freed by the end)</h2>" + table(
             ["pid", "pointer", "bytes", "allocated by"],

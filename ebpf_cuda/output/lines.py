@@ -3,8 +3,8 @@
 Decoding every record into `Event`s and formatting each one costs several microseconds a call
 in CPython, which is what made text and JSON lose events above ~50k calls/s. Here each row of
 the table is compiled once into a %-template and the expressions that pick its values out of
-an unpacked record, so a record becomes its line(s) with one tuple build and one format per
-line. Records that need more (calls that teach kernel names, values of rare kinds, failed
+an unpacked record (both per kind from values.py, which the decoder compiles too), so a
+record becomes its line(s) with one tuple build and one format per line. Records that need more (calls that teach kernel names, values of rare kinds, failed
 out-parameter reads) go through the decoder and the writer's own formatting, in order, so
 the output is the same line for line (tests/test_lines.py checks this on every row).
 """
@@ -14,14 +14,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import record
-from ..apis import Api, Kind, arg_cells
-from ..cuda_enums import error_name, memcpy_kind_name
+from ..apis import Api, arg_cells
+from ..cuda_enums import error_name
 from ..events import Decoder, Event
+from ..values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
+from ..values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))
-_ARGS_AT = 9  # unpacked record: ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack, comm
-_RET_AT = _ARGS_AT + record.ARG_CELLS
-_OUTS_AT = _RET_AT + 1
 _M32 = 0xFFFFFFFF
 CHUNK_RECORDS = 1024  # records formatted and written at once: bounds the text held in memory
 
@@ -32,56 +31,18 @@ def frame_chunks(frames: bytes) -> List[memoryview]:
     return [view[start:start + step] for start in range(0, len(frames), step)]
 
 
-# kind → (text template, JSON template, value expressions over the record `f` at cell {a})
-_SIMPLE = {
-    Kind.SIZE: ("%d bytes", "%d", ("f[{a}]",)),
-    Kind.PTR: ("0x%x", "%d", ("f[{a}]",)),
-    Kind.HANDLE: ("0x%x", "%d", ("f[{a}]",)),
-    Kind.U64: ("%d", "%d", ("f[{a}]",)),
-    Kind.UINT: ("%d", "%d", ("f[{a}] & 0xFFFFFFFF",)),
-    # a signed 32-bit value: the low half, minus 2**32 when its sign bit is set
-    Kind.INT: ("%d", "%d", ("(f[{a}] & 0xFFFFFFFF) - ((f[{a}] & 0x80000000) << 1)",)),
-    Kind.DIM3: ("(%d,%d,%d)", "[%d,%d,%d]",
-                ("f[{a}] & 0xFFFFFFFF", "f[{a}] >> 32", "f[{b}] & 0xFFFFFFFF")),
-    Kind.MEMCPY_KIND: ("%s", "%s", ("_kind(f[{a}] & 0xFFFFFFFF)",)),
-}
+def _fields(api: Api) -> Optional[List[Field]]:
+    """The fields of the shown arguments (values.py), or None if a kind has no templates."""
+    return _compilable(arg_fields(api))
 
 
-def _dim_exprs(a: int, first_half: bool) -> Tuple[str, ...]:
-    """Three u32 of a launch configuration, starting in cell `a` (low or high half)."""
-    if first_half:  # x y | z -
-        return ("f[%d] & 0xFFFFFFFF" % a, "f[%d] >> 32" % a, "f[%d] & 0xFFFFFFFF" % (a + 1))
-    return ("f[%d] >> 32" % a, "f[%d] & 0xFFFFFFFF" % (a + 1), "f[%d] >> 32" % (a + 1))
+def _outs(api: Api) -> Optional[List[Field]]:
+    return _compilable(out_fields(api))
 
 
-def _fields(api: Api) -> Optional[List[Tuple[str, str, Tuple[str, ...]]]]:
-    """(name, kind, value expressions) of every shown argument, or None if a kind is rare."""
-    shown = []
-    for arg, cell in arg_cells(api):
-        a = _ARGS_AT + cell
-        if not arg.show:
-            continue
-        if arg.kind == Kind.LAUNCH_CONFIG:
-            shown += [("grid", Kind.DIM3, _dim_exprs(a, True)),
-                      ("block", Kind.DIM3, _dim_exprs(a + 1, False)),
-                      ("smem", Kind.UINT, ("f[%d] & 0xFFFFFFFF" % (a + 3),)),
-                      ("stream", Kind.HANDLE, ("f[%d]" % (a + 4),))]
-        elif arg.kind in _SIMPLE:
-            shown.append((arg.name, arg.kind,
-                          tuple(e.format(a=a, b=a + 1) for e in _SIMPLE[arg.kind][2])))
-        else:
-            return None
-    return shown
-
-
-def _outs(api: Api) -> Optional[List[Tuple[str, str, Tuple[str, ...]]]]:
-    outs = []
-    for j, out in enumerate(api.outs):
-        if out.kind not in _SIMPLE or out.kind == Kind.DIM3:
-            return None
-        outs.append((out.name, out.kind,
-                     tuple(e.format(a=_OUTS_AT + j, b=0) for e in _SIMPLE[out.kind][2])))
-    return outs
+def _compilable(fields: List[Field]) -> Optional[List[Field]]:
+    ok = all(SHAPES[f.kind].json is not None for f in fields)  # (every kind has a text one)
+    return fields if ok else None
 
 
 # Every compiled line function takes the same arguments: the unpacked record `f`; the clock
@@ -98,7 +59,7 @@ def _compile(pieces: Sequence[Tuple[str, Sequence[str]]]) -> Callable[..., str]:
     template = "".join(t for t, _ in pieces)
     exprs = [e for _, es in pieces for e in es]
     body = "%r %% (%s,)" % (template, ", ".join(exprs)) if exprs else repr(template)
-    return eval("lambda %s: %s" % (_PARAMS, body), {"_kind": memcpy_kind_name})
+    return eval("lambda %s: %s" % (_PARAMS, body), dict(NAMESPACE))
 
 
 def _literal(text: str) -> Tuple[str, Sequence[str]]:
@@ -269,11 +230,11 @@ class TextLines(_FrameLines):
     def _compile_row(self, api: Api, shown, outs) -> _Row:
         func_at = _func_at(api)
         args = []
-        for name, kind, values in shown:
-            if name == "func" and self.namer is not None:
+        for f in shown:
+            if f.name == "func" and self.namer is not None:
                 args.append(("func=%s", ("fn",)))  # the kernel name or the address
             else:
-                args.append(("%s=%s" % (name, _SIMPLE[kind][0]), values))
+                args.append(("%s=%s" % (f.name, SHAPES[f.kind].text), f.parts))
         enter = [self._clock_piece(0), ("%s", ("h",)),
                  _literal("%-20s %8s " % (api.name, "[ENTER]"))]
         for k, piece in enumerate(args):
@@ -283,8 +244,8 @@ class TextLines(_FrameLines):
                      _literal("%-20s %8s returned=" % (api.name, "[EXIT]"))]
         duration = (" (%s us)%s", ("d", "t"))
         exit_ok = exit_head + [_literal(error_name(0, api.driver))]
-        for name, kind, values in outs:
-            exit_ok.append((" %s=%s" % (name, _SIMPLE[kind][0]), values))
+        for f in outs:
+            exit_ok.append((" %s=%s" % (f.name, SHAPES[f.kind].text), f.parts))
         return _Row(api, func_at, enter, exit_ok + [duration],
                     exit_head + [("%s", ("e",)), duration])
 
@@ -309,8 +270,8 @@ class JsonLines(_FrameLines):
         self._members: Dict[str, str] = {}
 
     def _compile_row(self, api: Api, shown, outs) -> _Row:
-        args = ",".join('"%s":%s' % (name, _json_template(kind)) for name, kind, _ in shown)
-        arg_values = [e for _, _, values in shown for e in values]
+        args = ",".join('"%s":%s' % (f.name, SHAPES[f.kind].json) for f in shown)
+        arg_values = [e for f in shown for e in f.parts]
 
         def head(which: int) -> List[Tuple[str, Sequence[str]]]:
             return [('{"ts":%r', ("u%d" % which,)), ("%s", ("h",)),
@@ -321,8 +282,8 @@ class JsonLines(_FrameLines):
             return head(1) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
                               ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
 
-        outs_piece = ("".join(',"%s":%s' % (name, _json_template(kind)) for name, kind, _ in outs),
-                      [e for _, _, values in outs for e in values])
+        outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
+                      [e for f in outs for e in f.parts])
         tail = ("%s}", ("fn",))
         success = _literal(_json_str(error_name(0, api.driver)))
         return _Row(api, _func_at(api), head(0) + [tail],
@@ -348,8 +309,3 @@ class JsonLines(_FrameLines):
     def ret_text(self, row: _Row, ret: int) -> str:
         return _json_str(row.ret_name(ret))
 
-
-def _json_template(kind: str) -> str:
-    """A value's JSON template: strings (memcpy kinds) quoted, the rest as numbers/lists."""
-    template = _SIMPLE[kind][1]
-    return '"%s"' % template if kind == Kind.MEMCPY_KIND else template

@@ -7,8 +7,10 @@
 import time
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
-from ..apis import BY_NAME, Kind
-from ..events import ENTER, Decoder, Event, field_kinds
+from ..apis import BY_NAME
+from ..events import ENTER, Decoder, Event
+from ..values import field_kinds
+from ..values import text as value_text
 from . import LineWriter
 
 HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",
@@ -19,16 +21,8 @@ Namer = Callable[[Event, int], Optional[str]]  # (event, address) -> kernel name
 
 
 def format_value(kind: str, value: Any) -> str:
-    """A value as shown in the details column."""
-    if kind == Kind.SIZE:
-        return "%d bytes" % value
-    if kind in (Kind.PTR, Kind.HANDLE) and isinstance(value, int):
-        return "0x%x" % value
-    if kind == Kind.DIM3:
-        return "(%d,%d,%d)" % value
-    if kind == Kind.FLOAT:
-        return "%g" % value
-    return str(value)
+    """A value as shown in the details column (values.text)."""
+    return value_text(kind, value)
 
 
 _KINDS_CACHE: Dict[str, Dict[str, str]] = {}
@@ -42,13 +36,13 @@ def details(event: Event, kernel_name: Optional[str] = None) -> str:
     if event.phase == ENTER:
         parts = []
         for name, value in event.args.items():
-            shown = format_value(kinds.get(name, ""), value)
+            shown = value_text(kinds.get(name, ""), value)
             if name == "func" and kernel_name:
                 shown = kernel_name
             parts.append("%s=%s" % (name, shown))
         return " ".join(parts)
     parts = ["returned=%s" % event.ret_name]
-    parts += ["%s=%s" % (name, format_value(kinds.get(name, ""), v))
+    parts += ["%s=%s" % (name, value_text(kinds.get(name, ""), v))
               for name, v in event.outs.items()]
     parts += ["%s=<unreadable>" % name for name in event.faults]
     parts.append("(%.1f us)" % (event.duration_ns / 1000.0))
@@ -92,4 +86,4 @@ class TextWriter(LineWriter):
     def _frame_lines(self, decoder: Decoder):
         from .lines import TextLines
 
-        return TextLines(decoder.table, decoder, self.lines, self.namer, self.timestamps)
+        return TextLines(decoder.table, decoder, self.slow_lines, self.namer, self.timestamps)

@@ -284,7 +284,7 @@ static void split(struct op *op, const char *text, int max_fields) {
 /* NAME: a literal, or `=N`: N characters of a C++-mangled-looking kernel name. */
 static const char *name_at(const struct op *op, int i) {
     static const char PART[] = "N7cutlass6KernelINS_4gemm6kernel13GemmUniversalIfLi128ELi256EEEE";
-    static char generated[4096];
+    static char generated[8192];
     unsigned long long n, k;
     if (!has(op, i))
         die("missing name in", op->text);

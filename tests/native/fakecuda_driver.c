@@ -131,7 +131,7 @@ enum {
 #define DEVICE_COUNT 2
 #define MAX_SMEM 0xc000u
 #define MAX_NAMED 256
-#define NAME_MAX_LEN 1024
+#define NAME_MAX_LEN 8192
 
 static int initialized;
 static unsigned long long contexts, device_allocs, host_allocs, reservations, memhandles,

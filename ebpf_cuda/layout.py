@@ -1,0 +1,130 @@
+"""The kernel-side contract besides the record (record.py): the maps every program shares,
+by name and size, and the stack slots of the generated programs.
+
+probes.py, aggregates.py and follow.py generate code against these names and slots, and
+session.py creates the maps from `map_specs`: none of them reads another's constants.
+"""
+import struct
+from typing import List, NamedTuple, Optional
+
+from . import record
+
+# -- maps ------------------------------------------------------------------------------------
+
+EVENTS = "events"  # the ring buffer of records
+STATS = "stats"  # per-CPU u64 counters (record.STAT_*)
+TASKS = "tasks"  # task storage: each thread's calls in flight (record.TASK_*)
+INFLIGHT = "inflight"  # without task storage: calls in flight by (pid_tgid, entry sp)
+STACKS = "stacks"  # user stacks of memory calls (--stacks)
+NAMES = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
+SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stack)
+AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
+ERRORS = "errors"  # (function, error code) -> count
+LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
+FOLLOWED = "followed"  # tgids traced with a command and its children (follow.py)
+
+DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms at 500k/s
+INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
+NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
+STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
+MAX_PROCESSES = 1 << 16  # followed processes
+NAME_KEY_SIZE = 16  # (u64 pid, u64 handle)
+NAME_SIZE = 256  # bytes of one chunk of a learned name, NUL included
+NAME_CHUNK = NAME_SIZE - 1  # characters per chunk: chunk k holds characters 255k...
+NAME_CHUNKS = 32  # chunks of one name at most: 8,160 characters
+NAME_KEY = struct.Struct("<QQ")  # (pid | chunk << 32, handle)
+
+# In-kernel aggregates (aggregates.py writes them, reads them back).
+KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
+HIST_BUCKETS = 40  # log2(ns) buckets: 2^39 ns is about 9 minutes
+AGG_VALUE = struct.Struct("<7Q%dQ" % HIST_BUCKETS)  # count, total, min, max, errors, bytes,
+#                                                     sum of squares, histogram
+ERROR_KEY = struct.Struct("<II")  # fn_id, code
+ERROR_ENTRIES = 4096
+LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
+LAUNCH_VALUE = struct.Struct("<QQ")  # count, total ns
+LAUNCH_ENTRIES = 16384
+U64 = struct.Struct("<Q")
+PID = struct.Struct("<I")
+
+
+class MapSpec(NamedTuple):
+    """One map to create: its type (a maps.py class name), sizes and value layout."""
+
+    name: str
+    type: str  # RingBuf, Hash, LruHash, PerCpuArray, StackTrace, TaskStorage
+    key_size: int
+    value_size: int
+    entries: int
+    value_struct: Optional[struct.Struct] = None
+    key_struct: Optional[struct.Struct] = None
+
+
+def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
+              follow: bool) -> List[MapSpec]:
+    """The maps of one session, calls in flight in task storage (see `inflight_fallback`)."""
+    specs = [
+        MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
+        MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
+        MapSpec(NAMES, "LruHash", NAME_KEY_SIZE, NAME_SIZE, NAME_ENTRIES),
+        MapSpec(SCRATCH, "PerCpuArray", 4, NAME_KEY_SIZE + NAME_SIZE, 1),
+        MapSpec(STATS, "PerCpuArray", 4, 8, record.STAT_COUNT, value_struct=U64),
+    ]
+    if stacks:
+        specs.append(MapSpec(STACKS, "StackTrace", 4, 0, STACK_ENTRIES))
+    if aggregate:
+        specs += [
+            MapSpec(AGG, "PerCpuArray", 4, AGG_VALUE.size, table_size * KIND_SLOTS,
+                    value_struct=AGG_VALUE),
+            MapSpec(ERRORS, "Hash", ERROR_KEY.size, 8, ERROR_ENTRIES),
+            MapSpec(LAUNCHES, "Hash", LAUNCH_KEY.size, LAUNCH_VALUE.size, LAUNCH_ENTRIES),
+        ]
+    if follow:
+        specs.append(MapSpec(FOLLOWED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
+    return specs
+
+
+def inflight_fallback() -> MapSpec:
+    """Where calls in flight go on kernels without task storage."""
+    return MapSpec(INFLIGHT, "LruHash", record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE,
+                   INFLIGHT_ENTRIES)
+
+
+# -- stack slots of the generated programs (offsets from the frame pointer) ------------------
+
+# Every uprobe program:
+INFLIGHT_KEY_AT = -record.INFLIGHT_KEY.size  # (pid_tgid, entry stack pointer): fp-16
+INFLIGHT_VALUE_AT = INFLIGHT_KEY_AT - record.INFLIGHT_VALUE_SIZE  # the map's value: fp-120
+STAT_KEY_AT = INFLIGHT_VALUE_AT - 8  # a u32 stats (or scratch) index: fp-128
+# Return programs:
+NOW_AT = STAT_KEY_AT - 8  # the exit time: fp-136
+AGG_KEY_AT = NOW_AT - 8  # u32 index into `agg`: fp-144
+LAUNCH_KEY_AT = AGG_KEY_AT - LAUNCH_KEY.size  # fp-232
+LAUNCH_VALUE_AT = LAUNCH_KEY_AT - LAUNCH_VALUE.size  # fp-248
+ERROR_KEY_AT = LAUNCH_VALUE_AT - 8  # fp-256
+ERROR_VALUE_AT = ERROR_KEY_AT - 8  # fp-264
+FN_ID_AT = ERROR_VALUE_AT - 8  # the function id read from the attach cookie: fp-272
+NAME_LEN_AT = FN_ID_AT - 8  # the length of the name chunk just read: fp-280
+# Tracepoint programs (follow.py) have their own small frame:
+TP_PID_AT, TP_CHILD_AT, TP_ONE_AT = -4, -8, -12
+
+assert FN_ID_AT == -272 and NAME_LEN_AT >= -512  # the eBPF stack is 512 bytes
+
+
+# -- the function id ------------------------------------------------------------------------
+
+# The function id of a program is either a constant (one program per function) or, with
+# FROM_COOKIE, the attach cookie of the probe that fired, saved at FN_ID_AT: then one program
+# serves every function of the same shape (probes.shape_of), attached with each function's
+# id as cookie.
+FnId = Optional[int]
+FROM_COOKIE: FnId = None
+
+
+def fn_id_into(reg, fn_id: FnId) -> list:
+    """Instructions: reg = the function id."""
+    from . import asm
+
+    if fn_id is FROM_COOKIE:
+        return [asm.ldx(asm.DW, reg, asm.FP, FN_ID_AT)]
+    return [asm.mov(reg, fn_id)]

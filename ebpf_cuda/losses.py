@@ -1,0 +1,89 @@
+"""What a trace lost, and why: one account shared by the live run, saved traces and the
+outputs that show it (the "events lost" line, the summary, the HTML report, `report`).
+
+    losses = Losses(ring_full=1200, unwritten={"trace.txt": (300, "No space left on device")})
+    losses.total      # 1500: the most any one output misses
+    losses.sentence() # "1500 events lost: 1200 with the ring buffer full (try --ring-size),
+                      #  300 not written to trace.txt (No space left on device)"
+
+Counts are of records: a complete call is one, and with --entries a call's entry is one too.
+"""
+from typing import Dict, List, Optional, Tuple
+
+
+class Losses:
+    """Counts of what did not reach the outputs, by cause.
+
+    `ring_full`: records the probes could not write (the ring buffer was full);
+    `spool_past`: dropped past the spool's `spool_limit` (text, e.g. "2G");
+    `spool_refused`: the spool's disk refused them (`spool_error`, e.g. ENOSPC's text);
+    `interrupted`: left in the spool when a second interrupt stopped the writing;
+    `unwritten`: output name -> (records it could not take, the error's text), counted from
+    the batch whose write failed on;
+    `entries`: the trace has entry records (--entries): counts mix entries and calls."""
+
+    def __init__(self, ring_full: int = 0, spool_past: int = 0, spool_limit: str = "",
+                 spool_refused: int = 0, spool_error: Optional[str] = None,
+                 interrupted: int = 0,
+                 unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
+                 entries: bool = False) -> None:
+        self.ring_full = ring_full
+        self.spool_past = spool_past
+        self.spool_limit = spool_limit
+        self.spool_refused = spool_refused
+        self.spool_error = spool_error
+        self.interrupted = interrupted
+        self.unwritten: Dict[str, Tuple[int, str]] = dict(unwritten or {})
+        self.entries = entries
+
+    @property
+    def total(self) -> int:
+        """Records lost to the output that lost the most (each output misses the records
+        lost before it, and its own)."""
+        own = max([count for count, _ in self.unwritten.values()] or [0])
+        return self.ring_full + self.spool_past + self.spool_refused + self.interrupted + own
+
+    def causes(self) -> List[str]:
+        """Each cause with its count, in words."""
+        why = []
+        if self.ring_full:
+            why.append("%d with the ring buffer full (try --ring-size)" % self.ring_full)
+        if self.spool_past:
+            why.append("%d past the spool's %s (try --spool-size)"
+                       % (self.spool_past, self.spool_limit or "limit"))
+        if self.spool_refused:
+            why.append("%d not spooled: %s (the spool's disk; try another TMPDIR or "
+                       "--spool-size 0)" % (self.spool_refused, self.spool_error or "refused"))
+        if self.interrupted:
+            why.append("%d not written: interrupted" % self.interrupted)
+        for name, (count, error) in sorted(self.unwritten.items()):
+            if count:
+                why.append("%d not written to %s (%s)" % (count, name, error))
+        return why
+
+    def sentence(self) -> str:
+        """The "events lost" line (without the `ebpf-cuda: ` prefix); "" when none."""
+        if not self.total:
+            return ""
+        what = "records (entries and calls)" if self.entries else "events"
+        return "%d %s lost: %s" % (self.total, what, ", ".join(self.causes()))
+
+    # -- in saved traces -------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {"ring_full": self.ring_full, "spool_past": self.spool_past,
+                "spool_refused": self.spool_refused, "interrupted": self.interrupted,
+                "entries": self.entries}
+
+    @classmethod
+    def from_json(cls, obj) -> "Losses":
+        """From a saved trace's trailer; ValueError when it is not such an object."""
+        if not isinstance(obj, dict):
+            raise ValueError("its losses are not an object")
+        counts = {}
+        for key in ("ring_full", "spool_past", "spool_refused", "interrupted"):
+            value = obj.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError("its loss count %s is not a count" % key)
+            counts[key] = value
+        return cls(entries=bool(obj.get("entries", False)), **counts)

@@ -1,0 +1,393 @@
+"""One tracing session's kernel objects: targets → maps → programs → links → ring buffer.
+
+    session = Session(Options(command=["./app"]), log=print).start()
+    ... session.ring, session.command.release(), session.stats() ...
+    session.close()
+
+It owns every file descriptor it opens and closes them all in `close()`, also when `start()`
+fails half-way. Reading the ring and naming kernels is stream.py's job.
+"""
+import os
+from typing import Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import aggregates, apis, discovery, layout, maps, probes, record
+from .apis import Api
+from .arch import current as current_arch
+from .command import HeldCommand
+from .errors import AttachError, KernelError, TracerError, UsageError
+from .follow import ProcessFollower
+from .programs import EXPECTED_UPROBE_MULTI, Program
+from .ringbuf import RingBuffer
+from .targets import Target, find_targets, launch_at_driver_only
+from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
+from .workers import Workers, close_all
+
+WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
+Log = Callable[[str], None]
+
+
+class Options(NamedTuple):
+    """What to probe and how (see Tracer for each field's meaning)."""
+
+    functions: Optional[Tuple[str, ...]] = None
+    library: Tuple[str, ...] = ()
+    pid: Optional[int] = None
+    command: Tuple[str, ...] = ()
+    api: str = "all"
+    everything: bool = False
+    follow_children: bool = True
+    return_probes: bool = True
+    entries: bool = False
+    ring_size: int = layout.DEFAULT_RING_SIZE
+    stacks: bool = False
+    aggregate: bool = False
+    emit: bool = True
+
+    def checked(self) -> "Options":
+        """These options, or UsageError for a combination that cannot work."""
+        if self.pid is not None and self.command:
+            raise UsageError("give either a PID or a command, not both")
+        if self.api not in ("all", apis.RUNTIME, apis.DRIVER):
+            raise UsageError("--api must be runtime, driver or all, not %r" % self.api)
+        if not self.emit and not (self.aggregate and self.return_probes):
+            raise UsageError("without event records, in-kernel aggregation (with return "
+                             "probes) is the only output")
+        if self.entries and not self.return_probes:
+            raise UsageError("--entries needs return probes; it cannot go with -r")
+        _check_ring_size(self.ring_size)
+        return self
+
+    @property
+    def follows(self) -> bool:
+        """Whether the kernel keeps the set of followed processes (a command and children)."""
+        return bool(self.command) and self.follow_children
+
+
+class Attachment(NamedTuple):
+    """One function probed in one file."""
+
+    path: str
+    api: str
+    symbol: str
+    offset: int
+    retprobe: bool
+
+
+class Session:
+    """The kernel objects of one trace (see the module's docstring)."""
+
+    def __init__(self, options: Options, log: Optional[Log] = None) -> None:
+        self.options = options.checked()
+        self.selected: List[Api] = select(options.functions, options.api, options.everything)
+        self.log = log or (lambda message: None)
+        self.targets: List[Target] = []
+        self.maps: Dict[str, maps.Map] = {}
+        self.programs: Dict[Tuple[str, bool], Program] = {}  # by (function, retprobe)
+        self.attachments: List[Attachment] = []
+        self.failures: List[str] = []  # what could not be probed or followed, in words
+        self.command: Optional[HeldCommand] = None
+        self.ring: Optional[RingBuffer] = None
+        self._links: List[Link] = []
+        self._follower: Optional[ProcessFollower] = None
+        self._started = False
+
+    def start(self) -> "Session":
+        """Find the files, create the maps, load and attach every program; a command is
+        forked but held until `command.release()`, so that its first call is seen."""
+        if self._started:
+            return self
+        self._started = True
+        o = self.options
+        try:
+            if o.pid is not None:
+                discovery.process_mappings(o.pid)  # ProcessError for a dead PID
+            self.targets = find_targets(self.selected, o.library, o.pid, o.command, self.log)
+            # A running process (-d) made its driver handles before the trace began: its
+            # runtime launches name them (names.py pairs the two); else the driver alone.
+            if o.functions is None and not o.everything and o.pid is None:
+                self.targets = launch_at_driver_only(self.targets, self.log)
+            self._create_maps()
+            self._log_targets()
+            # Probes go on as their programs load, unless they must be filtered on the pid
+            # of a command not forked yet (--no-follow).
+            early = not (o.command and not o.follow_children)
+            self._load_programs(attach=early)
+            if o.command:
+                self._fork_command()
+            if not early:
+                self._attach_all(self.command.pid if self.command else None)
+            if not self._links:
+                raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
+            self.ring = RingBuffer(self.maps[layout.EVENTS].fd, o.ring_size)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    # -- maps ------------------------------------------------------------------------------
+
+    def _create_maps(self) -> None:
+        o = self.options
+        for spec in layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
+                                     o.follows):
+            try:
+                self.maps[spec.name] = create_map(spec)
+            except KernelError as err:
+                if spec.name != layout.TASKS:
+                    raise
+                # No task-local storage (or no kernel BTF): calls in flight go to a hash map.
+                self.log("no task storage (%s): calls in flight go to a hash map" % err)
+                fallback = layout.inflight_fallback()
+                self.maps[fallback.name] = create_map(fallback)
+
+    # -- programs and links ----------------------------------------------------------------
+
+    def _load_programs(self, attach: bool) -> None:
+        """Start the follower, then generate the programs and load them, each as soon as it
+        is generated (the verifier runs in a worker thread without the GIL, so it overlaps
+        the generation of the next one). With `attach`, each program's probes are attached
+        once it is loaded (the kernel's first uprobe registration waits for an RCU grace
+        period: it overlaps the verifier too)."""
+        if layout.FOLLOWED in self.maps:
+            self._follower = self._start_follower()
+        with Workers(min(os.cpu_count() or 2, 16)) as pool:
+            loads = [(program, pool.submit(Program.load, program))
+                     for program in self._generate_programs()]
+            groups_of: Dict[int, list] = {}  # program -> its (file, sites) links
+            for group in self._link_groups() if attach else []:
+                groups_of.setdefault(id(group[0]), []).append(group)
+            for program, load in loads:
+                load.result()  # the first error, if any (the others finish first)
+                for group in groups_of.get(id(program), []):
+                    self._attach(*group, pid=self.options.pid)
+
+    def _generate_programs(self) -> Iterator[Program]:
+        """Fill `self.programs` (by function and probe kind); yield each new program."""
+        attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
+        # With uprobe_multi links each probe carries its function's id as attach cookie, so
+        # functions of one shape share their programs: fewer programs to verify at start.
+        shared = attach_type == EXPECTED_UPROBE_MULTI
+        arch = current_arch()
+        wanted = {api.name for target in self.targets for api, _, _ in target.functions}
+        loaded: Dict[Hashable, Program] = {}
+        for fn_id, api in enumerate(apis.TABLE):
+            if api.name not in wanted:
+                continue
+            options = self.probe_options(api)
+            for retprobe in (False, True) if self.options.return_probes else (False,):
+                generate = probes.return_program if retprobe else probes.entry_program
+                key = ((probes.shape_of(api, retprobe, arch, options.aggregate), options,
+                        retprobe) if shared else (fn_id, retprobe))
+                if key not in loaded:
+                    number = len(loaded) if shared else fn_id
+                    loaded[key] = Program(
+                        generate(api, probes.FROM_COOKIE if shared else fn_id, arch, options),
+                        self.maps, name=probes.program_name(number, retprobe, shared),
+                        expected_attach_type=attach_type)
+                    yield loaded[key]
+                self.programs[(api.name, retprobe)] = loaded[key]
+
+    def probe_options(self, api: Api) -> probes.ProbeOptions:
+        """What the programs of `api` do, from the session's options and the row's roles."""
+        o = self.options
+        options = probes.ProbeOptions(
+            stash=o.return_probes, emit_entry=o.entries, emit=o.emit, aggregate=o.aggregate,
+            follow=layout.FOLLOWED in self.maps, task_storage=layout.TASKS in self.maps,
+            wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
+            stacks=o.stacks and api.captures_stack)
+        if api.teaches_names:
+            # Their process must still live when they are read: no waiting to batch.
+            options = options._replace(emit=True, wake_now=True)
+        return options
+
+    def _log_targets(self) -> None:
+        for target in self.targets:
+            self.log("probing %s (%d functions%s)" % (
+                target.path, len({a.name for a, _, _ in target.functions}),
+                ", %d not in it: %s" % (len(target.missing), " ".join(target.missing))
+                if target.missing else ""))
+
+    def _link_groups(self) -> List[Tuple[Program, str, List[Tuple[str, str, int]], bool]]:
+        """(program, file, sites, retprobe) per program and file: one link each, a shared
+        program taking all its functions' (function, symbol, offset) sites."""
+        groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
+        for target in self.targets:
+            for (api_name, retprobe), program in self.programs.items():
+                sites = [(api.name, symbol, offset) for api, symbol, offset in target.functions
+                         if api.name == api_name]
+                if sites:
+                    groups.setdefault((id(program), target.path),
+                                      (program, target.path, [], retprobe))[2].extend(sites)
+        return list(groups.values())
+
+    def _attach_all(self, pid: Optional[int]) -> None:
+        for group in self._link_groups():
+            self._attach(*group, pid=pid)
+
+    def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
+                retprobe: bool, pid: Optional[int]) -> None:
+        """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
+        links carry each site's function id as cookie."""
+        names = sorted({api_name for api_name, _, _ in sites})
+        try:
+            if uprobe_multi_supported():
+                self._links.append(attach_uprobe_multi(
+                    program, path, [off for _, _, off in sites],
+                    cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
+                    retprobe=retprobe, pid=pid, what=", ".join(names)))
+            else:
+                for _, symbol, offset in sites:
+                    self._links.append(attach_uprobe(program, path, offset, retprobe=retprobe,
+                                                     pid=pid, what=symbol))
+        except AttachError as err:
+            self.failures.append(str(err))
+            self.log("not traced: %s" % err)
+            return
+        for api_name, symbol, offset in sites:
+            self.attachments.append(Attachment(path, api_name, symbol, offset, retprobe))
+            self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
+                                           offset))
+
+    def _start_follower(self) -> Optional[ProcessFollower]:
+        """Follow the command's processes in the kernel; None (then only the command's own
+        process is traced, and a warning says so) when the kernel's fork and exit
+        tracepoints cannot be used."""
+        try:
+            return ProcessFollower(self.maps[layout.FOLLOWED])
+        except TracerError as err:
+            self.failures.append("the processes the command starts are not traced: %s" % err)
+            return None
+
+    def _fork_command(self) -> None:
+        self.command = HeldCommand(self.options.command)
+        if layout.FOLLOWED in self.maps:  # (without the follower: this process alone)
+            self.maps[layout.FOLLOWED][self.command.pid] = 1
+
+    # -- what the probes kept --------------------------------------------------------------
+
+    def stats(self) -> Dict[str, int]:
+        """Counters kept by the probes, summed over CPUs: `lost` records (ring buffer full),
+        `unpaired` returns (no entry seen)."""
+        stats_map = self.maps.get(layout.STATS)
+        if stats_map is None:
+            return {"lost": 0, "unpaired": 0}
+
+        def total(index: int) -> int:
+            return sum(stats_map[index])
+
+        return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY)}
+
+    def probe_name(self, pid: int, handle: int) -> Optional[str]:
+        """The name the probes stored for (pid, handle), e.g. cuModuleGetFunction's."""
+        names = self.maps.get(layout.NAMES)
+        if names is None:
+            return None
+        chunks = []
+        for k in range(layout.NAME_CHUNKS):  # chunk by chunk, until one ends the string
+            raw = names.get(layout.NAME_KEY.pack(pid | k << 32, handle))
+            if raw is None:
+                break
+            chunk = raw.split(b"\0", 1)[0]
+            chunks.append(chunk)
+            if len(chunk) < layout.NAME_CHUNK:
+                break
+        return b"".join(chunks).decode("utf-8", "replace") or None
+
+    def aggregates(self) -> aggregates.Aggregates:
+        """The in-kernel aggregates so far (with the `aggregate` option)."""
+        if not self.options.aggregate:
+            raise UsageError("aggregates need Tracer(aggregate=True)")
+        return aggregates.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
+                                          self.maps[layout.LAUNCHES])
+
+    def stack(self, stack_id: int) -> List[int]:
+        """Return addresses (innermost first) of an event's `stack_id` (1 + map id); [] when
+        there is none or stacks were not captured."""
+        stacks = self.maps.get(layout.STACKS)
+        if not stack_id or stacks is None:
+            return []
+        return stacks.addresses(stack_id - 1)
+
+    # -- tear-down -------------------------------------------------------------------------
+
+    def close(self, wait: bool = True) -> None:
+        """Detach every probe and free every kernel object (idempotent). Detaching waits
+        for the kernel's grace periods (~0.1 s); with `wait=False` a forked child does it
+        and this process returns at once (for a CLI that exits next: its exit would wait
+        for the same detaches; the probes stay on until the child is done, their records
+        read by nobody)."""
+        if not wait and self._links and _forked_closer():
+            try:
+                self._close_now()
+            finally:
+                os._exit(0)
+        self._close_now()
+
+    def _close_now(self) -> None:
+        # The links and the follower's tracepoints detach in parallel: each waits for a
+        # grace period of the kernel's.
+        close_all(self._links + ([self._follower] if self._follower is not None else []))
+        self._links, self._follower = [], None
+        if self.ring is not None:
+            self.ring.close(drain=False)
+            self.ring = None
+        for program in self.programs.values():
+            program.close()
+        self.programs = {}
+        for m in self.maps.values():
+            m.close()
+        self.maps = {}
+        if self.command is not None:
+            self.command.close()  # a held command that never ran: let it go
+
+
+def _forked_closer() -> bool:
+    """Fork; True in the child, which keeps the kernel objects alive until it closes them
+    (the parent's closes then only drop its references: fast), its standard streams on
+    /dev/null so that nobody waits for its output."""
+    if os.fork() != 0:
+        return False
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    except OSError:
+        pass
+    return True
+
+
+def create_map(spec: layout.MapSpec) -> maps.Map:
+    """A new map from its spec."""
+    if spec.type == "RingBuf":
+        return maps.RingBufMap(spec.entries, name=spec.name)
+    if spec.type == "TaskStorage":
+        return maps.TaskStorageMap(spec.value_size, name=spec.name)
+    if spec.type == "StackTrace":
+        return maps.StackTraceMap(spec.entries, name=spec.name)
+    if spec.type == "PerCpuArray":
+        return maps.PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
+                                   value_struct=spec.value_struct)
+    kind = {"Hash": maps.HashMap, "LruHash": maps.LruHashMap}[spec.type]
+    return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
+                key_struct=spec.key_struct, value_struct=spec.value_struct)
+
+
+def select(functions: Optional[Sequence[str]], api: str, everything: bool) -> List[Api]:
+    """The table rows to trace; UsageError naming an unknown function (with close matches)."""
+    try:
+        return apis.select(functions, api, everything)
+    except KeyError as err:
+        import difflib
+
+        close = difflib.get_close_matches(err.args[0], [a.name for a in apis.TABLE], n=3)
+        hint = "did you mean %s? " % ", ".join(close) if close else ""
+        raise UsageError("unknown function %s (%s--list-functions lists them)"
+                         % (err.args[0], hint)) from None
+
+
+def _check_ring_size(size: int) -> int:
+    page = os.sysconf("SC_PAGE_SIZE")
+    if size < page or size & (size - 1):
+        raise UsageError("the ring buffer size must be a power of two of at least %d bytes, "
+                         "not %d" % (page, size))
+    return size

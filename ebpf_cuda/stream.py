@@ -1,0 +1,478 @@
+"""The one read loop: ring frames → new processes noted → names learned → outputs.
+
+Every batch of frames drained from the ring goes through the same steps, whatever the
+outputs: the processes it shows for the first time have their mappings snapshotted while
+they live, the calls that teach kernel names are decoded and learned, and then the batch
+goes to its outputs, one of four ways (`Stream.deliver`):
+- saved only: raw frames to the file, launches named in bulk for its trailer;
+- text or JSON alone, spooled: the frames to an on-disk spool, lines written by a second
+  thread behind the reader (lossless when lines are slower than calls come);
+- text or JSON alone, inline: lines straight from the frames;
+- anything else: decoded once into events, handed to every sink.
+"""
+import os
+import select
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from . import record
+from .command import alive
+from .events import Decoder, Event
+from .losses import Losses
+from .names import KernelNamer
+from .session import Session
+
+BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
+POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
+# The lines thread holds the interpreter lock while it formats; the reader, woken by the
+# ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
+# well below the time the ring takes to fill.
+SWITCH_INTERVAL_S = 0.0002
+SPOOL_NOTICE = 200_000  # calls left at the end worth a word: about a second of formatting
+LOST_EVERY_S = 0.5  # how often a saved trace's header learns the ring-full count
+
+Notice = Callable[[str], None]
+Named = List[Tuple[int, int, Optional[str]]]  # (pid, func, kernel name) of a batch's launches
+
+
+class Stream:
+    """Reads one session's ring until its target ends or `stop()` is called, and delivers
+    every batch (see the module's docstring)."""
+
+    def __init__(self, session: Session, names: KernelNamer, decoder: Decoder) -> None:
+        self.session = session
+        self.names = names
+        self.decoder = decoder
+        self.teaching = {i for i, api in enumerate(decoder.table)
+                         if api.learn_name or api.learn_func or api.learn_alias}
+        self._stopping = False
+        self.outputs = Outputs([])  # the last deliver's outputs and their failures
+        self._spool = None
+        self._lost_noted = 0.0
+
+    def stop(self) -> None:
+        """Finish after draining what is already in the ring. Safe in a signal handler."""
+        self._stopping = True
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def frames(self, timeout: Optional[float] = None) -> Iterator[bytes]:
+        """Batches of raw frames until the end, each after its new processes were noted,
+        its teaching calls learned and its launches named; what the probes wrote before the
+        end is all drained. A held command is let run first."""
+        for frames, _ in self._batches(timeout):
+            yield frames
+
+    def _batches(self, timeout: Optional[float] = None) -> Iterator[Tuple[bytes, Named]]:
+        """(frames, the (pid, func, kernel name) of their launches) until the end."""
+        if self.session.command is not None:
+            self.session.command.release()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with _Waiter(self.session) as waiter:
+            while not self._stopping and not self._target_gone():
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    break
+                if waiter.wait(wait):
+                    yield from self._drain()
+        yield from self._drain()
+
+    def _drain(self) -> Iterator[Tuple[bytes, Named]]:
+        ring = self.session.ring
+        assert ring is not None
+        while True:
+            frames = ring.drain_frames(record.SIZE, BATCH_RECORDS)
+            if not frames:
+                return
+            self.names.observe_frames(frames)
+            self.names.learn(self.decoder.decode_batch(frames, self.teaching))
+            yield frames, self.names.name_launches(self.decoder.launches(frames),
+                                                   self.decoder.table)
+
+    def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
+        """Decoded events until the end, teaching calls showing their `kernel_name`."""
+        for frames in self.frames(timeout):
+            yield from self.decode(frames)
+
+    def decode(self, frames: bytes) -> List[Event]:
+        """The events of a batch the stream has read (its names already learned)."""
+        events = self.decoder.decode_batch(frames)
+        self.names.annotate(events)
+        return events
+
+    def _target_gone(self) -> bool:
+        command = self.session.command
+        if command is not None:
+            return command.poll() is not None
+        pid = self.session.options.pid
+        return pid is not None and not alive(pid)
+
+    # -- delivering ------------------------------------------------------------------------
+
+    def deliver(self, sinks: Sequence, save=None, spool=None,
+                notice: Optional[Notice] = None) -> None:
+        """Read until the end, handing every batch to the outputs: `sinks` (output.Sink),
+        `save` (a savefile.SaveWriter), and, when one text or JSON writer is the only sink,
+        `spool` (a spool.Spool) between the reader and its lines. `notice` is told of a
+        backlog still to write at the end, and of an output that could not be written.
+        Sinks are closed at the end; `save` too.
+
+        An output whose write fails (OSError: a full disk, a closed pipe, a file size
+        limit) is dropped at once, the others go on, and what it misses from the failing
+        batch on is counted (`failures`). When none is left, a command is still read to
+        its end (its records counted as not written), so that its exit status is known;
+        without a command the reading stops."""
+        sinks = list(sinks)
+        lines = lines_only(sinks)
+        if lines is not None:
+            lines.annotate = self.names.annotate
+        self._spool = None
+        self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
+                                         goes_on=self.session.command is not None)
+        if save is not None and not sinks:
+            return self._save_only(save, outputs)
+        if lines is not None and save is None and spool is not None:
+            return self._spooled(lines, spool, notice, outputs)
+        outputs.header()
+        try:
+            for frames in self.frames():
+                if outputs.alive(save):
+                    outputs.call(save, save.write_frames, frames)
+                if lines is not None and save is None:
+                    if outputs.alive(lines):  # no events needed
+                        outputs.call(lines, lines.write_frames, frames, self.decoder)
+                elif outputs.any_alive(sinks):
+                    events = self.decode(frames)
+                    for sink in sinks + ([save] if save is not None else []):
+                        if outputs.alive(sink):
+                            outputs.call(sink, sink.write, events)
+                self._batch_done(outputs, frames, save)
+        finally:
+            self._close(outputs, save)
+
+    def _batch_done(self, outputs: "Outputs", frames: bytes, save=None) -> None:
+        """After each batch: flush, count what failed outputs missed, keep the saved
+        trace's loss count current, stop when nothing is left to write to."""
+        outputs.flush()
+        outputs.count(frames)
+        if save is not None and outputs.alive(save):
+            self._note_lost(outputs, save)
+        if outputs.nothing_left and self.session.command is None:
+            self.stop()
+
+    def _note_lost(self, outputs: "Outputs", save, final: bool = False) -> None:
+        """The ring-full count so far into the saved trace's header (read at most every
+        LOST_EVERY_S): a trace whose tracer is killed still says what it had lost."""
+        now = time.monotonic()
+        if not final and now - self._lost_noted < LOST_EVERY_S:
+            return
+        self._lost_noted = now
+        note = getattr(save, "note_lost", None)
+        if note is not None:
+            outputs.call(save, note, self.session.stats()["lost"])
+
+    def losses(self) -> Losses:
+        """What the outputs missed so far, by cause (the ring's count read now; the
+        spool's and the failed outputs' as the last `deliver` left them)."""
+        losses = Losses(ring_full=self.session.stats()["lost"],
+                        entries=self.session.options.entries)
+        spool = self._spool
+        if spool is not None:
+            refused = spool.dropped if spool.error else 0
+            losses.spool_past = spool.dropped - refused
+            losses.spool_refused, losses.spool_error = refused, spool.error
+            losses.interrupted = spool.abandoned
+        for failure in self.outputs.failures:
+            losses.unwritten[failure.name] = (failure.total, failure.cause)
+        return losses
+
+    def _close(self, outputs: "Outputs", save=None) -> None:
+        """Close every output, the saved trace last, after telling the outputs that show
+        losses (the HTML report, the saved trace's trailer) what was lost."""
+        if save is not None and outputs.alive(save):
+            self._note_lost(outputs, save, final=True)
+        losses = self.losses()
+        for sink in outputs.sinks:
+            tell = getattr(sink, "note_losses", None)
+            if tell is not None and outputs.alive(sink):
+                outputs.call(sink, tell, losses)
+        outputs.close()
+
+    def _save_only(self, save, outputs: "Outputs") -> None:
+        """Saving alone decodes nothing: the launches are named from a bulk scan of their
+        records (while their processes live), the rest is written raw."""
+        try:
+            for frames, named in self._batches():
+                if outputs.alive(save):
+                    outputs.call(save, save.write_frames, frames)
+                    save.learn(named)
+                self._batch_done(outputs, frames, save)
+        finally:
+            self._close(outputs, save)
+
+    def _spooled(self, writer, spool, notice: Optional[Notice], outputs: "Outputs") -> None:
+        """This thread reads the ring, names the launches while their processes live and
+        spools the frames; a second thread writes the lines from the spool, behind the
+        reader when it must (see spool.py). When the lines cannot be written, the reader
+        stops spooling and counts the records instead."""
+        self._spool = spool
+        behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
+        writer.namer = self.names.found_names()
+        failed: List[BaseException] = []  # the lines thread's error, for this thread
+        outputs.header()  # before the command runs: the header comes first
+        thread = threading.Thread(target=_write_spooled,
+                                  args=(spool, writer, behind, failed, outputs),
+                                  name="ebpf-cuda lines", daemon=True)
+        switch = _switch_interval(SWITCH_INTERVAL_S)
+        if outputs.alive(writer):
+            thread.start()
+        else:
+            spool.close()
+        try:
+            for frames in self.frames():  # (launches named as they are read)
+                if failed:
+                    break
+                if outputs.alive(writer):
+                    spool.put(frames)
+                else:  # (the lines thread counts what it had not written yet)
+                    outputs.count(frames, by_reader=True)
+                    if self.session.command is None:
+                        self.stop()
+        finally:
+            spool.close()
+            if spool.backlog > SPOOL_NOTICE and not failed and notice is not None \
+                    and outputs.alive(writer):
+                notice("writing the %d events still spooled (Ctrl-C stops there; the rest "
+                       "is counted as lost)" % spool.backlog)
+            while thread.is_alive():
+                thread.join(0.2)  # (a bare join would hold signals off until it returns)
+            spool.discard()
+            _switch_interval(switch)
+            self._close(outputs)
+        if failed:
+            raise failed[0]
+
+
+def _write_spooled(spool, writer, decoder: Decoder, failed: List[BaseException],
+                   outputs: "Outputs") -> None:
+    """The lines thread: every batch of the spool, in order. A write error drops the
+    output (the backlog left is counted as not written); any other error stops the
+    reader."""
+    try:
+        for frames in spool:
+            if outputs.alive(writer):
+                outputs.call(writer, writer.write_frames, frames, decoder)
+                outputs.flush()
+            outputs.count(frames)
+    except BaseException as err:  # handed to the reader's thread, which raises it
+        failed.append(err)
+        spool.abandon()
+
+
+def lines_only(sinks: Sequence):
+    """The text or JSON writer when it is the only sink (else None): it can then format
+    lines from the frames without decoding them into events, and be spooled."""
+    from .output import LineWriter
+
+    if len(sinks) == 1 and isinstance(sinks[0], LineWriter):
+        return sinks[0]
+    return None
+
+
+def output_name(sink) -> str:
+    """How a person knows an output: its `output_name` when the caller gave one, else its
+    stream's name ("stdout", a path), else its class."""
+    name = getattr(sink, "output_name", None)
+    if name:
+        return str(name)
+    name = getattr(getattr(sink, "stream", None), "name", None)
+    if isinstance(name, str) and name:
+        return name.strip("<>") if name.startswith("<") else name
+    if isinstance(name, int):
+        return "file descriptor %d" % name
+    return type(sink).__name__
+
+
+class OutputFailure:
+    """An output dropped at its first write error: `name`, `error` (the OSError),
+    `unwritten` records it missed from the failing batch on."""
+
+    def __init__(self, name: str, error: OSError) -> None:
+        self.name = name
+        self.error = error
+        self.unwritten = 0
+        self.by_reader = 0  # counted by the reader while the lines thread is done with it
+
+    @property
+    def total(self) -> int:
+        return self.unwritten + self.by_reader
+
+    @property
+    def cause(self) -> str:
+        return self.error.strerror or str(self.error) or type(self.error).__name__
+
+    def __str__(self) -> str:
+        return "cannot write %s: %s" % (self.name, self.cause)
+
+
+class Outputs:
+    """The outputs of one trace, each dropped at its first write error (see
+    `Stream.deliver`). `goes_on`: the reading goes on when none is left (a command is
+    traced to its end)."""
+
+    def __init__(self, sinks: Sequence, notice: Optional[Notice] = None,
+                 goes_on: bool = True) -> None:
+        self.sinks = list(sinks)
+        self.failures: List[OutputFailure] = []
+        self._failed: Dict[int, OutputFailure] = {}
+        self._notice = notice
+        self._goes_on = goes_on
+
+    def alive(self, sink) -> bool:
+        return sink is not None and id(sink) not in self._failed
+
+    def any_alive(self, sinks: Sequence) -> bool:
+        return any(self.alive(sink) for sink in sinks)
+
+    @property
+    def nothing_left(self) -> bool:
+        """True when every output has failed (none to write to)."""
+        return bool(self.sinks) and not self.any_alive(self.sinks)
+
+    def call(self, sink, method: Callable, *args) -> bool:
+        """`method(*args)` of an output; False, and the output dropped, on a write error."""
+        try:
+            method(*args)
+            return True
+        except OSError as err:
+            self.fail(sink, err)
+            return False
+
+    def fail(self, sink, err: OSError) -> None:
+        if not self.alive(sink):
+            return
+        failure = OutputFailure(output_name(sink), err)
+        self.failures.append(failure)
+        self._failed[id(sink)] = failure
+        _close_quietly(sink)
+        if self._notice is not None:
+            if not self.nothing_left:
+                rest = "the other outputs go on"
+            elif self._goes_on:
+                rest = "nothing is written from here on, the command runs on traced to its end"
+            else:
+                rest = "nothing is left to write to: stopping"
+            self._notice("%s (%s; what it misses is counted as lost)" % (failure, rest))
+
+    def header(self) -> None:
+        """Every output's header, flushed: it comes before what the command prints."""
+        for sink in self.sinks:
+            if self.alive(sink):
+                self.call(sink, sink.header)
+        self.flush()
+
+    def flush(self) -> None:
+        """A person watching sees each batch as it comes."""
+        for sink in self.sinks:
+            stream = getattr(sink, "stream", None)
+            if stream is not None and self.alive(sink) and not getattr(stream, "closed", False):
+                self.call(sink, stream.flush)
+
+    def count(self, frames: bytes, by_reader: bool = False) -> None:
+        """The records of a batch that the failed outputs miss."""
+        if self.failures:
+            calls = record.call_count(frames)
+            for failure in self.failures:
+                if by_reader:
+                    failure.by_reader += calls
+                else:
+                    failure.unwritten += calls
+
+    def close(self) -> None:
+        """Close every output (a failure now is reported too; a failed one quietly)."""
+        for sink in self.sinks:
+            if self.alive(sink):
+                self.call(sink, sink.close)
+
+
+def _close_quietly(sink) -> None:
+    """Let a failed output go: its file closed, what it still buffers thrown away (else
+    the interpreter would try to write it again at exit)."""
+    stream = getattr(sink, "stream", None)
+    if stream is None or getattr(stream, "closed", True):
+        return
+    import sys
+
+    if stream in (sys.stdout, sys.stderr):
+        _drop_buffered(stream)
+        return
+    try:
+        stream.close()
+    except (OSError, ValueError):
+        _drop_buffered(stream)
+        try:
+            stream.close()
+        except (OSError, ValueError):
+            pass
+
+
+def _drop_buffered(stream) -> None:
+    """Point the stream's file descriptor at /dev/null so what it buffers goes nowhere."""
+    try:
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.dup2(null, fd, inheritable=os.get_inheritable(fd))
+        finally:
+            os.close(null)
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _switch_interval(seconds: float) -> float:
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    return old
+
+
+class _Waiter:
+    """Waits for records in the ring or for the end of the target process, whichever comes
+    first: with a process fd (pidfd, Linux 5.3+, Python 3.9+) the end is seen at once,
+    without one within POLL_INTERVAL_S."""
+
+    def __init__(self, session: Session) -> None:
+        assert session.ring is not None
+        self._epoll = select.epoll()
+        self._epoll.register(session.ring.fileno(), select.EPOLLIN)
+        self._pidfd = _pidfd(session.command.pid if session.command is not None
+                             else session.options.pid)
+        if self._pidfd is not None:
+            self._epoll.register(self._pidfd, select.EPOLLIN)
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        """True when woken (records, or the target ended); False after `timeout` seconds or
+        POLL_INTERVAL_S, whichever is shorter (a signal handler's stop() is seen then)."""
+        timeout = POLL_INTERVAL_S if timeout is None else min(timeout, POLL_INTERVAL_S)
+        return bool(self._epoll.poll(timeout))
+
+    def __enter__(self) -> "_Waiter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._epoll.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+
+
+def _pidfd(pid: Optional[int]) -> Optional[int]:
+    pidfd_open = getattr(os, "pidfd_open", None)  # Python 3.9+
+    if pid is None or pidfd_open is None:
+        return None
+    try:
+        return pidfd_open(pid)
+    except OSError:
+        return None

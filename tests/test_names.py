@@ -1,0 +1,87 @@
+"""names.py: the one store of kernel names, fed by teaching calls and process snapshots."""
+import os
+
+from ebpf_cuda import record
+from ebpf_cuda.events import ENTER
+from ebpf_cuda.names import KernelNamer
+from helpers import event
+
+
+def _frames_of(pids) -> bytes:
+    return b"".join(b"\0" * 8 + record.LAYOUT.pack(0, 0, pid, pid, record.HELLO_FN,
+                                                    record.PHASE_HELLO, 0, 0, b"p",
+                                                    *[0] * record.ARG_CELLS, 0,
+                                                    *[0] * record.OUT_CELLS) for pid in pids)
+
+
+def test_a_teaching_call_names_its_handle_from_what_the_probe_stored():
+    stored = {(7, 0x51): "_Z6vecAddPfS_"}
+    names = KernelNamer(probe_names=lambda pid, handle: stored.get((pid, handle)))
+    get = event("cuModuleGetFunction", pid=7, ret=0, outs={"function": 0x51})
+    names.learn([get])
+    assert get.outs["kernel_name"] == "_Z6vecAddPfS_"  # as the probe read it
+    assert names.learned(7, 0x51) == "_Z6vecAddPfS_"
+    assert names.name_for(7, "cuLaunchKernel", 0x51) == "vecAdd(float*, float*)"  # demangled
+    assert names.name_for(8, "cuLaunchKernel", 0x51) is None  # handles are per process
+
+
+def test_failed_and_entry_events_teach_nothing():
+    names = KernelNamer(probe_names=lambda pid, handle: "k")
+    failed = event("cuModuleGetFunction", ret=500, outs={"function": 0x51})
+    entry = event("cuModuleGetFunction", phase=ENTER)
+    names.learn([failed, entry])
+    assert names.learned(4242, 0x51) is None and "kernel_name" not in failed.outs
+
+
+def test_an_alias_handle_runs_the_same_kernel():
+    names = KernelNamer(probe_names=lambda pid, handle: "lib_kernel" if handle == 0x90 else None)
+    names.learn([event("cuLibraryGetKernel", ret=0, outs={"kernel": 0x90}),
+                 event("cuKernelGetFunction", ret=0, args={"kernel": 0x90},
+                       outs={"function": 0x91})])
+    assert names.name_for(4242, "cuLaunchKernel", 0x91) == "lib_kernel"
+
+
+def test_a_cuda13_kernel_handle_is_named_by_its_stub():
+    """__cudaGetKernel ties a cudaKernel_t to the host stub's address: the launch is named
+    from the symbol at that address (here, a function of this very process)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    address = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+    names = KernelNamer()
+    names.learn([event("__cudaGetKernel", pid=os.getpid(), ret=0, args={"entry": address},
+                       outs={"kernel": 0x7777})])
+    assert names.name_for(os.getpid(), "cudaLaunchKernel", 0x7777) in ("getpid", "__getpid")
+
+
+def test_annotate_shows_a_learned_name_on_events_decoded_again():
+    names = KernelNamer(probe_names=lambda pid, handle: "vec_add")
+    names.learn([event("cuModuleGetFunction", ret=0, outs={"function": 0x51})])
+    again = event("cuModuleGetFunction", ret=0, outs={"function": 0x51})
+    names.annotate([again])
+    assert again.outs["kernel_name"] == "vec_add"
+
+
+def test_found_names_are_a_read_only_view_that_sees_later_names():
+    names = KernelNamer(probe_names=lambda pid, handle: "late")
+    view = names.found_names()
+    assert view.name_for(4242, "cuLaunchKernel", 0x51) is None
+    names.learn([event("cuModuleGetFunction", ret=0, outs={"function": 0x51})])
+    assert names.name_for(4242, "cuLaunchKernel", 0x51) == "late"
+    assert view.name_for(4242, "cuLaunchKernel", 0x51) == "late"
+    assert not hasattr(view, "learn")
+
+
+def test_each_process_is_snapshotted_once_at_its_first_batch():
+    class Resolver:
+        def __init__(self):
+            self.observed = []
+
+        def observe(self, pid):
+            self.observed.append(pid)
+
+    resolver = Resolver()
+    names = KernelNamer(resolver=resolver)
+    for batch in ([10, 11, 10], [11, 12], [10, 11, 12]):
+        names.observe_frames(_frames_of(batch))
+    assert sorted(resolver.observed[:2]) == [10, 11] and resolver.observed[2:] == [12]
