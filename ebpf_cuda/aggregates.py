@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import asm, layout, record
 from .apis import TABLE, Api, Kind, Role, arg_cells
 from .arch import Arch
-from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Helper
+from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, W, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
 KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
@@ -86,15 +86,15 @@ def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
         asm.Label("set_min"), asm.stx(DW, R9, MIN, R8), asm.Label("min_ok"),
         asm.ldx(DW, R1, R9, MAX), asm.jge(R1, R8, "max_ok"), asm.stx(DW, R9, MAX, R8),
         asm.Label("max_ok"),
-        asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "failed"),
-    ]
+    ] + layout.ret_into(R1, api.returns_value, arch.ret) + [asm.jne32(R1, 0, "failed")]
     prog += _bytes(api)
     prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
     prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
     prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
-    prog += _count_error(fn_id, arch)
+    prog += _count_error(api, fn_id, arch)
     if api.role == Role.LAUNCH:  # successful ones, as the event summary counts them
-        prog += [asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "launch_done")]
+        prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
+            asm.jne32(R1, 0, "launch_done")]
         prog += _count_launch(api, fn_id)
     return prog
 
@@ -182,9 +182,9 @@ def _histogram() -> list:
     ]
 
 
-def _count_error(fn_id, arch: Arch) -> list:
+def _count_error(api: Api, fn_id, arch: Arch) -> list:
     """errors[(fn_id, code)] += 1 for a failed call."""
-    prog = [asm.ldx(DW, R1, R6, arch.ret), asm.jeq32(R1, 0, "error_done")]
+    prog = layout.ret_into(R1, api.returns_value, arch.ret) + [asm.jeq32(R1, 0, "error_done")]
     prog += layout.fn_id_into(R2, fn_id) + [
         asm.stx(W, FP, _ERROR_KEY, R2), asm.stx(W, FP, _ERROR_KEY + 4, R1),
         asm.st(DW, FP, _ERROR_VALUE, 1),

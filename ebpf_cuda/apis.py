@@ -116,6 +116,7 @@ class Api(NamedTuple):
     direction: Optional[str] = None  # copies: a Direction
     memory: Optional[str] = None  # allocators and frees: DEVICE or HOST
     asynchronous: bool = False  # stream-ordered: returns before the work is done
+    returns_value: bool = True  # False: a void function (its calls are recorded as returning 0)
 
     @property
     def symbols(self) -> Tuple[str, ...]:
@@ -296,6 +297,12 @@ TABLE: Tuple[Api, ...] = (
         (Out("kernel", K.HANDLE, 0),), "module", learn_func=("kernel", "entry")),
     Api("cudaGetKernel", R, (_hidden("pKernel", 0), _a("entry", K.PTR, 1)),
         (Out("kernel", K.HANDLE, 0),), "module", learn_func=("kernel", "entry")),
+    # nvcc's start-up code registers each kernel of a module: its host stub and device name.
+    # The probe stores the name under (pid, stub): launches are named from it however short
+    # the process lives, and in stripped binaries. Called once per kernel, at start-up.
+    Api("__cudaRegisterFunction", R, (_hidden("fatCubinHandle", 0), _a("stub", K.PTR, 1),
+                                      _a("deviceName", K.PTR, 3, show=False)), (), "module",
+        learn_name=("stub", "deviceName"), returns_value=False),
     Api("cudaGetLastError", R, (), (), "error", default=False),
     Api("cudaPeekAtLastError", R, (), (), "error", default=False),
     # The driver API (libcuda.so.1). cuda.h maps most names to versioned symbols.

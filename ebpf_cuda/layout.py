@@ -128,3 +128,14 @@ def fn_id_into(reg, fn_id: FnId) -> list:
     if fn_id is FROM_COOKIE:
         return [asm.ldx(asm.DW, reg, asm.FP, FN_ID_AT)]
     return [asm.mov(reg, fn_id)]
+
+
+def ret_into(reg, returns_value: bool, ret_offset: int) -> list:
+    """Instructions: reg = the probed function's return value (pt_regs at R6, the return
+    register at `ret_offset`), or 0 for a function that returns nothing (its return
+    register holds whatever it last held: a void call always succeeds)."""
+    from . import asm
+
+    if not returns_value:
+        return [asm.mov(reg, 0)]
+    return [asm.ldx(asm.DW, reg, asm.R6, ret_offset)]

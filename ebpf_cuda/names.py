@@ -122,8 +122,9 @@ class KernelNamer:
     def _name_for(self, pid: int, api: str, address: int) -> Optional[str]:
         if self._takes_handle(api):
             return self.handle_name(pid, address)
-        # A runtime launch's func: a host stub's address or, in CUDA 13, a cudaKernel_t.
-        return self.name(pid, address) or self.handle_name(pid, address)
+        # A runtime launch's func: a host stub's address (named by its registration, else
+        # its symbol) or, in CUDA 13, a cudaKernel_t.
+        return self.handle_name(pid, address) or self.name(pid, address)
 
     def learned(self, pid: int, handle: int) -> Optional[str]:
         """The name a teaching call gave this handle of process `pid`, as the probe read it."""

@@ -40,6 +40,7 @@ def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> H
             (arg.slot, arg.cells, arg.deref) for arg in api.args)
         return args, tuple(out.slot for out in api.outs)
     learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
+    learn += ((),) if not api.returns_value else ()  # (a void function: its return is 0)
     if not aggregate:
         return tuple(out.size for out in api.outs), learn
     return tuple(out.size for out in api.outs), learn, aggregates.shape_of(api)
@@ -139,7 +140,8 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     for cell in range(record.ARG_CELLS):  # (the entry zeroed the cells its row leaves unused)
         prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
                  asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
-    prog += [asm.ldx(DW, R1, R6, arch.ret), asm.stx(DW, R8, record.RET, R1)]
+    prog += layout.ret_into(R1, api.returns_value, arch.ret)
+    prog += [asm.stx(DW, R8, record.RET, R1)]
     prog += _read_outs(api, arch, record.FLAG_ENTRY_SENT if options.emit_entry else 0)
     if api.learn_name:
         prog += _learn_name(api, arch)
@@ -372,7 +374,8 @@ def _read_outs(api: Api, arch: Arch, flags: int = 0) -> Items:
     prog: Items = [asm.mov(R9, flags)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
     if api.outs:
-        prog += [asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "outs_done")]
+        prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
+            asm.jne32(R1, 0, "outs_done")]
         for j, out in enumerate(api.outs):
             prog += [
                 asm.mov(R1, R8), asm.add(R1, record.OUTS + 8 * j), asm.mov(R2, out.size),
@@ -404,8 +407,8 @@ def _learn_name(api: Api, arch: Arch) -> Items:
     are kept whole, read while the call's memory is still there."""
     assert api.learn_name is not None
     handle, string = (_field_offset(api, f) for f in api.learn_name)
-    prog = [
-        asm.ldx(DW, R1, R6, arch.ret), asm.jne32(R1, 0, "name_done"),
+    prog = layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jne32(R1, 0, "name_done"),
         asm.st(W, FP, layout.STAT_KEY_AT, 0),
         asm.ld_map(R1, layout.SCRATCH), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),

@@ -64,6 +64,7 @@
  *   getkernel | cudagetkernel        __cudaGetKernel | cudaGetKernel of vec_add_kernel
  *                                    out = the kernel handle
  *   launchhandle:GRID:BLOCK          cudaLaunchKernel with func = the last kernel handle
+ *   register:NAME                    __cudaRegisterFunction(stub = vec_add_kernel, NAME)
  *   capture[:S[:MODE=0]]             cudaStreamBeginCapture
  *   endcapture[:S]                   cudaStreamEndCapture   out = graph
  *   instantiate[:GRAPH]              cudaGraphInstantiate   out = graph exec
@@ -478,6 +479,20 @@ static void do_get_kernel(const struct op *op, struct outcome *r) {
     add(r, " entry=%p", (const void *)vec_add_kernel);
 }
 
+void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun,
+                            const char *deviceName, int thread_limit, void *tid, void *bid,
+                            void *bDim, void *gDim, int *wSize);
+
+static void do_register(const struct op *op, struct outcome *r) {
+    static void *fat_cubin;
+    char *name = (char *)op->field[1];
+    r->fn = "__cudaRegisterFunction";
+    __cudaRegisterFunction(&fat_cubin, (const char *)vec_add_kernel, name, name, -1, NULL, NULL,
+                           NULL, NULL, NULL);
+    r->ret = 0;
+    add(r, " stub=%p name=%s", (const void *)vec_add_kernel, name);
+}
+
 static void do_launch(const struct op *op, struct outcome *r) {
     const char *name = op->field[0];
     static int n = 1000;   /* static: `args` must point at storage that outlives the call */
@@ -713,6 +728,7 @@ static const struct {
     {"launch", do_launch}, {"launchptsz", do_launch}, {"coop", do_launch},
     {"launchex", do_launch}, {"launchnull", do_launch}, {"launchhandle", do_launch},
     {"getkernel", do_get_kernel}, {"cudagetkernel", do_get_kernel},
+    {"register", do_register},
     {"capture", do_graph}, {"endcapture", do_graph}, {"instantiate", do_graph},
     {"graphlaunch", do_graph},
 };

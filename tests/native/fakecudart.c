@@ -70,6 +70,7 @@
  *   __cudaGetKernel(k, entry), cudaGetKernel(k, entry)
  *                                        1 if k or entry NULL; *k = 0x9000 + k-th kernel handle
  *                                        (CUDA 13's nvcc code launches with such a handle)
+ *   __cudaRegisterFunction(h, stub, fun, name, ...)   nothing (void)
  *   cudaGraphLaunch(x, s)                400 if x NULL
  *   cudaGetLastError()                   the thread's last error, then resets it to 0
  *   cudaPeekAtLastError()                the thread's last error, without resetting it
@@ -478,6 +479,17 @@ EXPORT cudaError_t __cudaGetKernel(void **kernel, const void *entry) {
 
 EXPORT cudaError_t cudaGetKernel(void **kernel, const void *entry) {
     return get_kernel(kernel, entry, 2);
+}
+
+/* The registration nvcc's start-up code makes for each kernel of a module: the host stub and
+ * the device function's (mangled) name. Returns nothing; leaves a non-zero value in the return
+ * register, as a void function may. */
+EXPORT void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *deviceFun,
+                                   const char *deviceName, int thread_limit, void *tid,
+                                   void *bid, void *bDim, void *gDim, int *wSize) {
+    (void)fatCubinHandle; (void)hostFun; (void)deviceFun; (void)deviceName;
+    (void)thread_limit; (void)tid; (void)bid; (void)bDim; (void)gDim; (void)wSize;
+    __asm__ volatile("mov $0x2a, %%eax" ::: "eax");
 }
 
 EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,

@@ -1,0 +1,47 @@
+"""Attaching to a running process (-d PID): its driver handles were made before the trace
+began, so their names cannot be learned from the calls that made them. The runtime launch
+around each driver launch names it (a code address: the stub's symbol), and the driver's
+handle takes that name; what stays unnamed is counted, with the reason, in one line."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fakecuda_driver import build_layered_runtime
+from helpers import cli_env
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture(scope="module")
+def layered(cc):
+    return build_layered_runtime(cc)
+
+
+def test_a_warmed_up_process_attached_later_has_its_launches_named(root, layered, tmp_path):
+    runtime, driver, prog = layered
+    ops = ["launch:2:64", "sleep:10"] * 150  # ~1.5 s of launches
+    target = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
+    out = tmp_path / "t.jsonl"
+    try:
+        time.sleep(0.4)  # warmed up: its first launches ran untraced
+        tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
+                                   "-d", str(target.pid)], stderr=subprocess.PIPE, text=True,
+                                  env=cli_env())
+        _, stderr = tracer.communicate(timeout=60)  # ends with the process
+    finally:
+        target.kill()
+        target.wait()
+    assert tracer.returncode == 0, stderr
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    runtime_launches = [e for e in events if e["api"] == "cudaLaunchKernel"
+                        and e["phase"] == "exit"]
+    driver_launches = [e for e in events if e["api"] == "cuLaunchKernel" and e["phase"] == "exit"]
+    assert len(runtime_launches) == len(driver_launches) > 20
+    assert {e.get("kernel") for e in runtime_launches} == {"vec_add_kernel"}
+    # The first driver launch may come in the batch before the runtime launch around it.
+    assert {e.get("kernel") for e in driver_launches[1:]} == {"vec_add_kernel"}
+    assert "not named" not in stderr
