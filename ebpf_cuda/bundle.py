@@ -223,10 +223,17 @@ def run_from_cache():
 
 
 if __name__ == "__main__":
-    run_from_cache()
-    from ebpf_cuda.cli import main
-
-    main()
+    try:
+        run_from_cache()
+    except KeyboardInterrupt:  # while unpacking, on the first start
+        sys.stderr.write("ebpf-cuda: interrupted by SIGINT while starting\n")
+        sys.exit(130)
+    # As `python3 -m ebpf_cuda` starts (its stop signals handled before the CLI's imports).
+    try:
+        from ebpf_cuda.__main__ import run
+    except ImportError:
+        from ebpf_cuda.cli import main as run
+    run()
 '''
 _SKIPPED_DIRS = {"__pycache__"}
 _KEPT_SUFFIXES = {".py", ".typed"}  # sources and py.typed markers

@@ -10,7 +10,7 @@ from typing import IO, List, Optional, Sequence, Set, Tuple
 import click
 
 from . import apis
-from .errors import KernelError, TracerError, UsageError, VerifierError
+from .errors import Interrupted, KernelError, TracerError, UsageError, VerifierError
 from .losses import Losses
 from .names import KernelNamer
 from .output import Sink
@@ -78,6 +78,11 @@ def _open_output(path: Optional[str]) -> IO[str]:
         raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
 
 
+def _open_binary(path: str) -> IO[bytes]:
+    """A file to write bytes to, opened as `_open_output` opens one (the same link rule)."""
+    return _open_output(path).detach()
+
+
 def _trusted_symlink(path: str) -> bool:
     """True if `path` is a symbolic link owned by us or root; UsageError if another user's."""
     try:
@@ -124,8 +129,9 @@ def _print(text: str, err: bool = False) -> bool:
         return True
     except OSError as error:
         _drop_stdout_buffer()
-        _say("cannot write the reports to %s: %s" % ("stderr" if err else "stdout",
-                                                     error.strerror or error))
+        if error.errno != errno.EPIPE:  # a reader that went away: as any filter, silent
+            _say("cannot write to %s: %s" % ("stderr" if err else "stdout",
+                                             error.strerror or error))
         return False
 
 
@@ -155,8 +161,9 @@ def _drop_stdout_buffer() -> None:
 @click.option("--all", "everything", is_flag=True,
               help="Trace every function of the table, also the chatty ones left out by "
                    "default (cudaGetDevice, cudaGetLastError, ...).")
-@click.option("--api", type=click.Choice(["runtime", "driver", "all"]), default="all",
-              show_default=True, help="Which layer to trace.")
+@click.option("--api", type=click.Choice(["runtime", "driver", "nccl", "all"]), default="all",
+              show_default=True,
+              help="Which layer to trace (all: NCCL too, where a libnccl is found).")
 @click.option("--no-follow", is_flag=True,
               help="With a command: trace only its own process (filtered in the kernel), "
                    "not the processes it starts.")
@@ -189,74 +196,127 @@ def _drop_stdout_buffer() -> None:
               help="Write a timeline in Chrome trace format (open in Perfetto UI).")
 @click.option("--report", "report_html", metavar="FILE.html",
               help="Write a self-contained HTML report (tables and plots).")
+@click.option("--pprof-out", metavar="FILE",
+              help="Write a pprof profile (gzipped profile.proto: go tool pprof, Pyroscope, "
+                   "Parca) of calls, API time, launches, bytes allocated and copied, by "
+                   "function, kernel and, with --stacks, caller.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: Optional[str], spool_size: Optional[str], entries: bool,
           list_functions: bool, summary: bool, leaks: bool, stacks: bool, save: Optional[str], trace_out: Optional[str],
-          report_html: Optional[str], command: Tuple[str, ...]) -> None:
+          report_html: Optional[str], pprof_out: Optional[str],
+          command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
-        for row in apis.TABLE:
-            click.echo("%-32s %-8s %s" % (row.name, row.library, "with --all" if not row.default
-                                          else "default*" if apis.driver_replaces(row)
-                                          else "default"))
-        click.echo("* not when the driver's launch functions are probed too: the driver sees "
-                   "every launch")
+        rows = ["%-32s %-8s %s" % (row.name, row.library, "with --all" if not row.default
+                                   else "default*" if apis.driver_replaces(row)
+                                   else "default") for row in apis.TABLE]
+        rows.append("* not when the driver's launch functions are probed too: the driver sees "
+                    "every launch")
+        if not _print("\n".join(rows)):
+            sys.exit(1)
         return
     # --summary alone: the kernel sums the calls up, no record per call.
-    in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html)
-                 and not no_returns)
+    in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html,
+                               pprof_out) and not no_returns)
+    if pid is not None:
+        _check_process_id(pid)
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
                     ring_size=_ring_size(ring_size, in_kernel), stacks=stacks,
                     aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
+    _stopper.tracer = tracer
+    # Nothing is opened for writing before every output is known to be a file of its own.
+    _refuse_same_files([("-o", output), ("--save", save), ("--trace-out", trace_out),
+                        ("--report", report_html), ("--pprof-out", pprof_out)],
+                       _trace_inputs(paths, command))
     namer = tracer.names
     analyses = _analyses(namer, summary, leaks)
+    reports_err = as_json and output is None  # after JSON Lines on stdout, reports: stderr
+    if analyses and not reports_err and 1 in _CLOSED_AT_START:
+        raise UsageError("stdout is closed: the reports would go there")
     sinks = analyses + _event_sinks(output, as_json, no_timestamps, namer,
                                     events_wanted=not analyses and not (
-                                        trace_out or report_html or save))
+                                        trace_out or report_html or save or pprof_out))
     sinks += _file_sinks(trace_out, report_html, namer)
+    if pprof_out:  # (only when asked for)
+        from .pprof import PprofWriter
+
+        sinks.append(_named(PprofWriter(_open_binary(pprof_out), tracer.stack, namer.resolver,
+                                        namer, calls_at_entry=no_returns), pprof_out))
     spool = (_spool(spool_size, output) if lines_only(sinks) is not None and not save
              else None)
+    _stopper.spool = spool
     saver = _saver(save, tracer, namer)
     with tracer:
-        _install_signals(tracer, spool)  # first: a signal after the start line must not kill us
         _report_start(tracer, verbose)
         tracer.trace_into(sinks, save=saver, spool=spool, reader_nice=READER_NICE,
-                          notice=lambda text: click.echo("ebpf-cuda: %s" % text, err=True))
+                          notice=_say)
         reports = _final_reports(analyses, tracer, namer, stacks)
-        stats = tracer.stats()
+        losses = tracer.stream.losses()
+        left = _children_left(tracer)
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
-    if reports:  # after JSON Lines on stdout, reports go to stderr
-        click.echo("\n\n".join(reports), err=as_json and output is None)
-    _report_lost(stats["lost"], spool)
+    if spool is not None:
+        losses.spool_limit = "%s bytes" % format_size(spool.limit)
+    if left:
+        _say("the command ended; %d process%s it started still run%s (%s), not traced from "
+             "here on" % (len(left), "es" if len(left) > 1 else "", "" if len(left) > 1
+                          else "s", ", ".join("pid %d" % p for p in left[:5])
+                          + (", ..." if len(left) > 5 else "")))
+    _finish(tracer, reports, reports_err, losses, summary)
+
+
+def _children_left(tracer: Tracer) -> List[int]:
+    """The processes the command started that still live once it has ended (a job it put
+    in the background): the kernel's followed set still holds them."""
+    from . import layout
+    from .command import alive
+
+    followed = tracer.session.maps.get(layout.FOLLOWED)
+    if followed is None or tracer.exit_status is None:
+        return []
+    try:
+        pids = [int(pid) for pid in followed.keys()]
+    except (TracerError, OSError, TypeError, ValueError):
+        return []
+    return sorted(pid for pid in pids if pid != tracer.child_pid and alive(pid))
+
+
+def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losses,
+            summary: bool) -> None:
+    """The end of a live trace: reports, the loss line, why the command could not run, and
+    the exit code (the command's when it ran; 1 when an output failed without one)."""
+    if reports and summary and losses.read().total:  # the summary says what it did not see
+        reports[0] += "\n\n" + _summary_losses(losses.read())
+    printed = _print("\n\n".join(reports), err=reports_err) if reports else True
+    if losses.total:
+        _say(losses.sentence())
     unnamed = tracer.unnamed_launches()
     if unnamed:
-        click.echo("ebpf-cuda: %s" % unnamed, err=True)
+        _say(unnamed)
+    unknown_graphs = tracer.stream.graphs.unknown_summary()
+    if unknown_graphs:
+        _say(unknown_graphs)
+    command = tracer.session.command
+    if command is not None and command.exec_error is not None:
+        _say("cannot run %s: %s" % (command.argv[0], command.exec_error.strerror))
     if tracer.exit_status is not None:
         sys.exit(tracer.exit_status)
+    if tracer.stream.outputs.failures or not printed:
+        sys.exit(1)
+
+
+def _summary_losses(losses: Losses) -> str:
+    """The summary's last line when events were lost: its tables count only those seen."""
+    return (" ** Not counted: %s (the tables above count only the events seen)"
+            % losses.sentence())
 
 
 READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight): a program
 # with more busy threads than cores cannot starve the reader (the lines thread inherits it)
-
-
-def _report_lost(ring_full: int, spool) -> None:
-    """One line counting every event that did not reach the output, and why."""
-    why = []
-    if ring_full:
-        why.append("%d with the ring buffer full (try --ring-size)" % ring_full)
-    if spool is not None and spool.dropped:
-        why.append("%d past the spool's %s (try --spool-size)" % (
-            spool.dropped, spool.error or "%s bytes" % format_size(spool.limit)))
-    if spool is not None and spool.abandoned:
-        why.append("%d not written: interrupted" % spool.abandoned)
-    lost = ring_full + (spool.dropped + spool.abandoned if spool is not None else 0)
-    if lost:
-        click.echo("ebpf-cuda: %d events lost: %s" % (lost, ", ".join(why)), err=True)
 
 
 def _summary_only(summary: bool, *other_outputs) -> bool:
@@ -276,8 +336,14 @@ def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
     if as_json:
         from .output.jsonl import JsonWriter
 
-        return [JsonWriter(stream, namer=namer)]
-    return [TextWriter(stream, timestamps=not no_timestamps, namer=namer)]
+        return [_named(JsonWriter(stream, namer=namer), output)]
+    return [_named(TextWriter(stream, timestamps=not no_timestamps, namer=namer), output)]
+
+
+def _named(sink, path: Optional[str]):
+    """The output as its write errors name it: the path given, or stdout."""
+    sink.output_name = path or "stdout"
+    return sink
 
 
 def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
@@ -285,7 +351,7 @@ def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
     from .analysis import LeakTracker, Summary
 
     def warn(warning) -> None:
-        click.echo("ebpf-cuda: warning: %s" % warning, err=True)
+        _say("warning: %s" % warning)
 
     analyses: List[Sink] = []
     if summary:
@@ -316,11 +382,11 @@ def _file_sinks(trace_out: Optional[str], report_html: Optional[str], namer) -> 
     if trace_out:
         from .output.chrome_trace import ChromeTraceWriter  # only when asked for
 
-        sinks.append(ChromeTraceWriter(_open_output(trace_out), namer=namer))
+        sinks.append(_named(ChromeTraceWriter(_open_output(trace_out), namer=namer), trace_out))
     if report_html:
         from .output.html_report import HtmlReport  # only when asked for
 
-        sinks.append(HtmlReport(_open_output(report_html), namer=namer))
+        sinks.append(_named(HtmlReport(_open_output(report_html), namer=namer), report_html))
     return sinks
 
 
@@ -342,10 +408,11 @@ def _spool(size: Optional[str], output: Optional[str]):
     if limit == 0:
         return None
     # Beside the output file (its disk has room for what is written there anyway); not
-    # beside /dev/null or a FIFO: in $TMPDIR then.
+    # beside /dev/null or a FIFO, nor in /dev for -o /dev/stdout: in $TMPDIR then.
     directory = None
-    if output and os.path.isfile(output):
-        directory = os.path.dirname(os.path.abspath(output))
+    real = os.path.realpath(output) if output else None
+    if real and os.path.isfile(real) and not real.startswith(("/dev/", "/proc/")):
+        directory = os.path.dirname(real)
     try:
         return Spool(directory, limit)
     except OSError as err:
@@ -355,43 +422,78 @@ def _spool(size: Optional[str], output: Optional[str]):
 
 def _report_start(tracer: Tracer, verbose: int) -> None:
     files = sorted({a.path for a in tracer.attachments})
-    click.echo("ebpf-cuda: probing %d functions in %s" % (
-        len({a.api for a in tracer.attachments}), ", ".join(files)), err=True)
+    _say("probing %d functions in %s" % (len({a.api for a in tracer.attachments}),
+                                         ", ".join(files)))
     for failure in tracer.failures:
-        click.echo("ebpf-cuda: warning: %s" % failure, err=True)
+        _say("warning: %s" % failure)
     if verbose >= 2:  # each program once, with the functions that share it
         users: dict = {}
         for (name, retprobe), program in tracer.programs.items():
             users.setdefault(id(program), (program, retprobe, []))[2].append(name)
         for program, retprobe, names in users.values():
-            click.echo("-- %s %s (%s) --\n%s" % (program.name, "return" if retprobe else "entry",
-                                                 ", ".join(names), program.disassembly()),
-                       err=True)
+            _echo("-- %s %s (%s) --\n%s" % (program.name, "return" if retprobe else "entry",
+                                            ", ".join(names), program.disassembly()))
 
 
-def _install_signals(tracer: Tracer, spool=None) -> None:
-    """SIGINT/SIGTERM: stop after draining; with a command, pass the signal on to it and keep
-    reading until it ends, so its last events are seen. Once reading is over, a signal
-    stops the writing of the lines still spooled."""
-    def handler(signum, frame):
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class _Stopper:
+    """The handler of SIGINT, SIGTERM, SIGHUP and SIGQUIT, installed first thing (a signal
+    ignored when the tracer started stays ignored, for the command too, as in a shell):
+
+    - while starting, before the command runs: `Interrupted` (the command never runs);
+    - with a command that runs: passed on to it (once it has exec'd); the tracer reads
+      until it ends, then drains the ring, writes the reports and exits with its status;
+    - without one (-d PID, system-wide), or once the command has ended: stop after
+      draining, then the reports;
+    - once the reading is over, while spooled lines are still written: stop writing them
+      (what is left is counted as lost)."""
+
+    def __init__(self) -> None:
+        self.tracer: Optional[Tracer] = None
+        self.spool = None
+        self.received: List[int] = []
+        self.installed = False
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self)
+        self.installed = True
+
+    def __call__(self, signum: int, frame) -> None:
+        self.received.append(signum)
+        spool = self.spool
         if spool is not None and spool.closed:
             spool.abandon()
             return
-        child = tracer.child_pid
-        if child is not None and tracer.exit_status is None:
-            try:
-                os.kill(child, signum)
-                return
-            except ProcessLookupError:
-                pass
+        tracer = self.tracer
+        if tracer is None:
+            raise Interrupted(signum)
+        command = tracer.session.command
+        if tracer.command and (command is None or not command.released):
+            raise Interrupted(signum)
+        if command is not None and command.signal(signum):
+            return
         tracer.stop()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+
+_stopper = _Stopper()
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "signal %d" % signum
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", metavar="FILE")
+@click.argument("paths", metavar="FILE...", nargs=-1, required=True)
+@click.option("--collectives", is_flag=True,
+              help="Merge the NCCL collectives of the ranks in the FILEs (the default with "
+                   "several): ranks that never entered one, arrival spread, mismatches.")
 @click.option("-t", "--no-timestamps", is_flag=True, help="Leave the time column out.")
 @click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
@@ -399,57 +501,463 @@ def _install_signals(tracer: Tracer, spool=None) -> None:
 @click.option("--leaks", is_flag=True, help="Flag double frees; list allocations never freed.")
 @click.option("--trace-out", metavar="FILE.json", help="Write a Chrome trace timeline.")
 @click.option("--report", "report_html", metavar="FILE.html", help="Write an HTML report.")
-def report_cmd(path: str, no_timestamps: bool, as_json: bool, output: Optional[str],
-               summary: bool, leaks: bool, trace_out: Optional[str],
+def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, as_json: bool,
+               output: Optional[str], summary: bool, leaks: bool, trace_out: Optional[str],
                report_html: Optional[str]) -> None:
-    """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]. Needs no
-    privileges; kernel names are those known when tracing."""
+    """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]; with several
+    FILEs (the ranks of one job), their NCCL collectives merged. Needs no privileges; kernel
+    names are those known when tracing."""
     from . import savefile
     from .analysis import Summary, format_leaks
 
+    if collectives or len(paths) > 1:
+        return _collectives_report(paths, [("-t", no_timestamps), ("--json", as_json),
+                                           ("-o", output), ("--summary", summary),
+                                           ("--leaks", leaks), ("--trace-out", trace_out),
+                                           ("--report", report_html)])
+    path = paths[0]
+
+    _refuse_same_files([("-o", output), ("--trace-out", trace_out), ("--report", report_html)],
+                       [("the input trace", path)])
     saved = savefile.load(path)
+    from .graphs import GraphTracker
+    from .flight import describe, read_trigger  # a flight-recorder dump names its trigger
+
+    trigger = read_trigger(path)
+    if trigger is not None:
+        _say("flight-recorder dump: %s; the %gs before it" % (describe(trigger),
+                                                             trigger.get("window_s", 0)))
+    reports_err = as_json and output is None
     analyses = _analyses(saved.namer, summary, leaks)
+    if analyses and not reports_err and 1 in _CLOSED_AT_START:
+        raise UsageError("stdout is closed: the reports would go there")
     sinks = analyses + _event_sinks(output, as_json, no_timestamps, saved.namer,
                                     events_wanted=not analyses and not (trace_out or report_html))
     sinks += _file_sinks(trace_out, report_html, saved.namer)
-    for sink in sinks:
-        sink.header()
+    outputs = Outputs(sinks, notice=_say, goes_on=False)
+    graphs = GraphTracker(saved.namer)  # what the graph launches ran, as live
+    outputs.header()
     try:
         for events in saved.batches():
+            graphs.annotate(events)
             for sink in sinks:
-                sink.write(events)
+                if outputs.alive(sink):
+                    outputs.call(sink, sink.write, events)
+            outputs.flush()
+            if outputs.nothing_left:
+                break
+        losses = saved.losses  # (a killed tracer's: its last loss note, now that all is read)
+        for sink in sinks:  # the HTML report shows the losses too
+            tell = getattr(sink, "note_losses", None)
+            if tell is not None and outputs.alive(sink):
+                outputs.call(sink, tell, losses)
     finally:
-        for sink in sinks:
-            sink.close()
+        outputs.close()
     reports = [a.report() if isinstance(a, Summary) else format_leaks(a) for a in analyses]
-    if reports:  # as the live command shows them
-        click.echo("\n\n".join(reports), err=as_json and output is None)
-    if saved.truncated:
-        click.echo("ebpf-cuda: %s ends in a partial record (the tracer was killed?)" % path,
-                   err=True)
+    if reports and summary and losses.total:
+        reports[0] += "\n\n" + _summary_losses(losses)
+    printed = _print("\n\n".join(reports), err=reports_err) if reports else True  # as live
+    if graphs.unknown_summary():
+        _say(graphs.unknown_summary())
+    incomplete = saved.incomplete()
+    if incomplete:  # what is known to be missing, the noted losses with it
+        _say(incomplete)
+    elif losses.total:  # the line the live run printed
+        _say(losses.sentence())
+    if outputs.failures or not printed:
+        sys.exit(1)
+
+
+def _identity(path: str) -> Tuple[str, Optional[Tuple[int, int]], bool]:
+    """(real path, (device, inode) when it exists, True for a character device)."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return real, None, False
+    return real, (st.st_dev, st.st_ino), stat.S_ISCHR(st.st_mode)
+
+
+def _refuse_same_files(outputs: Sequence[Tuple[str, Optional[str]]],
+                       inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
+    """UsageError when two outputs, or an output and an input, are one file, by path or by
+    device and inode (a link, a bind mount), before anything is opened for writing (opening
+    truncates). Character devices (/dev/null, a terminal) may take several outputs."""
+    known = []
+    for what, path in inputs:
+        if path:
+            known.append((what, path, True) + _identity(path)[:2])
+    for what, path in outputs:
+        if not path:
+            continue
+        real, node, chardev = _identity(path)
+        if chardev:
+            continue
+        for other, other_path, is_input, other_real, other_node in known:
+            if real == other_real or (node is not None and node == other_node):
+                if is_input:
+                    raise UsageError("%s %s is the same file as %s %s: it would be "
+                                     "overwritten before it is read"
+                                     % (what, path, other, other_path))
+                raise UsageError("%s %s and %s %s are the same file: give each output a "
+                                 "file of its own" % (other, other_path, what, path))
+        known.append((what, path, False, real, node))
+
+
+def _trace_inputs(paths: Sequence[str], command: Sequence[str]) -> List[Tuple[str, str]]:
+    """The files a live trace reads: the probed libraries, the command's executable."""
+    import shutil
+
+    inputs = [("-p", path) for path in paths]
+    if command:
+        inputs.append(("the command", shutil.which(command[0]) or command[0]))
+    return inputs
+
+
+def _check_process_id(pid: int) -> None:
+    """-d takes a process: a thread's id is refused with its process's id."""
+    from .errors import ProcessError
+
+    try:
+        with open("/proc/%d/status" % pid, "rb") as f:
+            status = f.read()
+    except (OSError, OverflowError):
+        return  # the tracer's own check says what is wrong with it
+    for line in status.splitlines():
+        if line.startswith(b"Tgid:"):
+            tgid = int(line.split()[1])
+            if tgid != pid:
+                raise ProcessError("%d is a thread of process %d: -d takes a process id "
+                                   "(-d %d traces all its threads)" % (pid, tgid, tgid))
+            return
+
+
+_CLOSED_AT_START: Set[int] = set()  # standard descriptors closed when we were started
+
+
+def _standard_fds() -> Set[int]:
+    """Put /dev/null on the standard descriptors that are closed, so that no file we open
+    takes their number (the command would write into our trace). Close-on-exec: the command
+    gets them closed, as a shell would give them. The ones that were closed."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        if null != fd:
+            os.dup2(null, fd, inheritable=False)
+            os.close(null)
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
+    for stream in (sys.stdout, sys.stderr):  # a name or path of any bytes never stops a report
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+    return closed
+
+
+def _collectives_report(paths: Sequence[str], options: Sequence[Tuple[str, object]]) -> None:
+    """`report FILE...`: the NCCL collectives of the ranks saved in the FILEs, merged (the
+    logic: analysis/collectives.py)."""
+    given = [name for name, value in options if value]
+    if given:
+        raise UsageError("%s: with several FILEs (or --collectives) report merges their NCCL "
+                         "collectives; the other outputs take one FILE" % ", ".join(given))
+    from .analysis.collectives import merge_report
+
+    if not _print(merge_report(paths)):
+        sys.exit(1)
+
+
+# -- ebpf-cuda monitor -----------------------------------------------------------------------
+
+class _MonitorSignals:
+    """Stop signals: while starting, unwind (Interrupted); once running, stop after
+    draining. SIGUSR1: a flight-recorder dump (ignored without one)."""
+
+    def __init__(self) -> None:
+        self.monitor = None  # the Monitor, once made
+        self.running = False
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self.stop)
+        signal.signal(signal.SIGUSR1, self.dump)
+
+    def stop(self, signum: int, frame) -> None:
+        if not self.running or self.monitor is None:
+            raise Interrupted(signum)
+        self.monitor.stop()
+
+    def dump(self, signum: int, frame) -> None:
+        monitor = self.monitor
+        if monitor is not None and monitor.flight is not None:
+            monitor.flight.request("SIGUSR1")
+
+
+def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
+    if value is not None and value <= 0:
+        raise UsageError("%s takes a positive number of seconds, not %g" % (option, value))
+    return value
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="Say which files and offsets are probed.")
+@click.option("-p", "--path", "paths", multiple=True, metavar="PATH",
+              help="Library or executable to probe (repeatable). Default: every CUDA runtime "
+                   "and driver file found, and those running processes map.")
+@click.option("--functions", metavar="NAME,...", help="Functions to count (default set).")
+@click.option("--all", "everything", is_flag=True, help="Every function of the table.")
+@click.option("--api", type=click.Choice(["runtime", "driver", "all"]), default="all",
+              show_default=True, help="Which layer to count.")
+@click.option("--prometheus", metavar="HOST:PORT",
+              help="Serve /metrics (Prometheus text format) there; HOST defaults to "
+                   "127.0.0.1. Anyone who can reach it reads process and kernel names.")
+@click.option("--kernel-labels", type=click.IntRange(min=0), default=20,  # (monitor.DEFAULT_KERNEL_LABELS)
+              show_default=True,
+              help="Kernel names per process given a label of their own (the first ones "
+                   "it launches); the rest count as kernel=\"other\". 0: none.")
+@click.option("--otlp", metavar="URL",
+              help="Push the metrics as OTLP/HTTP JSON to URL (an OpenTelemetry collector's "
+                   "http://HOST:4318; /v1/metrics is added when URL has no path).")
+@click.option("--interval", type=float, default=15.0, show_default=True,
+              metavar="SECONDS", help="How often --otlp pushes.")
+@click.option("--pprof-out", metavar="FILE",
+              help="At the end, write a pprof profile (gzipped profile.proto) of calls, API "
+                   "time, launches, bytes allocated and copied, by function and kernel.")
+@click.option("--flight-recorder", type=float, metavar="SECONDS",
+              help="Keep every call of the last SECONDS on disk; write them as a saved "
+                   "trace into --flight-dir when a trigger fires (every call then travels "
+                   "the ring buffer: costlier than counting alone).")
+@click.option("--flight-dir", default=".", show_default=True, metavar="DIR",
+              help="Where the flight recorder keeps its ring and writes its dumps.")
+@click.option("--flight-size", metavar="SIZE", default="1G", show_default=True,
+              help="How much disk the flight recorder's ring may take.")
+@click.option("--trigger-error", metavar="CODES", default="oom,illegal-address",
+              show_default=True,
+              help="Error returns that trigger a dump: families (oom, illegal-address), "
+                   "numbers or names (cudaErrorLaunchFailure); none: no error triggers.")
+@click.option("--trigger-latency", type=float, metavar="SECONDS",
+              help="A synchronising call (cudaDeviceSynchronize, cuStreamSynchronize, ...) "
+                   "at least this long triggers a dump.")
+@click.option("--ring-size", metavar="SIZE",
+              help="Ring buffer size (default 1M, 16M with --flight-recorder).")
+def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
+                everything: bool, api: str, prometheus: Optional[str], kernel_labels: int,
+                otlp: Optional[str], interval: float, pprof_out: Optional[str],
+                flight_recorder: Optional[float], flight_dir: str, flight_size: str,
+                trigger_error: str, trigger_latency: Optional[float],
+                ring_size: Optional[str]) -> None:
+    """Count the CUDA calls of every process of this machine until stopped (SIGINT,
+    SIGTERM): ebpf-cuda monitor [--prometheus HOST:PORT] [--otlp URL] [...]"""
+    signals = _MonitorSignals()
+    signals.install()  # first: a stop signal while starting unwinds what was set up
+    from .monitor import Monitor, MonitorOptions
+    from .prometheus import parse_address
+
+    address = parse_address(prometheus) if prometheus else None
+    _positive_seconds(interval, "--interval")
+    flight = _monitor_flight(flight_recorder, flight_dir, flight_size, trigger_error,
+                             _positive_seconds(trigger_latency, "--trigger-latency"))
+    options = MonitorOptions(tuple(paths), tuple(_split_functions(functions) or ()) or None,
+                             api, everything, kernel_labels,
+                             parse_size(ring_size) if ring_size else None, flight)
+    monitor = signals.monitor = Monitor(options, log=_say if verbose else None, notice=_say)
+    # What can fail does before the probes go on: the port is bound, the URL and the
+    # profile's file checked.
+    exporters = _monitor_exporters(monitor, address, otlp, interval)
+    profile = _open_binary(pprof_out) if pprof_out else None
+    written = True
+    try:
+        monitor.start()
+        _say("monitoring %d functions in %s" % (len(monitor.functions),
+                                                ", ".join(monitor.files)))
+        for exporter, where in exporters:
+            exporter.start()
+            _say(where)
+        signals.running = True
+        monitor.run()
+        if profile is not None:
+            written = _monitor_profile(monitor, profile, pprof_out)
+    finally:
+        signals.running = False
+        for exporter, _ in exporters:
+            exporter.close()
+        monitor.close()
+        if profile is not None:
+            profile.close()
+    _say("stopped: %d processes seen%s" % (
+        monitor.seen, "; %d flight-recorder dumps" % len(monitor.flight.paths)
+        if monitor.flight is not None else ""))
+    if not written:
+        sys.exit(1)
+
+
+def _monitor_flight(seconds: Optional[float], directory: str, size: str, errors: str,
+                    latency: Optional[float]):
+    if seconds is None:
+        return None
+    from .flight import FlightOptions, parse_trigger_errors
+
+    _positive_seconds(seconds, "--flight-recorder")
+    return FlightOptions(seconds, directory, parse_trigger_errors(errors),
+                         int(latency * 1e9) if latency is not None else None,
+                         parse_size(size))
+
+
+def _monitor_exporters(monitor, address, otlp: Optional[str], interval: float) -> List:
+    """(exporter, where it goes in words) of --prometheus and --otlp, not started yet."""
+    exporters: List = []
+    if address is not None:
+        from .prometheus import MetricsServer
+
+        server = MetricsServer(address, monitor.collect)  # (bound now)
+        host, port = server.address
+        exporters.append((server, "metrics at http://%s:%d/metrics"
+                          % ("[%s]" % host if ":" in host else host, port)))
+    if otlp:
+        from .otlp import OtlpPusher
+
+        pusher = OtlpPusher(otlp, interval, monitor.collect, monitor.started_at, on_error=_say)
+        exporters.append((pusher, "pushing metrics to %s every %gs" % (pusher.url, interval)))
+    return exporters
+
+
+def _monitor_profile(monitor, stream, path: str) -> bool:
+    """The run's pprof profile written; False (said in one line) when it cannot be."""
+    from . import pprof
+
+    try:
+        stream.write(pprof.profile_of_monitor(monitor.collect(), monitor.launch_totals(),
+                                              monitor.started_at))
+        stream.flush()
+    except OSError as err:
+        _say("cannot write %s: %s" % (path, err.strerror or err))
+        return False
+    _say("pprof profile written to %s" % path)
+    return True
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Entry point of the console script: errors become one line and an exit code."""
+    """Entry point of the console script: errors become one line and an exit code (it
+    returns when that is 0)."""
+    code = _flush_stdout(_main(argv))
+    if code:
+        sys.exit(code)
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    """The exit code of a run."""
+    global _CLOSED_AT_START
+    _CLOSED_AT_START = _standard_fds()
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = sys.argv[1:] if argv is None else list(argv)
         if args[:1] == ["report"]:
             report_cmd.main(args=args[1:], prog_name="ebpf-cuda report", standalone_mode=False)
+        elif args[:1] == ["monitor"]:  # (its own signal handling: _MonitorSignals)
+            monitor_cmd.main(args=args[1:], prog_name="ebpf-cuda monitor",
+                             standalone_mode=False)
         else:
+            _stopper.install()  # first: a signal from now on is handled
             trace.main(args=args, prog_name="ebpf-cuda", standalone_mode=False)
+        return 0
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except Interrupted as err:
+        _quiet()
+        tracer = _stopper.tracer
+        _say("interrupted by %s%s" % (
+            _signal_name(err.signum),
+            " while starting: %s was not run" % tracer.command[0]
+            if tracer is not None and tracer.command
+            else " while starting" if _stopper.installed else ""))
+        return 128 + err.signum
+    except KeyboardInterrupt:
+        _quiet()
+        _say("interrupted")
+        return 130
     except click.exceptions.Abort:
-        sys.exit(130)
+        return 130
     except click.ClickException as err:
         err.show()
-        sys.exit(UsageError.exit_code)
+        return UsageError.exit_code
     except VerifierError as err:
-        click.echo("ebpf-cuda: %s" % err, err=True)
-        if "-v" in (argv or sys.argv) or "--verbose" in (argv or sys.argv):
+        if err.errno in (errno.EMFILE, errno.ENFILE):  # not the verifier's doing
+            _say(_too_many_files("loading the eBPF programs"))
+            return KernelError.exit_code
+        _say(str(err))
+        if "-v" in args or "--verbose" in args:
             lines = [line for line in err.log.splitlines() if line.strip()][-15:]
-            click.echo("\n".join(lines), err=True)
-        sys.exit(err.exit_code)
+            _echo("\n".join(lines))
+        return err.exit_code
     except TracerError as err:
-        click.echo("ebpf-cuda: %s" % err, err=True)
-        sys.exit(err.exit_code)
-    except BrokenPipeError:
-        sys.exit(0)
+        if isinstance(err, KernelError) and err.errno in (errno.EMFILE, errno.ENFILE):
+            _say(_too_many_files(err))
+        else:
+            _say(str(err) + _kernel_hint(err))
+        return err.exit_code
+    except OSError as err:  # what no layer turned into a sentence: still one line
+        if err.errno in (errno.EMFILE, errno.ENFILE):
+            _say(_too_many_files(err.strerror))
+            return KernelError.exit_code
+        else:
+            _say("%s%s" % (err.strerror or err, ": %s" % err.filename if err.filename else ""))
+        return 1
+
+
+STACK_DEPTH = 127  # frames of the --stacks map (maps.StackTraceMap's depth)
+
+
+def _kernel_hint(err: TracerError) -> str:
+    """What a bare kernel errno means here, when it is known ("" otherwise)."""
+    if isinstance(err, KernelError) and err.errno == errno.EINVAL and "'stacks'" in str(err):
+        try:
+            with open("/proc/sys/kernel/perf_event_max_stack") as f:
+                most = int(f.read())
+        except (OSError, ValueError):
+            return ""
+        if most < STACK_DEPTH:
+            return (" (--stacks needs %d frames, and kernel.perf_event_max_stack is %d: "
+                    "raise it with sysctl, or trace without --stacks)" % (STACK_DEPTH, most))
+    return ""
+
+
+def _too_many_files(err) -> str:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return ("too many open files (the limit is %d; raise it with ulimit -n): %s"
+            % (soft, err))
+
+
+def _quiet() -> None:
+    """Stop signals from here on end nothing more (the tracer is on its way out)."""
+    for signum in STOP_SIGNALS:
+        try:
+            if signal.getsignal(signum) not in (signal.SIG_IGN, signal.SIG_DFL, None):
+                signal.signal(signum, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+
+
+def _flush_stdout(code: int) -> int:
+    """Whatever stdout still holds, written now: a failure is one line (and exit code 1
+    unless there is already one), never the interpreter's traceback at exit."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as err:
+        _drop_stdout_buffer()
+        if err.errno != errno.EPIPE:  # a reader that went away: as any filter, silent
+            _say("cannot write to stdout: %s" % (err.strerror or err))
+        return code or 1
+    except ValueError:
+        pass
+    return code

@@ -40,8 +40,16 @@ class HeldCommand:
         self.execed = False  # exec succeeded (or the child ended on its way to it)
         self._pending: List[int] = []  # signals for the command, sent once it has exec'd
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the mask the command gets
-        go_read, go_write = os.pipe()
-        status_read, status_write = os.pipe2(os.O_CLOEXEC)  # closed by a successful exec
+        fds: List[int] = []
+        try:
+            fds += os.pipe()
+            fds += os.pipe2(os.O_CLOEXEC)  # closed by a successful exec
+        except OSError as err:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(err.errno, "cannot start %s: %s" % (self.argv[0], err.strerror)) \
+                from None
+        go_read, go_write, status_read, status_write = fds
         try:
             # Blocked across the fork: no handler of ours can run in the child. (A signal
             # caught before has its handler run by this call, which may raise.)

@@ -1,6 +1,7 @@
 """CUDA enumerations: cudaError_t, CUresult and cudaMemcpyKind (CUDA 13.0 headers; the same
-values in 12.9 except CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, new in 13.0)."""
-from typing import Dict
+values in 12.9 except CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, new in 13.0); NCCL's
+ncclResult_t, ncclDataType_t and ncclRedOp_t (nccl.h of 2.32; the FP8 types are new in 2.24)."""
+from typing import Dict, Optional, Union
 
 MEMCPY_KINDS: Dict[int, str] = {
     0: "HostToHost", 1: "HostToDevice", 2: "DeviceToHost", 3: "DeviceToDevice", 4: "Default",
@@ -128,10 +129,54 @@ CU_RESULTS: Dict[int, str] = {
 }
 
 
-def error_name(code: int, driver: bool = False) -> str:
-    """Name of a cudaError_t (or, with driver=True, a CUresult); unknown codes stay numeric."""
-    table = CU_RESULTS if driver else CUDA_ERRORS
-    return table.get(code, ("CUresult(%d)" if driver else "cudaError(%d)") % code)
+NCCL_RESULTS: Dict[int, str] = {
+    0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError",
+    3: "ncclInternalError", 4: "ncclInvalidArgument", 5: "ncclInvalidUsage",
+    6: "ncclRemoteError", 7: "ncclInProgress", 8: "ncclTimeout",
+}
+
+# ncclDataType_t: name and element size in bytes.
+NCCL_DATATYPES: Dict[int, str] = {
+    0: "ncclInt8", 1: "ncclUint8", 2: "ncclInt32", 3: "ncclUint32", 4: "ncclInt64",
+    5: "ncclUint64", 6: "ncclFloat16", 7: "ncclFloat32", 8: "ncclFloat64", 9: "ncclBfloat16",
+    10: "ncclFloat8e4m3", 11: "ncclFloat8e5m2",
+}
+NCCL_TYPE_SIZES: Dict[int, int] = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2,
+                                   10: 1, 11: 1}
+
+# ncclRedOp_t: the built-in operations (5 and up are made by ncclRedOpCreatePreMulSum).
+NCCL_REDOPS: Dict[int, str] = {0: "ncclSum", 1: "ncclProd", 2: "ncclMax", 3: "ncclMin",
+                               4: "ncclAvg"}
+
+# Each library's result type: its names, and how an unknown code is shown.
+_RESULTS = {"runtime": (CUDA_ERRORS, "cudaError(%d)"), "driver": (CU_RESULTS, "CUresult(%d)"),
+            "nccl": (NCCL_RESULTS, "ncclResult(%d)")}
+
+
+def error_name(code: int, library: Union[bool, str] = False) -> str:
+    """Name of a result of a function of `library` (apis.RUNTIME: cudaError_t, DRIVER:
+    CUresult, NCCL: ncclResult_t; True and False stand for driver and runtime); unknown
+    codes stay numeric."""
+    if isinstance(library, bool):
+        library = "driver" if library else "runtime"
+    table, unknown = _RESULTS[library]
+    return table.get(code, unknown % code)
+
+
+def nccl_datatype_name(datatype: int) -> str:
+    """`ncclFloat32` for 7, ...; unknown types stay numeric."""
+    return NCCL_DATATYPES.get(datatype, "ncclDataType(%d)" % datatype)
+
+
+def nccl_bytes(count: int, datatype: int) -> Optional[int]:
+    """count elements of `datatype` in bytes (None for an unknown type)."""
+    size = NCCL_TYPE_SIZES.get(datatype)
+    return None if size is None else count * size
+
+
+def nccl_redop_name(op: int) -> str:
+    """`ncclSum` for 0, ...; an operation made by ncclRedOpCreatePreMulSum stays numeric."""
+    return NCCL_REDOPS.get(op, "ncclRedOp(%d)" % op)
 
 
 def memcpy_kind_name(kind: int) -> str:

@@ -67,8 +67,8 @@ def process_mappings(pid: int) -> List[Mapping]:
     """Every mapping of process `pid`, from /proc/PID/maps."""
     _check_pid(pid)
     try:
-        with open(_proc(pid, "maps")) as stream:
-            lines = stream.readlines()
+        with open(_proc(pid, "maps"), "rb") as stream:  # paths are bytes: any, not UTF-8
+            lines = [os.fsdecode(line) for line in stream]
     except FileNotFoundError:
         raise ProcessError("no process with PID %d" % pid) from None
     except PermissionError:
@@ -464,3 +464,39 @@ def libraries_for_command(argv: Sequence[str], name: str = "libcudart") -> List[
 def driver_library_for_command(argv: Sequence[str]) -> List[str]:
     """The CUDA driver library a command will load (cudart dlopens it, so usually a search)."""
     return libraries_for_command(argv, "libcuda")
+
+
+# ---- NCCL --------------------------------------------------------------------------------
+
+# Functions only NCCL defines; an executable defining one links NCCL statically.
+STATIC_NCCL_MARKERS = ("ncclCommInitRank", "ncclAllReduce", "ncclGetUniqueId")
+
+
+def nccl_libraries(pid: Optional[int] = None, command: Sequence[str] = ()) -> List[str]:
+    """The NCCL files to probe, found as the runtime is: the libnccl.so* process `pid` maps
+    (and its executable when it links NCCL statically); for a `command`, its executable when
+    it links NCCL statically, else the libnccl its dependency tree loads; else (a script, a
+    program that dlopens it, a process that has not loaded it yet, system-wide) every copy
+    `find_library` finds: LD_LIBRARY_PATH, CUDA_HOME, NVIDIA's wheels (nvidia/nccl/lib),
+    torch/lib, the loader cache, /usr/local/cuda*, the system folders."""
+    if pid is not None:
+        found = libraries_in_process(pid, "libnccl.so*", include_static=False)
+        exe = process_executable(pid)
+        if _defines_any(exe, STATIC_NCCL_MARKERS):
+            found.append(os.path.realpath(exe))
+        if found:
+            return found
+    elif command:
+        exe = resolve_executable(command[0])
+        if exe is not None and _defines_any(exe, STATIC_NCCL_MARKERS):
+            return [os.path.realpath(exe)]
+        return libraries_for_command(command, "libnccl")
+    return find_library("libnccl")
+
+
+def _defines_any(path: str, functions: Sequence[str]) -> bool:
+    """True when the ELF file at `path` defines one of `functions` (False when unreadable)."""
+    try:
+        return bool(open_elf(path).has_any(functions))
+    except ElfError:
+        return False

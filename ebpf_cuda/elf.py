@@ -201,13 +201,15 @@ class ElfFile:
         except ElfError:
             raise
         except OSError as err:
-            if err.errno in (errno.EINVAL, errno.EOVERFLOW):  # a seek to a corrupted offset
-                raise ElfError("%s is a corrupted ELF file (an offset past any file's end)"
-                               % self.path) from None
-            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
+            raise self._read_error(err, "is a corrupted ELF file") from None
         except Exception as err:  # pyelftools' ELFError, construct errors, corrupted fields
             raise ElfError("%s is a corrupted ELF file (%s)" % (self.path, _describe(err))) \
                 from None
+
+    def _read_error(self, err: OSError, corrupted: str) -> ElfError:
+        if err.errno in (errno.EINVAL, errno.EOVERFLOW):  # a seek to a corrupted offset
+            return ElfError("%s %s (an offset past any file's end)" % (self.path, corrupted))
+        return ElfError("%s: cannot read: %s" % (self.path, err.strerror or err))
 
     def _parse(self, elf) -> None:
         """Segments, symbol tables and dynamic tags: header by header through pyelftools
@@ -319,7 +321,7 @@ class ElfFile:
                         if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                             return str(note["n_desc"])
         except OSError as err:
-            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
+            raise self._read_error(err, "has corrupted notes") from None
         except Exception as err:
             raise ElfError("%s has corrupted notes (%s)" % (self.path, _describe(err))) \
                 from None
@@ -575,10 +577,16 @@ class _Pyelftools(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def _pyelftools() -> _Pyelftools:
-    """pyelftools' ELFFile and enums, imported on first use (not by `import ebpf_cuda.elf`)."""
-    from elftools.elf import enums
-    from elftools.elf.elffile import ELFFile
-
+    """pyelftools' ELFFile and enums, imported on first use (not by `import ebpf_cuda.elf`);
+    without collections meanwhile (its ~50 modules make objects by the thousand: ~1 ms)."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        from elftools.elf import enums
+        from elftools.elf.elffile import ELFFile
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return _Pyelftools(ELFFile, enums)
 
 

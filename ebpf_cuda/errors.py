@@ -85,3 +85,14 @@ class DecodeError(TracerError):
     """A record or saved trace could not be decoded."""
 
     exit_code = 12
+
+
+class Interrupted(BaseException):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) ended the command line tool where no
+    trace was running yet (while starting, before the traced command runs). Not a
+    TracerError: like KeyboardInterrupt it unwinds whatever was being set up, which closes
+    it. Only the command line tool's handlers raise it; `signum` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum

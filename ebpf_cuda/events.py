@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import record
-from .apis import TABLE, Api, arg_cells
+from .apis import NCCL, TABLE, Api, Kind, arg_cells
 from .cuda_enums import error_name
 from .errors import DecodeError
 # How values are decoded and shown lives in values.py; these names stay importable from here.
@@ -73,6 +73,7 @@ class _RowDecoder:
         self._out_values = compile_tuple(outs)
         self._out_names = [f.name for f in outs]
         self.learns = any((api.learn_name, api.learn_func, api.learn_alias))
+        self.nccl = api.library == NCCL  # its events get their communicator (nccl.py)
         self._ret_names: Dict[int, str] = {}
 
     def decode_outs(self, fields: Sequence[int], flags: int) -> Tuple[dict, tuple]:
@@ -90,7 +91,7 @@ class _RowDecoder:
     def ret_name(self, ret: int) -> str:
         name = self._ret_names.get(ret)
         if name is None:
-            name = self._ret_names[ret] = error_name(ret, self.api.driver)
+            name = self._ret_names[ret] = error_name(ret, self.api.library)
         return name
 
 
@@ -105,12 +106,18 @@ class Decoder:
         self.clock_offset_ns = clock_offset_ns
         self.table = list(table)
         self.rows = [_RowDecoder(api) for api in table]
+        self.communicators = None  # NCCL's, made on the first NCCL record (nccl.py)
         self._func_cells: Dict[int, Set[int]] = {}  # cell of `func` → launch rows with it
         for fn_id, api in enumerate(table):
             for arg, cell in arg_cells(api):
-                if arg.name == "func" and api.category == "launch":
+                # (a graph's kernel node is a launch to be: named the same way; its `func`
+                # is the first cell of its parameters)
+                if (arg.name == "func" and api.category == "launch") \
+                        or arg.kind == Kind.KERNEL_NODE:
                     self._func_cells.setdefault(cell, set()).add(fn_id)
         self._launch_ids = set().union(*self._func_cells.values())
+        self._caller_cells = {fn_id: cell for fn_id, api in enumerate(table)
+                              for arg, cell in arg_cells(api) if arg.kind == Kind.CALLER}
         self._comms: Dict[bytes, str] = {}
 
     def comm(self, raw: bytes) -> str:
@@ -146,12 +153,12 @@ class Decoder:
 
     def launch_keys(self, frames: bytes) -> Set[Tuple[int, int, int]]:
         """(fn_id, pid, func) of every launch record in a batch of frames."""
-        return {(fn_id, pid, func) for fn_id, pid, _, _, _, func in self.launches(frames)}
+        return {(launch[0], launch[1], launch[5]) for launch in self.launches(frames)}
 
-    def launches(self, frames: bytes) -> List[Tuple[int, int, int, int, int, int]]:
-        """(fn_id, pid, tid, entry time, exit time, func) of every launch record in a batch
-        of frames, in order, read in bulk without decoding the records (for naming kernels
-        when nothing else is decoded)."""
+    def launches(self, frames: bytes) -> List[Tuple[int, int, int, int, int, int, int]]:
+        """(fn_id, pid, tid, entry time, exit time, func, caller or 0) of every launch record
+        in a batch of frames, in order, read in bulk without decoding the records (for naming
+        kernels when nothing else is decoded)."""
         ids = record.frame_column(frames, record.FN_ID, "H")
         if self._launch_ids.isdisjoint(ids):
             return []
@@ -159,11 +166,16 @@ class Decoder:
         pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         enters = record.frame_column(frames, record.TS_ENTER, "Q")
         exits = record.frame_column(frames, record.TS_EXIT, "Q")
+        callers = {cell: record.frame_column(frames, record.ARGS + 8 * cell, "Q")
+                   for cell in set(self._caller_cells.values())}
         found = []
         for cell, fn_ids in self._func_cells.items():
             funcs = record.frame_column(frames, record.ARGS + 8 * cell, "Q")
-            found += [(i, ids[i], pids[i], tids[i], enters[i], exits[i], funcs[i])
-                      for i in range(len(ids)) if ids[i] in fn_ids]
+            for i, fn_id in enumerate(ids):
+                if fn_id in fn_ids:
+                    caller = self._caller_cells.get(fn_id)
+                    found.append((i, fn_id, pids[i], tids[i], enters[i], exits[i], funcs[i],
+                                  callers[caller][i] if caller is not None else 0))
         return [launch[1:] for launch in sorted(found)]
 
     def decode_record(self, payload: bytes) -> List[Event]:
@@ -185,7 +197,7 @@ class Decoder:
         enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
                       args)
         if phase == record.PHASE_ENTER:
-            return [enter]
+            return self._communicator([enter]) if row.nccl else [enter]
         if phase != record.PHASE_CALL:
             raise DecodeError("record with unknown phase %d" % phase)
         ret = fields[_RET_AT] & 0xFFFFFFFF
@@ -193,4 +205,15 @@ class Decoder:
         done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id)
         # With --entries the enter event already came from its own record.
-        return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]
+        events = [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]
+        return self._communicator(events) if row.nccl else events
+
+    def _communicator(self, events: List[Event]) -> List[Event]:
+        """An NCCL call's events (one record's) with its communicator's rank, size, id and
+        sequence number, from the communicators this decoder's records made (nccl.py)."""
+        if self.communicators is None:
+            from .nccl import Communicators
+
+            self.communicators = Communicators()
+        self.communicators.annotate(events)
+        return events

@@ -2,7 +2,10 @@
 
 The `followed` map holds the process ids (tgids) being traced. A program on the
 sched:sched_process_fork tracepoint adds every child of a followed process as it is created;
-one on sched:sched_process_exit removes a process when its last thread exits. The uprobe
+one on sched:sched_process_exit removes a process when its last thread exits: told by the
+tracepoint's `group_dead` field where the kernel has it (6.16+), else (6.1, 6.12) when its
+leader thread exits (pid == tgid; a process whose leader ends before its other threads is
+then forgotten early). Which one is read from the tracepoint's format. The uprobe
 programs return at once in any process not in the map (see probes.ProbeOptions.follow), so
 children are traced from their first call, however short they live, and other processes
 using the same library cost only the uprobe trap.
@@ -50,6 +53,25 @@ def on_exit(group_dead_offset: int) -> list:
     ]
 
 
+def on_leader_exit() -> list:
+    """sched_process_exit on kernels without `group_dead`: forget a process when its leader
+    thread (the one whose thread id is the process id) exits. The tracepoint runs in the
+    exiting thread, so no field of its record is needed."""
+    return [
+        asm.call(Helper.GET_CURRENT_PID_TGID),
+        asm.mov(R1, R0), asm.rsh(R1, 32),  # tgid
+        asm.mov32(R0, R0),  # thread id
+        asm.jne(R0, R1, "out"),
+        asm.stx(W, FP, layout.TP_PID_AT, R1),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_DELETE_ELEM),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+GROUP_DEAD, LEADER_EXIT = "group_dead", "leader_exit"
+
+
 def followed_map() -> HashMap:
     """A new `followed` map: pid -> 1 for each process traced."""
     return HashMap(4, 4, layout.MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=layout.PID,
@@ -59,18 +81,25 @@ def followed_map() -> HashMap:
 class ProcessFollower:
     """The two tracepoint programs that keep a `followed` map up to date (`followed_map`;
     a new one unless given: then the caller closes it). Raises UnsupportedKernelError when
-    the tracepoints cannot be found."""
+    the tracepoints cannot be found. `exit_rule` says how exits are told: GROUP_DEAD or
+    LEADER_EXIT (see the module's docstring)."""
 
     def __init__(self, followed: Optional[HashMap] = None) -> None:
         fork, exit_ = tracepoints.find_all([("sched", "sched_process_fork"),
                                             ("sched", "sched_process_exit")])
         self._own_map = followed is None
+        self.exit_rule = ""
         self.map = followed_map() if followed is None else followed
         self._fds: List[syscalls.Fd] = []
         self._programs: List[Program] = []
         try:
             self._attach(fork, on_fork(fork.offset("child_pid")), "follow_fork")
-            self._attach(exit_, on_exit(exit_.offset("group_dead")), "follow_exit")
+            if "group_dead" in exit_.fields:
+                self.exit_rule = GROUP_DEAD
+                self._attach(exit_, on_exit(exit_.offset("group_dead")), "follow_exit")
+            else:
+                self.exit_rule = LEADER_EXIT
+                self._attach(exit_, on_leader_exit(), "follow_exit")
         except KernelError:
             self.close()
             raise

@@ -52,14 +52,20 @@ class Losses:
             why.append("%d past the spool's %s (try --spool-size)"
                        % (self.spool_past, self.spool_limit or "limit"))
         if self.spool_refused:
-            why.append("%d not spooled: %s (the spool's disk; try another TMPDIR or "
-                       "--spool-size 0)" % (self.spool_refused, self.spool_error or "refused"))
+            why.append("%d not spooled: %s (the spool's file; --spool-size 0 does without)"
+                       % (self.spool_refused, self.spool_error or "refused"))
         if self.interrupted:
             why.append("%d not written: interrupted" % self.interrupted)
         for name, (count, error) in sorted(self.unwritten.items()):
             if count:
                 why.append("%d not written to %s (%s)" % (count, name, error))
         return why
+
+    def read(self) -> "Losses":
+        """What every output misses: the records lost before the outputs (the analyses,
+        which write nothing as they go, saw all the others)."""
+        return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
+                      self.spool_error, self.interrupted, entries=self.entries)
 
     def sentence(self) -> str:
         """The "events lost" line (without the `ebpf-cuda: ` prefix); "" when none."""

@@ -269,7 +269,18 @@ class RingBufMap(Map):
         if size <= 0 or size & (size - 1) or size % mmap.PAGESIZE:
             raise ValueError("ring buffer size must be a power of two and a multiple of %d, "
                              "got %d" % (mmap.PAGESIZE, size))
-        super().__init__(0, 0, size, name)
+        from .errors import KernelError, UnsupportedKernelError
+
+        try:
+            super().__init__(0, 0, size, name)
+        except KernelError as err:
+            from . import features
+
+            if type(err) is KernelError and not features.ring_buffer():
+                raise UnsupportedKernelError(
+                    "this kernel has no BPF ring buffer (Linux 5.8+), which every event goes "
+                    "through", err.errno) from None
+            raise
 
     @property
     def size(self) -> int:
@@ -306,8 +317,15 @@ class TaskStorageMap(Map):
     NO_PREALLOC = 1
 
     def __init__(self, value_size: int, name: str = "") -> None:
-        from . import btf
+        from . import btf, features
 
+        # Creating the map is not enough: kprobe-type programs must also be allowed
+        # bpf_task_storage_get (and the kernel must have its BTF for get_current_task_btf).
+        why = features.task_storage_reason()
+        if why is not None:
+            from .errors import UnsupportedKernelError
+
+            raise UnsupportedKernelError("task storage for uprobe programs: %s" % why)
         self._btf = syscalls.btf_load(btf.key_and_bytes(value_size))
         try:
             self.name, self.key_size, self.value_size, self.max_entries = name, 4, value_size, 0

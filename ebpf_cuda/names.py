@@ -17,13 +17,18 @@ from .apis import BY_NAME, Api, Kind
 from .elf import demangle
 from .events import EXIT, Event
 
-Launch = Tuple[int, int, int, int, int, int]  # fn_id, pid, tid, entry and exit time, func
+# fn_id, pid, tid, entry and exit time, func, caller (the return address, or 0)
+Launch = Tuple[int, int, int, int, int, int, int]
+STUB_PREFIX = "__device_stub__"  # nvcc's host stub of kernel _Z... is __device_stub__Z...
 ProbeNames = Callable[[int, int], Optional[str]]  # (pid, handle) -> name the probes stored
 
 
 def _takes_handle(api: Optional[Api]) -> bool:
-    """True when a launch's `func` is a driver handle (CUfunction), not a code address."""
-    return api is not None and any(a.name == "func" and a.kind == Kind.HANDLE for a in api.args)
+    """True when a launch's `func` is a driver handle (CUfunction), not a code address (a
+    driver graph kernel node's too)."""
+    return api is not None and any((a.name == "func" and a.kind == Kind.HANDLE)
+                                   or (api.driver and a.kind == Kind.KERNEL_NODE)
+                                   for a in api.args)
 
 
 class KernelNamer:
@@ -164,9 +169,11 @@ class KernelNamer:
         handles created before the trace began). Launches left unnamed are counted."""
         inner = self._pair(launches, table)
         named = []
-        for i, (fn_id, pid, _, _, _, func) in enumerate(launches):
+        for i, (fn_id, pid, _, _, _, func, caller) in enumerate(launches):
             api = table[fn_id].name
             name = self.name_for(pid, api, func)
+            if name is None and caller:
+                name = self._learn_from_caller(pid, api, func, caller)
             if name is None and i not in inner:  # (a nested one is its outer launch again)
                 key = (pid, func, self._takes_handle(api))
                 self.unnamed[key] = self.unnamed.get(key, 0) + 1
@@ -177,11 +184,11 @@ class KernelNamer:
         """Teach unnamed driver handles the name of the runtime launch enclosing them; the
         indexes of the launches nested in another."""
         outer: Dict[int, List[Tuple[int, int, int, int, int]]] = {}  # tid -> runtime launches
-        for fn_id, pid, tid, enter, exit_, func in launches:
+        for fn_id, pid, tid, enter, exit_, func, _ in launches:
             if not table[fn_id].driver and exit_:
                 outer.setdefault(tid, []).append((enter, exit_, pid, fn_id, func))
         nested = set()
-        for i, (fn_id, pid, tid, enter, exit_, func) in enumerate(launches):
+        for i, (fn_id, pid, tid, enter, exit_, func, _) in enumerate(launches):
             if not table[fn_id].driver or tid not in outer:
                 continue
             for o_enter, o_exit, o_pid, o_fn, o_func in outer[tid]:
@@ -193,6 +200,18 @@ class KernelNamer:
                             self.handles[(pid, func)] = name
                     break
         return nested
+
+    def _learn_from_caller(self, pid: int, api: str, func: int,
+                           caller: int) -> Optional[str]:
+        """A runtime launch called from nvcc's `__device_stub__KERNEL` runs KERNEL: its func
+        (a cudaKernel_t made before the trace began, or a stub without a symbol) takes that
+        name. Any other caller says nothing of the kernel."""
+        frame = self.resolver.frame(pid, caller, return_address=True)
+        if frame is None or frame.function is None or not frame.function.startswith(STUB_PREFIX):
+            return None
+        kernel = frame.function[len(STUB_PREFIX):]  # Z6vecAddPf for _Z6vecAddPf; C names
+        self.handles[(pid, func)] = "_" + kernel if kernel.startswith("Z") else kernel
+        return self.name_for(pid, api, func)
 
     def unnamed_summary(self) -> Optional[str]:
         """One sentence counting the launches left unnamed, and why; None when all were."""

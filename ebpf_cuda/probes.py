@@ -14,7 +14,7 @@ Lost records and unpaired returns are counted in the per-CPU `stats` array.
 from typing import Hashable, List, NamedTuple, Tuple
 
 from . import aggregates, asm, layout, record
-from .apis import Api, arg_cells
+from .apis import Api, Kind, arg_cells
 from .arch import Arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,
                   W, Helper)
@@ -37,7 +37,7 @@ def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> H
     that equal shapes mean equal code)."""
     if not retprobe:
         args = "registers" if in_registers(api, arch) else tuple(
-            (arg.slot, arg.cells, arg.deref) for arg in api.args)
+            (arg.slot, arg.cells, arg.deref, arg.deref_at) for arg in api.args)
         return args, tuple(out.slot for out in api.outs)
     learn = tuple(_field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
     learn += ((),) if not api.returns_value else ()  # (a void function: its return is 0)
@@ -193,7 +193,7 @@ def _stash_in_task(api: Api, arch: Arch) -> Items:
         asm.ldx(DW, R1, R9, 0),
         asm.jlt(R1, record.TASK_DEPTH, "depth_ok"),
         asm.st(DW, R9, 0, 0),
-    ] + _count(record.STAT_INFLIGHT_FULL, "full") + [
+    ] + _count(record.STAT_INFLIGHT_FULL, "full", record.TASK_DEPTH) + [
         asm.mov(R1, 0),
         asm.Label("depth_ok"),
         asm.mov(R8, R1), asm.mul(R8, slot), asm.add(R8, R9), asm.add(R8, 8),
@@ -331,10 +331,15 @@ def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
     prog = []
     stack_runs: List[Tuple[int, int, int]] = []  # (first stack slot, first cell, count)
     used = 0
-    derefs: List[Tuple[int, int, int]] = []  # (register slot, first cell, bytes)
+    derefs: List[Tuple[int, int, int, int]] = []  # (register slot, first cell, bytes, at)
+    callers: List[int] = []  # cells of the caller's return address
     for arg, first in arg_cells(api):
+        if arg.kind == Kind.CALLER:
+            callers.append(first)
+            used = max(used, first + 1)
+            continue
         if arg.deref:
-            derefs.append((arg.slot, first, arg.deref))
+            derefs.append((arg.slot, first, arg.deref, arg.deref_at))
             used = max(used, first + arg.cells)
             continue
         for c in range(arg.cells):
@@ -357,12 +362,19 @@ def _load_args(api: Api, arch: Arch, ctx, base, offset: int) -> Items:
             asm.ldx(DW, R3, ctx, arch.sp), asm.add(R3, arch.stack_arg(k)),
             asm.call(Helper.PROBE_READ_USER),
         ]
-    for slot, cell, size in derefs:
+    for cell in callers:  # at entry the stack pointer points at the return address
+        prog += [
+            asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, 8),
+            asm.ldx(DW, R3, ctx, arch.sp),
+            asm.call(Helper.PROBE_READ_USER),
+        ]
+    for slot, cell, size, at in derefs:
         # A struct behind a pointer argument (e.g. a launch configuration); a bad pointer
         # leaves the cells zeroed by the helper.
         prog += [
             asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, size),
             asm.ldx(DW, R3, ctx, arch.arg(slot)),
+        ] + ([asm.add(R3, at)] if at else []) + [
             asm.call(Helper.PROBE_READ_USER),
         ]
     return prog
@@ -481,16 +493,16 @@ def _submit(options: ProbeOptions) -> Items:
     ]
 
 
-def _count(stat: int, tag: str = "") -> Items:
-    """stats[stat] += 1 on this CPU (a per-CPU slot needs no atomic); `tag` tells apart two
-    counts of one stat in a program."""
+def _count(stat: int, tag: str = "", amount: int = 1) -> Items:
+    """stats[stat] += amount on this CPU (a per-CPU slot needs no atomic); `tag` tells apart
+    two counts of one stat in a program."""
     label = "counted_%d%s" % (stat, tag)
     return [
         asm.st(W, FP, layout.STAT_KEY_AT, stat),
         asm.ld_map(R1, layout.STATS), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, label),
-        asm.ldx(DW, R1, R0, 0), asm.add(R1, 1), asm.stx(DW, R0, 0, R1),
+        asm.ldx(DW, R1, R0, 0), asm.add(R1, amount), asm.stx(DW, R0, 0, R1),
         asm.Label(label),
     ]
 

@@ -32,6 +32,7 @@ class Program:
         self.log = ""  # verifier log of the last load (empty unless asked for or failed)
         self._code: Optional[bytes] = None
         self._fd: Optional[syscalls.Fd] = None
+        self._perf_copy: Optional["Program"] = None
 
     @classmethod
     def from_bytes(cls, code: bytes, name: str = "", license: str = "GPL",
@@ -71,6 +72,19 @@ class Program:
             raise
         return self
 
+    def for_perf_event(self) -> "Program":
+        """This program as perf-event attachment takes it: loaded with expected_attach_type
+        0. Itself when it was; else (a program loaded for uprobe_multi links, which
+        PERF_EVENT_IOC_SET_BPF and perf-event links may refuse) a copy of the same code,
+        loaded on first use and unloaded with this one."""
+        if self.expected_attach_type == 0:
+            return self
+        if self._perf_copy is None or not self._perf_copy.loaded:
+            copy = Program.from_bytes(self.code, name=self.name, license=self.license,
+                                      prog_type=self.prog_type)
+            self._perf_copy = copy.load()
+        return self._perf_copy
+
     @property
     def loaded(self) -> bool:
         return self._fd is not None and not self._fd.closed
@@ -101,6 +115,8 @@ class Program:
         """Unload (the kernel frees it once no link or perf event holds it)."""
         if self._fd is not None:
             self._fd.close()
+        if self._perf_copy is not None:
+            self._perf_copy.close()
 
     def __enter__(self) -> "Program":
         return self

@@ -52,14 +52,17 @@ INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
 # u64 greeted (the thread's hello record was sent)}.
 INFLIGHT_SP = INFLIGHT_VALUE_SIZE
 TASK_SLOT = INFLIGHT_SP + 8
-TASK_DEPTH = 4  # calls in flight on one thread at once (runtime → driver nests 2 deep)
+TASK_DEPTH = 8  # calls in flight on one thread at once (runtime → driver nests 2 deep; a
+# deeper stack costs a return probe one skipped comparison per level, ~1 ns)
 TASK_GREETED = 8 + TASK_DEPTH * TASK_SLOT
 TASK_VALUE_SIZE = TASK_GREETED + 8
 
 # Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
 STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignored
-STAT_INFLIGHT_FULL = 2  # the entry could not be stored: the call is lost
+# Calls whose entry could not be kept: no task storage for the thread, or nested deeper than
+# TASK_DEPTH on it (the stack is emptied: its TASK_DEPTH calls are lost, counted here).
+STAT_INFLIGHT_FULL = 2
 STAT_STACK_LOST = 3  # a user stack could not be captured
 STAT_COUNT = 4
 

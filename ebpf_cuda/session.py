@@ -7,22 +7,26 @@
 It owns every file descriptor it opens and closes them all in `close()`, also when `start()`
 fails half-way. Reading the ring and naming kernels is stream.py's job.
 """
+import errno as errnos
 import os
 from typing import Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import aggregates, apis, discovery, layout, maps, probes, record
+from . import aggregates, apis, discovery, features, layout, maps, probes, record
 from .apis import Api
 from .arch import current as current_arch
 from .command import HeldCommand
-from .errors import AttachError, KernelError, TracerError, UsageError
-from .follow import ProcessFollower
+from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
+from .follow import GROUP_DEAD, ProcessFollower
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .targets import Target, find_targets, launch_at_driver_only
-from .uprobe import Link, attach_uprobe, attach_uprobe_multi, uprobe_multi_supported
+from .uprobe import (PATHS, UPROBE_MULTI, Link, attach_path, attach_uprobe,
+                     attach_uprobe_multi)
 from .workers import Workers, close_all
 
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
+# uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
+_NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
 Log = Callable[[str], None]
 
 
@@ -47,8 +51,8 @@ class Options(NamedTuple):
         """These options, or UsageError for a combination that cannot work."""
         if self.pid is not None and self.command:
             raise UsageError("give either a PID or a command, not both")
-        if self.api not in ("all", apis.RUNTIME, apis.DRIVER):
-            raise UsageError("--api must be runtime, driver or all, not %r" % self.api)
+        if self.api not in ("all",) + apis.LIBRARIES:
+            raise UsageError("--api must be runtime, driver, nccl or all, not %r" % self.api)
         if not self.emit and not (self.aggregate and self.return_probes):
             raise UsageError("without event records, in-kernel aggregation (with return "
                              "probes) is the only output")
@@ -163,7 +167,24 @@ class Session:
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
-        attach_type = EXPECTED_UPROBE_MULTI if uprobe_multi_supported() else 0
+        path = attach_path()  # what this kernel was found to take, not its version
+        self.log(features.report())
+        self.log("attach path: %s" % PATHS[path])
+        if self._follower is not None:
+            self.log("following the command's processes: a process is forgotten %s" % (
+                "when its last thread exits (sched_process_exit's group_dead)"
+                if self._follower.exit_rule == GROUP_DEAD else
+                "when its leader thread exits (this kernel's sched_process_exit has no "
+                "group_dead)"))
+        if self.options.return_probes:
+            hazard = features.return_probe_hazard(self.options.pid, bool(self.options.command))
+            if hazard is not None and (self.options.pid is not None or self.options.command):
+                raise UnsupportedKernelError(hazard)
+            if hazard is not None:
+                self.failures.append(hazard)
+        # Programs for perf-event attachment are loaded with expected_attach_type 0, those
+        # for uprobe_multi links with 48 (kernels differ in taking one for the other).
+        attach_type = EXPECTED_UPROBE_MULTI if path == UPROBE_MULTI else 0
         # With uprobe_multi links each probe carries its function's id as attach cookie, so
         # functions of one shape share their programs: fewer programs to verify at start.
         shared = attach_type == EXPECTED_UPROBE_MULTI
@@ -198,6 +219,10 @@ class Session:
         if api.teaches_names:
             # Their process must still live when they are read: no waiting to batch.
             options = options._replace(emit=True, wake_now=True)
+        elif api.library == apis.NCCL:
+            # Rare calls whose every record the NCCL table needs (its communicator, its
+            # sequence number), also with in-kernel aggregates.
+            options = options._replace(emit=True)
         return options
 
     def _log_targets(self) -> None:
@@ -227,18 +252,30 @@ class Session:
     def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
                 retprobe: bool, pid: Optional[int]) -> None:
         """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
-        links carry each site's function id as cookie."""
+        links carry each site's function id as cookie. A program loaded for uprobe_multi
+        whose link the kernel refuses falls back to perf-event uprobes (its copy loaded for
+        them, the function ids still in cookies)."""
         names = sorted({api_name for api_name, _, _ in sites})
+        shared = program.expected_attach_type == EXPECTED_UPROBE_MULTI
         try:
-            if uprobe_multi_supported():
-                self._links.append(attach_uprobe_multi(
-                    program, path, [off for _, _, off in sites],
-                    cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
-                    retprobe=retprobe, pid=pid, what=", ".join(names)))
-            else:
-                for _, symbol, offset in sites:
-                    self._links.append(attach_uprobe(program, path, offset, retprobe=retprobe,
-                                                     pid=pid, what=symbol))
+            multi = shared
+            if multi:
+                try:
+                    self._links.append(attach_uprobe_multi(
+                        program, path, [off for _, _, off in sites],
+                        cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
+                        retprobe=retprobe, pid=pid, what=", ".join(names)))
+                except AttachError as err:
+                    if err.errno in _NOT_THE_LINK:
+                        raise
+                    self.log("uprobe_multi link refused (%s): attaching perf-event uprobes "
+                             "instead" % err)
+                    multi = False
+            if not multi:
+                for api_name, symbol, offset in sites:
+                    self._links.append(attach_uprobe(
+                        program, path, offset, retprobe=retprobe, pid=pid, what=symbol,
+                        cookie=apis.FN_ID[api_name] if shared else 0))
         except AttachError as err:
             self.failures.append(str(err))
             self.log("not traced: %s" % err)
@@ -267,15 +304,17 @@ class Session:
 
     def stats(self) -> Dict[str, int]:
         """Counters kept by the probes, summed over CPUs: `lost` records (ring buffer full),
-        `unpaired` returns (no entry seen)."""
+        `unpaired` returns (no entry seen: attached mid-call, or an entry dropped), `too_deep`
+        calls lost because their entry could not be kept (nested too deep on a thread)."""
         stats_map = self.maps.get(layout.STATS)
         if stats_map is None:
-            return {"lost": 0, "unpaired": 0}
+            return {"lost": 0, "unpaired": 0, "too_deep": 0}
 
         def total(index: int) -> int:
             return sum(stats_map[index])
 
-        return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY)}
+        return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
+                "too_deep": total(record.STAT_INFLIGHT_FULL)}
 
     def probe_name(self, pid: int, handle: int) -> Optional[str]:
         """The name the probes stored for (pid, handle), e.g. cuModuleGetFunction's."""

@@ -16,7 +16,7 @@ The file is emptied each time the formatter catches up, so it holds only the bac
 import errno
 import os
 import threading
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 from . import record
 
@@ -29,7 +29,7 @@ class Spool:
 
     def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
-        self._fd = _unnamed_file(directory)
+        self._fd, self.where = _unnamed_file(directory)  # where: the file, in words (-v)
         self._ready = threading.Condition()
         self._head = 0  # next byte to take
         self._tail = 0  # end of the frames put
@@ -125,15 +125,29 @@ class Spool:
             self._fd = -1
 
 
-def _unnamed_file(directory: Optional[str]) -> int:
+def _unnamed_file(directory: Optional[str]) -> Tuple[int, str]:
     """A file without a name in `directory` (default $TMPDIR or /tmp): gone with its last
-    descriptor, also when the tracer is killed."""
+    descriptor, also when the tracer is killed. (fd, where it lives, in words).
+
+    O_TMPFILE makes it nameless from the start. A file system that refuses O_TMPFILE (9p,
+    some FUSE and network file systems, old kernels) gets a named file, created exclusively
+    and unlinked at once: nameless too, except for the instant between the two calls (a
+    tracer killed just then leaves an empty ebpf-cuda-spool-* file behind).
+    """
     directory = directory or os.environ.get("TMPDIR") or "/tmp"
     try:
-        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        return fd, "an unnamed file (O_TMPFILE) in %s" % directory
     except OSError as err:
         if err.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             raise
-    import tempfile  # a file system without O_TMPFILE: a named file, unlinked at once
+    import tempfile
 
-    return os.dup(tempfile.TemporaryFile(dir=directory).fileno())
+    fd, name = tempfile.mkstemp(prefix="ebpf-cuda-spool-", dir=directory)  # 0600, O_EXCL
+    try:
+        os.unlink(name)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, ("%s, unlinked at once (%s refuses O_TMPFILE)"
+                % (name, directory))

@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from . import record
 from .command import alive
 from .events import Decoder, Event
+from .graphs import GraphTracker
 from .losses import Losses
 from .names import KernelNamer
 from .session import Session
@@ -43,6 +44,7 @@ class Stream:
     def __init__(self, session: Session, names: KernelNamer, decoder: Decoder) -> None:
         self.session = session
         self.names = names
+        self.graphs = GraphTracker(names)  # each graph from its calls (graphs.py)
         self.decoder = decoder
         self.teaching = {i for i, api in enumerate(decoder.table)
                          if api.learn_name or api.learn_func or api.learn_alias}
@@ -98,8 +100,16 @@ class Stream:
     def decode(self, frames: bytes) -> List[Event]:
         """The events of a batch the stream has read (its names already learned)."""
         events = self.decoder.decode_batch(frames)
-        self.names.annotate(events)
+        self.annotate(events)
         return events
+
+    def annotate(self, events: List[Event]) -> None:
+        """What decoded events get besides their record: the names teaching calls taught,
+        what graph launches ran and which launches a capture recorded (graphs.py). Events
+        are annotated once, in order, by whoever decodes them for the outputs (this
+        thread, or the lines thread behind a spool)."""
+        self.names.annotate(events)
+        self.graphs.annotate(events)
 
     def _target_gone(self) -> bool:
         command = self.session.command
@@ -126,7 +136,8 @@ class Stream:
         sinks = list(sinks)
         lines = lines_only(sinks)
         if lines is not None:
-            lines.annotate = self.names.annotate
+            lines.annotate = self.annotate
+            lines.detour = self.graphs  # graph calls, and work while a stream captures
         self._spool = None
         self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
                                          goes_on=self.session.command is not None)
@@ -134,6 +145,8 @@ class Stream:
             return self._save_only(save, outputs)
         if lines is not None and save is None and spool is not None:
             return self._spooled(lines, spool, notice, outputs)
+        if lines is not None and save is None:
+            lines.prepare(self.decoder)
         outputs.header()
         try:
             for frames in self.frames():
@@ -218,7 +231,8 @@ class Stream:
         stops spooling and counts the records instead."""
         self._spool = spool
         behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
-        writer.namer = self.names.found_names()
+        writer.namer = self.graphs.namer = self.names.found_names()
+        writer.prepare(behind)  # (before the command runs: no write error, if it fails)
         failed: List[BaseException] = []  # the lines thread's error, for this thread
         outputs.header()  # before the command runs: the header comes first
         thread = threading.Thread(target=_write_spooled,

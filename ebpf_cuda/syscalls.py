@@ -71,6 +71,7 @@ UPROBE_PMU_ENV = "EBPF_CUDA_SYSFS_UPROBE"
 _PROG_LOAD_ATTR_SIZE = 144  # through log_true_size (offset 140)
 _LOAD_RETRIES = 5  # EAGAIN retries, as libbpf
 _LOG_START = 1 << 20
+_LOG_MIN = 128  # kernels before 6.4 refuse a smaller log buffer (EINVAL)
 _LOG_MAX = 1 << 30  # the kernel's own cap on log_size (UINT_MAX >> 2)
 
 _PRIVILEGE_HINT = ("needs root or CAP_BPF and CAP_PERFMON (CAP_SYS_ADMIN on kernels before "
@@ -323,7 +324,10 @@ def _load_once(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_l
 
 def _load_with_log(prog_type: int, insns: ctypes.Array, license: ctypes.Array, name: bytes,
                    expected_attach_type: int, size: int) -> Tuple[int, int, str]:
-    """Load with log_level 1, growing the buffer on ENOSPC -> (fd or -1, errno, log)."""
+    """Load with log_level 1, growing the buffer on ENOSPC -> (fd or -1, errno, log).
+
+    Kernels before 6.4 report no log_true_size: the buffer then grows fourfold each time."""
+    size = max(size, _LOG_MIN)
     while True:
         log = ctypes.create_string_buffer(size)
         res, err, true_size = _load_once(prog_type, insns, license, BPF_LOG_LEVEL1, log, name,
@@ -441,7 +445,9 @@ def prog_info(fd: int) -> ProgInfo:
 
 @dataclass
 class LinkInfo:
-    """struct bpf_link_info; the uprobe fields are filled for perf-event and uprobe_multi links."""
+    """struct bpf_link_info; the uprobe fields are filled for perf-event and uprobe_multi links
+    when the kernel reports them (`details`): uprobe_multi links always (6.8+), perf-event
+    links from 6.6 (before, their info has only type and ids)."""
 
     type: int
     id: int
@@ -451,6 +457,7 @@ class LinkInfo:
     cookies: List[int] = field(default_factory=list)
     retprobe: bool = False
     pid: int = 0
+    details: bool = False
 
 
 _LINK_INFO_SIZE = 64
@@ -483,6 +490,7 @@ def _perf_link_info(fd: int, info: LinkInfo) -> None:
     info.path = os.fsdecode(path.value)
     info.offsets, info.cookies = [offset], [cookie]
     info.retprobe = ptype == BPF_PERF_EVENT_URETPROBE
+    info.details = True
 
 
 def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
@@ -504,6 +512,7 @@ def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
     info.offsets, info.cookies = list(offsets[:count]), list(cookies[:count])
     info.retprobe = bool(flags & BPF_F_UPROBE_MULTI_RETURN)
     info.pid = pid
+    info.details = bool(path.value)
 
 
 # ------------------------------------------------------------------------------------------

@@ -71,25 +71,31 @@ def launch_at_driver_only(targets: List[Target], log: Log) -> List[Target]:
 
 def _library_paths(selected: Sequence[Api], pid: Optional[int], command: Sequence[str],
                    log: Log) -> List[str]:
-    kinds = [kind for kind in (apis.RUNTIME, apis.DRIVER)
-             if any(a.library == kind for a in selected)]
+    kinds = [kind for kind in apis.LIBRARIES if any(a.library == kind for a in selected)]
     found: List[str] = []
     for kind in kinds:
         paths = _find_library(kind, pid, command)
         if not paths:
-            log("no CUDA %s library found; %s calls are not traced" % (kind, kind))
+            log("no %s library found; %s calls are not traced"
+                % ("NCCL" if kind == apis.NCCL else "CUDA " + kind, kind))
         found += [p for p in paths if p not in found]
     if not found:
         where = ("process %d" % pid if pid is not None
                  else "command %s" % command[0] if command else "this machine")
-        raise TracerError("no CUDA library (libcudart or libcuda) found for %s; name one "
-                          "with -p PATH" % where)
+        names = " or ".join(_LIBRARY_NAMES[kind] for kind in kinds)
+        raise TracerError("no %s library (%s) found for %s; name one with -p PATH"
+                          % ("NCCL" if kinds == [apis.NCCL] else "CUDA", names, where))
     return found
 
 
+_LIBRARY_NAMES = {apis.RUNTIME: "libcudart", apis.DRIVER: "libcuda", apis.NCCL: "libnccl"}
+
+
 def _find_library(kind: str, pid: Optional[int], command: Sequence[str]) -> List[str]:
-    """Runtime or driver library files for the target: those a process has mapped (else
-    those it would find: a probe on a file applies to every process mapping it later)."""
+    """Runtime, driver or NCCL library files for the target: those a process has mapped
+    (else those it would find: a probe on a file applies to every process mapping it later)."""
+    if kind == apis.NCCL:
+        return discovery.nccl_libraries(pid, command)
     driver = kind == apis.DRIVER
     if pid is not None:
         found = (discovery.driver_libraries_in_process(pid) if driver

@@ -5,6 +5,9 @@ Two ways, both ending in an fd-owning `Link` whose close() detaches:
   BPF_PERF_EVENT link (with a cookie), or by the older PERF_EVENT_IOC_SET_BPF ioctl;
 - `attach_uprobe_multi`: one BPF_TRACE_UPROBE_MULTI link for many offsets of one file
   (Linux 6.6+, see `uprobe_multi_supported`).
+Which one a kernel takes is found by trying (`attach_path`), never from its version. The
+legacy tracefs `uprobe_events` interface is not used: every kernel with BPF ring buffers
+(5.8+, which the tracer needs) has the uprobe PMU (4.17+).
 """
 import errno as errnos
 import os
@@ -16,6 +19,14 @@ from .programs import EXPECTED_UPROBE_MULTI, Program
 from .syscalls import Fd, LinkInfo
 
 ProgramRef = Union[Program, int]
+
+UPROBE_MULTI, PERF_LINK, PERF_IOCTL = "uprobe_multi", "perf_link", "perf_ioctl"
+PATHS = {
+    UPROBE_MULTI: "uprobe_multi links (one per program and file; function ids in cookies)",
+    PERF_LINK: "perf-event uprobes joined by BPF links (one per function and file)",
+    PERF_IOCTL: "perf-event uprobes joined by PERF_EVENT_IOC_SET_BPF (no BPF links, "
+                "no cookies)",
+}
 
 _TRIVIAL_PROGRAM = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0,  # r0 = 0
                           0x95, 0, 0, 0, 0, 0, 0, 0])  # exit
@@ -72,11 +83,6 @@ def _prog_fd(program: ProgramRef) -> int:
     return program.fd if isinstance(program, Program) else int(program)
 
 
-def _is_multi_type(program: ProgramRef) -> bool:
-    return isinstance(program, Program) and \
-        program.expected_attach_type == EXPECTED_UPROBE_MULTI
-
-
 def _place(path: str, offsets: Sequence[int], what: str) -> str:
     label = "%s in " % what if what else ""
     where = ", ".join("0x%x" % o for o in offsets)
@@ -130,9 +136,12 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
 
     `pid` limits the probe to one process; `cookie` is what get_attach_cookie returns;
     `what` is a human label (the function name) for error messages. A program loaded for
-    uprobe_multi is attached by ioctl (no cookie possible).
+    uprobe_multi links is attached as its copy loaded for perf events
+    (`Program.for_perf_event`): kernels differ in whether they take the other.
     """
     _check_offsets([offset])
+    if isinstance(program, Program):
+        program = program.for_perf_event()
     prog_fd = _prog_fd(program)
     kind = "uretprobe" if retprobe else "uprobe"
     real = resolve_path(path, what)
@@ -141,7 +150,7 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
     except KernelError as err:
         raise _attach_error(err, kind, real, [offset], what) from None
     try:
-        fds = _bind_program(pfd, prog_fd, cookie, _is_multi_type(program))
+        fds = _bind_program(pfd, prog_fd, cookie)
         syscalls.perf_event_enable(pfd.value)
     except KernelError as err:
         pfd.close()
@@ -149,18 +158,17 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
     return Link(fds, real, [offset], retprobe, pid, what, has_bpf_link=len(fds) == 2)
 
 
-def _bind_program(pfd: Fd, prog_fd: int, cookie: int, multi_type: bool) -> List[Fd]:
+def _bind_program(pfd: Fd, prog_fd: int, cookie: int) -> List[Fd]:
     """Join program and perf event: a BPF link (5.15+), else the SET_BPF ioctl (no cookie).
 
-    A program loaded for uprobe_multi (expected_attach_type 48) is refused by perf links
-    (EINVAL, observed on 6.18) but accepted by the ioctl, so it takes the ioctl path.
+    The program must have been loaded with expected_attach_type 0: perf links refuse one
+    loaded for uprobe_multi (EINVAL), and the ioctl takes it on some 6.18 builds only.
     """
-    if not multi_type and perf_links_supported():
+    if perf_links_supported():
         return [syscalls.link_create_perf_event(prog_fd, pfd.value, cookie), pfd]
     if cookie:
         raise UnsupportedKernelError(
-            "uprobe cookies need a BPF perf-event link (Linux 5.15+) and a program loaded "
-            "with expected_attach_type 0")
+            "uprobe cookies need BPF perf-event links (Linux 5.15+), which this kernel lacks")
     syscalls.perf_event_set_bpf(pfd.value, prog_fd)
     return [pfd]
 
@@ -178,6 +186,14 @@ def perf_links_supported() -> bool:
             except KernelError as err:
                 _perf_links_supported = err.errno == errnos.EBADF
     return _perf_links_supported
+
+
+def attach_path() -> str:
+    """How this kernel's probes are attached (UPROBE_MULTI, PERF_LINK or PERF_IOCTL; PATHS
+    says each in words), from what it was found to accept."""
+    if uprobe_multi_supported():
+        return UPROBE_MULTI
+    return PERF_LINK if perf_links_supported() else PERF_IOCTL
 
 
 def attach_uprobe_multi(program: ProgramRef, path: str, offsets: Sequence[int],

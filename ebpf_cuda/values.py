@@ -11,14 +11,17 @@ cannot disagree; text.py, jsonl.py and chrome_trace.py format decoded values wit
 A row's shown values are its `Field`s: one per shown argument, except that a launch
 configuration (cudaLaunchKernelExC, cuLaunchKernelEx) becomes grid, block, smem and stream,
 and cuLaunchKernel's six unsigned ints gridX..blockZ become the dim3 `grid` and `block`: every
-launch event carries its geometry the same way.
+launch event carries its geometry the same way. An NCCL call with a count and a datatype also
+carries its `bytes` (count x the datatype's size). CUDA graph node parameters read through a
+pointer become the fields graphs.py reads: a kernel node's func, grid, block and smem, a
+memset node's ptr, value and size, a copy extent's size.
 """
 import struct
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import record
-from .apis import Api, Kind, arg_cells
-from .cuda_enums import memcpy_kind_name
+from .apis import NCCL, UNIQUE_ID_CELLS, Api, Kind, Role, arg_cells
+from .cuda_enums import memcpy_kind_name, nccl_bytes, nccl_datatype_name, nccl_redop_name
 
 # Indexes in a record unpacked with record.LAYOUT: ts_enter, ts_exit, tid, pid, fn_id, phase,
 # flags, stack_id, comm, then the argument cells, the return value, the out-parameter cells.
@@ -55,7 +58,22 @@ SHAPES: Dict[str, Shape] = {
     Kind.MEMCPY_KIND: Shape(("_kind(f[{a}] & 0xFFFFFFFF)",), "%s", '"%s"'),  # names need no escapes
     Kind.DIM3: Shape((_U32, "f[{a}] >> 32", "f[{b}] & 0xFFFFFFFF"), "(%d,%d,%d)", "[%d,%d,%d]"),
     Kind.STRING: Shape((), "%s", None),  # not in the cells: names the probes learned
+    # No JSON template: NCCL calls take the decoder's path, where they get their
+    # communicator's rank, size, id and sequence number (nccl.py).
+    Kind.NCCL_COMM: Shape(("f[{a}]",), "0x%x", None, hex=True),
+    Kind.NCCL_DATATYPE: Shape(("_nccl_type(f[{a}] & 0xFFFFFFFF)",), "%s", '"%s"'),
+    Kind.NCCL_REDOP: Shape(("_nccl_op(f[{a}] & 0xFFFFFFFF)",), "%s", '"%s"'),
+    Kind.UNIQUE_ID: Shape(("_uid(f[{a}:{a} + %d])" % UNIQUE_ID_CELLS,), "%s", None),
+    Kind.MEMORY_TYPE: Shape(("_memtype(f[{a}] & 0xFFFFFFFF)",), "%s", '"%s"'),
+    Kind.NODES: Shape((), "%s", None),  # not in the cells: graphs.py adds them (nodes_text)
 }
+
+# CUmemorytype (cuda.h) by value; another value shows as its number.
+MEMORY_TYPES = {1: "Host", 2: "Device", 3: "Array", 4: "Unified"}
+
+
+def _memtype(value: int) -> str:
+    return MEMORY_TYPES.get(value) or str(value)
 
 _F32 = struct.Struct("<f")
 _U32_BYTES = struct.Struct("<I")
@@ -65,7 +83,20 @@ def _float(bits: int) -> float:
     return _F32.unpack(_U32_BYTES.pack(bits))[0]
 
 
-NAMESPACE: Dict[str, Any] = {"_kind": memcpy_kind_name, "_float": _float}  # for the expressions
+def unique_id_hash(data: bytes) -> str:
+    """A short name for bytes that identify something (an ncclUniqueId's): 12 hex digits."""
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=6).hexdigest()
+
+
+def _uid(cells: Sequence[int]) -> str:
+    return unique_id_hash(struct.pack("<%dQ" % len(cells), *cells))
+
+
+NAMESPACE: Dict[str, Any] = {"_kind": memcpy_kind_name, "_float": _float,  # for the expressions
+                             "_nccl_type": nccl_datatype_name, "_nccl_op": nccl_redop_name,
+                             "_nccl_bytes": nccl_bytes, "_uid": _uid, "_memtype": _memtype}
 
 
 class Field(NamedTuple):
@@ -98,6 +129,34 @@ def _config_fields(a: int) -> List[Field]:
 
 LAUNCH_CONFIG_FIELDS: Dict[str, str] = {f.name: f.kind for f in _config_fields(0)}
 
+_LOW, _HIGH = "f[%d] & 0xFFFFFFFF", "f[%d] >> 32"
+
+
+def _kernel_node_fields(a: int) -> List[Field]:
+    """cudaKernelNodeParams / CUDA_KERNEL_NODE_PARAMS read into cells a..a+4: func, then six
+    u32 dimensions from byte 8 (two to a cell, low half first), shared memory bytes."""
+    dims = tuple((_HIGH if i % 2 else _LOW) % (a + 1 + i // 2) for i in range(6))
+    return [Field("func", Kind.PTR, ("f[%d]" % a,)), Field("grid", Kind.DIM3, dims[:3]),
+            Field("block", Kind.DIM3, dims[3:]), Field("smem", Kind.U64, (_LOW % (a + 4),))]
+
+
+def _memset_node_fields(a: int) -> List[Field]:
+    """cudaMemsetParams / CUDA_MEMSET_NODE_PARAMS in cells a..a+4: dst, pitch, value and
+    elementSize (u32 each), width (elements), height: the bytes are their product."""
+    return [Field("ptr", Kind.PTR, ("f[%d]" % a,)), Field("value", Kind.UINT, (_LOW % (a + 2),)),
+            Field("size", Kind.SIZE, ("(%s) * f[%d] * f[%d]" % (_HIGH % (a + 2), a + 3, a + 4),))]
+
+
+def _extent_fields(a: int) -> List[Field]:
+    """A copy's extent (width in bytes, height, depth) in cells a..a+2: its bytes."""
+    return [Field("size", Kind.SIZE, ("f[%d] * f[%d] * f[%d]" % (a, a + 1, a + 2),))]
+
+
+# Kinds read through a pointer that become several fields (or one of another kind).
+_EXPANDED: Dict[str, Callable[[int], List[Field]]] = {
+    Kind.LAUNCH_CONFIG: _config_fields, Kind.KERNEL_NODE: _kernel_node_fields,
+    Kind.MEMSET_NODE: _memset_node_fields, Kind.EXTENT: _extent_fields}
+
 # cuLaunchKernel passes its geometry as six unsigned ints; its events carry them as dim3 like
 # every other launch. First scalar -> (the dim3's name, the other two scalars).
 _SPLIT_DIM3 = {"gridX": ("grid", "gridY", "gridZ"), "blockX": ("block", "blockY", "blockZ")}
@@ -111,8 +170,8 @@ def arg_fields(api: Api) -> List[Field]:
     inside = {n for rest in merged.values() for n in rest[1:]}
     fields: List[Field] = []
     for name, (arg, a) in shown.items():
-        if arg.kind == Kind.LAUNCH_CONFIG:
-            fields += _config_fields(a)
+        if arg.kind in _EXPANDED:
+            fields += _EXPANDED[arg.kind](a)
         elif name in merged:
             dim3, *others = merged[name]
             parts = _placed(Kind.UINT, a) + tuple(_placed(Kind.UINT, shown[n][1])[0]
@@ -120,6 +179,9 @@ def arg_fields(api: Api) -> List[Field]:
             fields.append(Field(dim3, Kind.DIM3, parts))
         elif name not in inside:
             fields.append(Field(name, arg.kind, _placed(arg.kind, a)))
+        if name == "datatype" and api.count in shown:
+            fields.append(Field("bytes", Kind.U64, ("_nccl_bytes(f[%d], f[%d] & 0xFFFFFFFF)"
+                                                    % (shown[api.count][1], a),)))
     return fields
 
 
@@ -135,7 +197,25 @@ def field_kinds(api: Api) -> Dict[str, str]:
     kinds.update((f.name, f.kind) for f in out_fields(api))
     if api.learn_name is not None:
         kinds["kernel_name"] = Kind.STRING  # the name its handle stands for, once learned
+    if api.library == NCCL:  # what its communicator adds (nccl.py)
+        kinds.update(NCCL_ADDED)
+    for name, kind in GRAPH_ADDED.get(api.role, {}).items():
+        kinds.setdefault(name, kind)
     return kinds
+
+
+# What graphs.GraphTracker adds to events, by the row's role: a graph launch's (or a
+# capture's) nodes, and `captured` (with the graph, when known) on work recorded into one.
+_CAPTURED = {"captured": Kind.STRING, "graph": Kind.HANDLE}
+_NODES = {"nodes": Kind.NODES, "nodes_reason": Kind.STRING}
+GRAPH_ADDED: Dict[Optional[str], Dict[str, str]] = {
+    Role.GRAPH_LAUNCH: dict(_NODES, **_CAPTURED), Role.CAPTURE_END: _NODES,
+    Role.LAUNCH: _CAPTURED, Role.COPY: _CAPTURED, Role.MEMSET: _CAPTURED}
+
+
+# What nccl.Communicators adds to an NCCL call's arguments, when known.
+NCCL_ADDED: Dict[str, str] = {"comm_id": Kind.STRING, "rank": Kind.INT, "nranks": Kind.INT,
+                              "device": Kind.INT, "seq": Kind.U64}
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -182,10 +262,35 @@ def text(kind: str, value: Any) -> str:
     shape = SHAPES.get(kind)
     if shape is None:
         return str(value)
+    if kind == Kind.NODES:
+        return nodes_text(value)
     try:
         return shape.text % (tuple(value) if len(shape.parts) > 1 else (value,))
     except TypeError:
         return str(value)
+
+
+def nodes_text(nodes: Optional[List[dict]]) -> str:
+    """A graph launch's nodes (graphs.py) as text lines show them: kernels in launch syntax
+    (`name<<<(4,1,1),(256,1,1),0>>>`), copies and memsets with their bytes, child graphs in
+    brackets; `unknown` when they are."""
+    if nodes is None:
+        return "unknown"
+    return "[%s]" % ", ".join(_node_text(node) for node in nodes)
+
+
+def _node_text(node: dict) -> str:
+    kind = node.get("type")
+    if kind == "kernel":
+        grid, block = node.get("grid") or (0, 0, 0), node.get("block") or (0, 0, 0)
+        return "%s<<<(%d,%d,%d),(%d,%d,%d),%d>>>" % (
+            node.get("kernel") or "0x%x" % (node.get("func") or 0), *grid, *block,
+            node.get("smem") or 0)
+    if kind == "memcpy":
+        return "memcpy %s bytes %s" % (node.get("size"), node.get("kind"))
+    if kind == "memset":
+        return "memset %s bytes" % node.get("size")
+    return "graph" + nodes_text(node.get("nodes"))
 
 
 def jsonable(values: Dict[str, Any]) -> Dict[str, Any]:

@@ -75,7 +75,10 @@ mount -t overlay -o lowerdir=%(cwd)s,upperdir=/tmp/.overlay/upper,workdir=/tmp/.
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /var/tmp
 mount -t bpf bpf /sys/fs/bpf 2>/dev/null
-ln -sf /proc/self/fd /dev/fd 2>/dev/null
+ln -sf /proc/self/fd /dev/fd 2>/dev/null  # as udev makes them
+ln -sf /proc/self/fd/0 /dev/stdin 2>/dev/null
+ln -sf /proc/self/fd/1 /dev/stdout 2>/dev/null
+ln -sf /proc/self/fd/2 /dev/stderr 2>/dev/null
 hostname ebpf-cuda-vm 2>/dev/null
 ip link set lo up 2>/dev/null
 export PATH=%(path)s HOME=%(home)s CI=%(ci)s TERM=dumb LANG=C.UTF-8

@@ -21,6 +21,7 @@ STREAM_BASE = 0x5000           # k-th stream: STREAM_BASE + k
 EVENT_BASE = 0xE000
 GRAPH_BASE = 0x6000
 EXEC_BASE = 0x7000
+NODE_BASE = 0x8000             # k-th graph node: NODE_BASE + k
 DEVICE_COUNT = 2
 MEM_FREE = 76 << 30
 MEM_TOTAL = 80 << 30
@@ -46,7 +47,17 @@ VARIANT_FUNCTIONS = (
     "cudaLaunchKernel_ptsz", "cudaMemcpy_ptds", "cudaMemcpyAsync_ptsz", "cudaMemsetAsync_ptsz",
     "cudaStreamSynchronize_ptsz", "cudaEventRecord_ptsz",
 )
-FAKE_FUNCTIONS = SEED_FUNCTIONS + MORE_FUNCTIONS + VARIANT_FUNCTIONS
+GRAPH_FUNCTIONS = (
+    "cudaStreamBeginCaptureToGraph", "cudaStreamBeginCaptureToGraph_ptsz",
+    "cudaThreadExchangeStreamCaptureMode", "cudaGraphCreate", "cudaGraphAddKernelNode",
+    "cudaGraphAddMemcpyNode", "cudaGraphAddMemcpyNode1D", "cudaGraphAddMemcpyNodeToSymbol",
+    "cudaGraphAddMemcpyNodeFromSymbol", "cudaGraphAddMemsetNode", "cudaGraphAddChildGraphNode",
+    "cudaGraphAddEmptyNode", "cudaGraphAddEventRecordNode", "cudaGraphAddEventWaitNode",
+    "cudaGraphInstantiateWithFlags", "cudaGraphInstantiateWithParams",
+    "cudaGraphInstantiateWithParams_ptsz", "cudaGraphExecKernelNodeSetParams",
+    "cudaGraphExecUpdate", "cudaGraphDestroy", "cudaGraphExecDestroy",
+)
+FAKE_FUNCTIONS = SEED_FUNCTIONS + MORE_FUNCTIONS + VARIANT_FUNCTIONS + GRAPH_FUNCTIONS
 
 # Keep every exported function's first instruction `push %rbp` (fakecudart.c repeats these
 # as a pragma) and give the symbols NVIDIA's version node.
@@ -66,9 +77,21 @@ def host_ptr(k: int) -> int:
 
 
 def wheel_libcudart() -> Optional[Path]:
-    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed."""
-    for entry in sys.path:
-        candidate = Path(entry or ".") / "nvidia" / "cuda_runtime" / "lib" / SONAME
+    """NVIDIA's libcudart.so.12 from the nvidia-cuda-runtime-cu12 wheel, if installed where
+    the running interpreter imports from (importlib finds the `nvidia.cuda_runtime` package,
+    which has no __init__ in some versions of the wheel; sys.path is searched too)."""
+    import importlib.util
+
+    folders = []
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        folders += [Path(folder) for folder in spec.submodule_search_locations]
+    folders += [Path(entry or ".") / "nvidia" / "cuda_runtime" for entry in sys.path]
+    for folder in folders:
+        candidate = folder / "lib" / SONAME
         if candidate.is_file():
             return candidate
     return None

@@ -34,10 +34,18 @@ def test_learning_rows_name_fields_they_have():
 def test_arguments_in_registers_and_on_the_stack_are_slots_not_overlapping():
     for api in apis.TABLE:
         slots = []
+        members = {}  # pointer slot -> bytes read from what it points to
         for arg in api.args:
+            if arg.deref and arg.slot in members:  # another member of the same struct
+                members[arg.slot] += range(arg.deref_at, arg.deref_at + arg.deref)
+                continue
+            if arg.deref:
+                members[arg.slot] = list(range(arg.deref_at, arg.deref_at + arg.deref))
             width = 1 if arg.deref else (2 if arg.kind == Kind.DIM3 else 1)
             slots += range(arg.slot, arg.slot + width)
         assert len(slots) == len(set(slots)), api.name
+        for read in members.values():
+            assert len(read) == len(set(read)), api.name
 
 
 def test_the_seed_functions_lead_the_table():
@@ -52,6 +60,14 @@ def test_the_seed_functions_lead_the_table():
 ROLE_OF_CATEGORY = {"launch": apis.Role.LAUNCH, "memcpy": apis.Role.COPY,
                     "memset": apis.Role.MEMSET}
 ROLES = {apis.Role.ALLOC, apis.Role.FREE, apis.Role.COPY, apis.Role.MEMSET, apis.Role.LAUNCH}
+GRAPH_ROLES = {apis.Role.CAPTURE_BEGIN, apis.Role.CAPTURE_END, apis.Role.GRAPH_CREATE,
+               apis.Role.KERNEL_NODE, apis.Role.COPY_NODE, apis.Role.MEMSET_NODE,
+               apis.Role.CHILD_NODE, apis.Role.EMPTY_NODE, apis.Role.INSTANTIATE,
+               apis.Role.EXEC_UPDATE, apis.Role.EXEC_KERNEL_UPDATE, apis.Role.GRAPH_DESTROY,
+               apis.Role.EXEC_DESTROY, apis.Role.GRAPH_LAUNCH}
+# Rows outside the graph category whose calls join streams to a capture (graphs.py).
+CAPTURE_JOINS = {"cudaEventRecord": apis.Role.EVENT_RECORD,
+                 "cudaStreamWaitEvent": apis.Role.STREAM_WAIT}
 DIRECTIONS = {apis.Direction.HTOH, apis.Direction.HTOD, apis.Direction.DTOH,
               apis.Direction.DTOD, apis.Direction.DEFAULT, apis.Direction.PEER,
               apis.Direction.FROM_KIND}
@@ -63,13 +79,15 @@ def _fields(api):
 
 def test_every_row_of_the_analysed_categories_has_its_role():
     for api in apis.TABLE:
-        assert api.role in ROLES | {None}, api.name
+        assert api.role in ROLES | GRAPH_ROLES | set(CAPTURE_JOINS.values()) | {None}, api.name
         if api.category == "memory":
             assert api.role in (apis.Role.ALLOC, apis.Role.FREE), api.name
         elif api.category in ROLE_OF_CATEGORY:
             assert api.role == ROLE_OF_CATEGORY[api.category], api.name
+        elif api.category == "graph":  # (the capture mode exchange changes no graph)
+            assert api.role in GRAPH_ROLES or "CaptureMode" in api.name, api.name
         else:
-            assert api.role is None, api.name
+            assert api.role == CAPTURE_JOINS.get(api.name), api.name
 
 
 def test_allocators_and_frees_name_their_pointer_size_and_family():
@@ -106,8 +124,9 @@ def test_copies_and_memsets_name_their_bytes_and_direction():
         if api.role == apis.Role.COPY:
             assert api.direction in DIRECTIONS, api.name
             assert (api.direction == apis.Direction.FROM_KIND) == (len(kinds) == 1), api.name
-        else:
-            assert api.direction is None and not kinds, api.name
+        else:  # (a memcpy node's kind is its own: the copy is not made now)
+            assert api.direction is None, api.name
+            assert not kinds or api.role == apis.Role.COPY_NODE, api.name
     assert apis.BY_NAME["cuMemsetD32_v2"].elem_size == 4
     assert apis.BY_NAME["cudaMemcpy2D"].size == ("width", "height")
     assert apis.BY_NAME["cuMemcpyDtoH_v2"].direction == apis.Direction.DTOH

@@ -11,7 +11,7 @@ from typing import List
 import pytest
 
 from ebpf_cuda.events import ENTER, EXIT, Event
-from ebpf_cuda.output.chrome_trace import ChromeTraceWriter, MemoryTracker, write_chrome_trace
+from ebpf_cuda.output.chrome_trace import ChromeTraceWriter, write_chrome_trace
 from helpers import event
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,12 +130,35 @@ def test_empty_trace_is_an_empty_array():
     assert render([]) == []
 
 
-def test_memory_tracker_ignores_unknown_frees_and_failed_calls():
-    tracker = MemoryTracker()
-    assert tracker.update(call("cudaFree", {"ptr": DEV}, 1)[1]) is None  # before tracing
-    assert tracker.update(call("cudaMalloc", {"size": 8}, 2, ret=2)[1]) is None
-    assert tracker.update(call("cudaFree", {"ptr": 0}, 3)[1]) is None
-    assert tracker.double_frees == 0 and tracker.leaks() == []
+def test_unknown_frees_and_failed_calls_change_no_memory():
+    events = (call("cudaFree", {"ptr": DEV}, 1_000)  # allocated before tracing
+              + call("cudaMalloc", {"size": 8}, 2_000, ret=2)
+              + call("cudaFree", {"ptr": 0}, 3_000))
+    trace = render(events)
+    assert of(trace, "C") == [] and [e["name"] for e in of(trace, "i")] == [
+        "cudaErrorInvalidValue"]
+
+
+def test_both_layers_count_once_in_memory_and_copies():
+    """cudaMalloc's cuMemAlloc_v2, cudaMemcpy's cuMemcpyHtoD_v2 and cudaFree's cuMemFree_v2
+    run inside them on the same thread (and return first): one allocation, one copy, one
+    free; freeing it again is one double free (its driver call inside it is not another)."""
+    events = []
+    for api, inner, args, outs, t in (
+            ("cudaMalloc", "cuMemAlloc_v2", {"size": 4000}, {"ptr": DEV}, 1_000_000),
+            ("cudaMemcpy", "cuMemcpyHtoD_v2", {"dst": DEV, "src": 0x1000, "size": 4000,
+                                               "kind": "HostToDevice"}, {}, 2_000_000),
+            ("cudaFree", "cuMemFree_v2", {"ptr": DEV}, {}, 3_000_000),
+            ("cudaFree", "cuMemFree_v2", {"ptr": DEV}, {}, 4_000_000)):
+        inner_args = {"ptr": DEV} if inner == "cuMemFree_v2" else dict(args)
+        inner_args.pop("kind", None)
+        events += [call(inner, inner_args, t + 100, duration_ns=300, outs=outs)[1],
+                   call(api, args, t, duration_ns=500, outs=outs)[1]]
+    trace = render(events)
+    assert [c["args"]["bytes"] for c in of(trace, "C", "live device memory")] == [4000, 0]
+    assert [c["args"] for c in of(trace, "C", "bytes copied")] == [{"Host-to-Device": 4000}]
+    assert [(m["args"]["api"], m["ts"]) for m in of(trace, "i", "double free")] == [
+        ("cudaFree", 4000.5)]  # an operation counts as its runtime call (--leaks too)
 
 
 _BIG = textwrap.dedent("""

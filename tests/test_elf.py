@@ -384,7 +384,7 @@ def test_dynamic_tags_match_pyelftools(build, flags):
 
 def test_dynamic_tags_of_system_files_match_pyelftools():
     for path in (Path("/usr/bin/python3"), CUDART):
-        if path.exists():
+        if path is not None and path.exists():
             elf = ElfFile(str(path.resolve()), allow_stripped=True)
             assert (elf.needed, elf.soname, elf.rpath, elf.runpath) == \
                 _pyelftools_tags(path.resolve()), path

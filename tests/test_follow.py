@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ebpf_cuda import tracepoints
+from ebpf_cuda import follow, tracepoints
 from ebpf_cuda.follow import ProcessFollower
 
 FORK_FORMAT = """name: sched_process_fork
@@ -37,8 +37,68 @@ def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root):
     assert open("/proc/self/mountinfo").read().count(" tracefs ") == before  # nothing left
 
 
+def without_group_dead(monkeypatch):
+    """Make this kernel's sched_process_exit look like 6.1's and 6.12's (no group_dead)."""
+    real = tracepoints.find_all
+
+    def find_all(wanted):
+        points = real(wanted)
+        return [p._replace(fields={k: v for k, v in p.fields.items() if k != "group_dead"})
+                for p in points]
+
+    monkeypatch.setattr(tracepoints, "find_all", find_all)
+
+
+@pytest.fixture(params=["as_found", "without_group_dead"])
+def exit_rule(request, monkeypatch):
+    """Each test twice: with the kernel's own exit tracepoint, and with it lacking
+    group_dead (the fallback: a process is forgotten when its leader thread exits)."""
+    if request.param == "without_group_dead":
+        without_group_dead(monkeypatch)
+        return follow.LEADER_EXIT
+    return None
+
+
 @pytest.mark.kernel
-def test_children_and_grandchildren_join_and_leave_the_followed_set(root):
+def test_exit_rule_follows_the_tracepoint_format(root, exit_rule):
+    follower = ProcessFollower()
+    try:
+        has_field = "group_dead" in tracepoints.find("sched", "sched_process_exit").fields
+        assert follower.exit_rule == (follow.GROUP_DEAD if has_field else follow.LEADER_EXIT)
+        if exit_rule is not None:
+            assert follower.exit_rule == exit_rule
+    finally:
+        follower.close()
+
+
+@pytest.mark.kernel
+def test_a_process_stays_followed_while_its_other_threads_exit(root, exit_rule):
+    script = ("import sys, threading\n"
+              "sys.stdin.readline()\n"
+              "threads = [threading.Thread(target=lambda: None) for _ in range(4)]\n"
+              "[t.start() for t in threads]; [t.join() for t in threads]\n"
+              "print('threads done', flush=True)\n"
+              "sys.stdin.readline()\n")
+    follower = ProcessFollower()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        follower.add(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "threads done\n"
+        assert proc.pid in follower.followed()  # its threads' exits did not remove it
+        proc.stdin.write("end\n")
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        time.sleep(0.1)
+        assert proc.pid not in follower.followed()
+    finally:
+        follower.close()
+
+
+@pytest.mark.kernel
+def test_children_and_grandchildren_join_and_leave_the_followed_set(root, exit_rule):
     script = ("import os, sys, time\n"
               "r, w = os.pipe()\n"
               "pid = os.fork()\n"

@@ -324,3 +324,197 @@ def test_decoder_nan_out_parameter_is_json():
     events = Decoder(clock_offset_ns=0).decode_record(payload)
     values = [v for v in events[-1].outs.values() if isinstance(v, float)]
     assert values and math.isnan(values[0])
+
+
+# -- saved traces (`ebpf-cuda report`) --------------------------------------------------------
+
+def _saved_frame(fn: str, ts: int, args=(), fn_id=None) -> bytes:
+    cells = list(args) + [0] * (record.ARG_CELLS - len(args))
+    payload = record.LAYOUT.pack(ts, ts + 700, 42, 42, apis.FN_ID[fn] if fn_id is None
+                                 else fn_id, record.PHASE_CALL, 0, 0, b"app", *cells, 0,
+                                 *[0] * record.OUT_CELLS)
+    return struct.pack("<II", len(payload), 0) + payload
+
+
+def good_trace(path: Path, frames=None) -> bytes:
+    """A small saved trace (three calls, a named kernel, a loss count) written by SaveWriter."""
+    from ebpf_cuda import savefile
+    from ebpf_cuda.losses import Losses
+
+    writer = savefile.open_save(str(path), apis.TABLE, 1_700_000_000 * 10 ** 9)
+    writer.write_frames(frames if frames is not None else b"".join(
+        [_saved_frame("cudaMalloc", 1000, (0x10, 4000)), _saved_frame("cudaFree", 2000, (1,)),
+         _saved_frame("cudaLaunchKernel", 3000, (0x4010, 1, 1, 1, 1))]))
+    writer.kernels[(42, 0x4010)] = "k"
+    writer.note_losses(Losses(ring_full=3))
+    writer.close()
+    return path.read_bytes()
+
+
+_HEADER_AT = {"version": (8, "<H"), "rsize": (10, "<H"), "offset": (12, "<q"),
+              "fbytes": (20, "<Q"), "nlen": (28, "<I")}
+
+
+def damage_trace(data: bytes, case: dict) -> bytes:
+    """A saved trace damaged as a corpus case describes it (by field, not by offset)."""
+    damaged = bytearray(data)
+    nlen = struct.unpack_from("<I", data, 28)[0]
+    fbytes = struct.unpack_from("<Q", data, 20)[0]
+    names_end = 32 + nlen
+    trailer_at = names_end + fbytes
+    if "frame_fn_id" in case:
+        struct.pack_into("<H", damaged, names_end + 8 + record.FN_ID, case["frame_fn_id"])
+    if "names_hex" in case:
+        names = bytes.fromhex(case["names_hex"])
+        damaged[32:names_end] = names
+        struct.pack_into("<I", damaged, 28, len(names))
+    if "trailer" in case or "trailer_hex" in case:
+        text = case.get("trailer")
+        if text is not None and text.startswith("nested:"):
+            depth = int(text.split(":")[1])
+            text = "[" * depth + "]" * depth
+        trailer = text.encode() if text is not None else bytes.fromhex(case["trailer_hex"])
+        damaged = damaged[:trailer_at] + trailer
+    for field, value in case.get("header", {}).items():
+        offset, fmt = _HEADER_AT[field]
+        if value == "size+1":
+            value = len(damaged) - names_end + 1
+        struct.pack_into(fmt, damaged, offset, value)
+    if "replace_hex" in case:
+        at, raw = case["replace_hex"]["at"], bytes.fromhex(case["replace_hex"]["hex"])
+        damaged[at:at + len(raw)] = raw
+    if "truncate" in case:
+        damaged = damaged[:case["truncate"]]
+    return bytes(damaged)
+
+
+SAVED_CASES = json.loads((CORPUS / "saved_traces.json").read_text())
+
+
+@pytest.mark.parametrize("case", SAVED_CASES, ids=[c["what"] for c in SAVED_CASES])
+def test_saved_trace_corpus_is_one_line_and_exit_12(tmp_path, case):
+    """`ebpf-cuda report` of each damaged trace: one line naming the file, exit 12
+    (DecodeError), no traceback."""
+    import os
+
+    from helpers import run_cli
+
+    path = tmp_path / "damaged.ebpfcuda"
+    data = good_trace(tmp_path / "good.ebpfcuda")
+    if case.get("fifo"):
+        os.mkfifo(path)
+    else:
+        path.write_bytes(damage_trace(data, case))
+    for outputs in (["-o", os.devnull], ["--summary", "--report", str(tmp_path / "r.html")]):
+        done = run_cli("report", path, *outputs, timeout=60)
+        assert "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.splitlines()
+        assert done.returncode == DecodeError.exit_code and len(lines) == 1, done.stderr
+        assert lines[0].startswith("ebpf-cuda: ") and str(path) in lines[0], lines[0]
+        for word in case["words"]:
+            assert word in lines[0], (word, lines[0])
+
+
+def test_saved_trace_good_base_reads(tmp_path):
+    from ebpf_cuda import savefile
+
+    good_trace(tmp_path / "good.ebpfcuda")
+    saved = savefile.load(str(tmp_path / "good.ebpfcuda"))
+    assert [e.api for e in saved if e.phase == "exit"] == ["cudaMalloc", "cudaFree",
+                                                           "cudaLaunchKernel"]
+    assert saved.kernels == {(42, 0x4010): "k"} and saved.losses.ring_full == 3
+    assert saved.incomplete() is None
+
+
+def _read_trace(path: Path) -> None:
+    """What `report` does with a trace, in this process: load, decode, every output."""
+    import io
+
+    from ebpf_cuda import savefile
+    from ebpf_cuda.errors import UsageError
+    from ebpf_cuda.output.jsonl import JsonWriter
+    from ebpf_cuda.output.text import TextWriter
+
+    try:
+        saved = savefile.load(str(path))
+        text, lines = TextWriter(io.StringIO(), namer=saved.namer), JsonWriter(io.StringIO())
+        for events in saved.batches():
+            text.write(events)
+            lines.write(events)
+        saved.losses.sentence()
+        saved.incomplete()
+    except (DecodeError, UsageError):
+        return
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=12),
+       st.integers(0, 1200) | st.none())
+def test_saved_trace_random_damage(tmp_path_factory, flips, cut):
+    folder = tmp_path_factory.mktemp("saved")
+    data = bytearray(good_trace(folder / "good.ebpfcuda"))
+    for at, byte in flips:
+        if at < len(data):
+            data[at] = byte
+    (folder / "d.ebpfcuda").write_bytes(bytes(data[:cut] if cut is not None else data))
+    _read_trace(folder / "d.ebpfcuda")
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_saved_trace_random_trailers(tmp_path_factory, trailer):
+    folder = tmp_path_factory.mktemp("saved")
+    data = good_trace(folder / "good.ebpfcuda")
+    nlen, fbytes = struct.unpack_from("<I", data, 28)[0], struct.unpack_from("<Q", data, 20)[0]
+    (folder / "d.ebpfcuda").write_bytes(data[:32 + nlen + fbytes] + trailer)
+    _read_trace(folder / "d.ebpfcuda")
+
+
+# -- bytes from the traced system: paths, comms, kernel names that are not UTF-8 -----------------
+
+# (parse_maps_line strips a path's ends, and ProcessMaps.parse splits saved text at every
+# line break str.splitlines knows: whitespace at the ends and those bytes are not kept)
+ODD_BYTES = st.binary(min_size=1, max_size=40).filter(
+    lambda b: not set(b) & set(b"\n\r\x0b\x0c\x1c\x1d\x1e\0") and b.strip() == b)
+
+
+@FUZZ
+@given(ODD_BYTES, ODD_BYTES, st.binary(min_size=16, max_size=16), ODD_BYTES)
+def test_non_utf8_paths_comms_and_kernel_names(tmp_path_factory, folder, name, comm, kernel):
+    """A maps line with any bytes in its path (as /proc shows it, os.fsdecode'd as
+    discovery.process_mappings reads it), a record with any comm, a kernel name of any bytes
+    from the probes' names map: parsed, named, written as text and JSON, never a crash."""
+    import io
+    import os
+
+    from ebpf_cuda import layout
+    from ebpf_cuda.analysis.kernels import Frame, ProcessMaps
+    from ebpf_cuda.names import KernelNamer
+    from ebpf_cuda.output.jsonl import JsonWriter
+    from ebpf_cuda.output.text import TextWriter
+    from ebpf_cuda.session import Session
+
+    path = os.fsdecode(b"/" + folder.replace(b"/", b"_") + b"/" + name.replace(b"/", b"_"))
+    maps = ProcessMaps.parse(42, "7f0000000000-7f0000001000 r-xp 00000000 08:01 1234 %s\n" % path)
+    assert [p for _, p in maps.mappings] == [path]
+    str(Frame("k\udcff", 4, path))
+    frame = _saved_frame("cuLaunchKernel", 1000, (0x99, 1, 1, 1, 1, 1, 1, 0, 0))
+    frame = frame[:8 + record.COMM] + comm + frame[8 + record.COMM + 16:]
+    events = list(Decoder(clock_offset_ns=0).decode_frames(frame))
+
+    class NamesMap:  # the probes' `names` map: the name bytes as the probe copied them
+        def get(self, key):
+            return kernel + b"\0" * 8
+
+    session = Session.__new__(Session)
+    session.maps = {layout.NAMES: NamesMap()}
+    learned = session.probe_name(42, 0x99)
+    namer = KernelNamer(probe_names=session.probe_name)
+    namer.handles[(42, 0x99)] = learned
+    for writer in (TextWriter(io.StringIO(), namer=namer), JsonWriter(io.StringIO(), namer=namer)):
+        writer.write(events)
+        for line in writer.stream.getvalue().splitlines():
+            line.encode("utf-8")  # what reaches a terminal or file is text
+    with open(os.devnull, "w") as null:  # and through a real file descriptor
+        writer = TextWriter(null, namer=lambda ev, addr: path)
+        writer.write(events)

@@ -272,9 +272,6 @@ def test_chrome_trace_has_a_slice_per_call_and_marks_device_leaks(runs, name):
     assert leaks == DEVICE_LEAKS  # documented: the trace follows device memory only
 
 
-@pytest.mark.xfail(strict=True, reason="output/chrome_trace.py still counts both layers (its "
-                   "own MemoryTracker and copy counters, not analysis.memory/layers): a "
-                   "cudaFree after its cuMemFree_v2 is a double free, a copy counts twice")
 @pytest.mark.parametrize("name", ["live.trace.json", "report.trace.json"])
 def test_chrome_trace_counts_copies_and_double_frees_once(runs, name):
     trace = _trace(runs["dir"] / name)

@@ -139,3 +139,31 @@ def test_console_script_target_exists():
     names |= {target.id for node in tree.body if isinstance(node, ast.Assign)
               for target in node.targets if isinstance(target, ast.Name)}
     assert "main" in names
+
+
+def _zipapp_main(tmp_path: Path) -> Path:
+    """The zipapp's __main__.py (a string in bundle.py, which vermin would not look into)."""
+    from ebpf_cuda import bundle
+
+    path = tmp_path / "zipapp_main.py"
+    path.write_text(bundle.MAIN)
+    return path
+
+
+def test_zipapp_main_is_python_3_8_compatible(tmp_path):
+    pytest.importorskip("vermin")
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from vermin import main; sys.exit(main())",
+         "-t=3.8-", "--no-tips", "--eval-annotations", "--violations",
+         str(_zipapp_main(tmp_path))], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(not hasattr(sys, "stdlib_module_names"), reason="needs Python 3.10+")
+def test_zipapp_main_imports_only_the_standard_library(tmp_path):
+    path = _zipapp_main(tmp_path)
+    assert _imported_top_level_names(path) - set(sys.stdlib_module_names) == {"ebpf_cuda"}
+    # at module level only what Python has imported before running a zipapp's __main__
+    top = {alias.name for node in ast.parse(path.read_text()).body
+           if isinstance(node, ast.Import) for alias in node.names}
+    assert top == {"os", "stat", "sys"}

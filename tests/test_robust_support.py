@@ -118,7 +118,9 @@ def _next_link_id(start: int) -> Optional[int]:
 
 
 def links_on(path: Path) -> List[syscalls.LinkInfo]:
-    """Every uprobe BPF link in the kernel (any process) whose file is `path`."""
+    """Every uprobe BPF link in the kernel (any process) whose file is `path`. Kernels before
+    6.6 do not say which file a perf-event link probes (`details`): there every perf-event
+    link of an ebpf-cuda program (named cuda*) counts."""
     real, found, link_id = os.path.realpath(path), [], 0
     while True:
         link_id = _next_link_id(link_id)
@@ -135,8 +137,28 @@ def links_on(path: Path) -> List[syscalls.LinkInfo]:
             continue
         finally:
             os.close(fd)
-        if info.path == real:
+        if info.path == real or (not info.details and _ours(info)):
             found.append(info)
+
+
+BPF_PROG_GET_FD_BY_ID = 13
+
+
+def _ours(info: syscalls.LinkInfo) -> bool:
+    """A perf-event link of an ebpf-cuda program."""
+    if info.type != syscalls.BPF_LINK_TYPE_PERF_EVENT:
+        return False
+    attr = ctypes.create_string_buffer(16)
+    struct.pack_into("<I", attr, 0, info.prog_id)
+    fd, _ = syscalls.bpf_raw(BPF_PROG_GET_FD_BY_ID, attr)
+    if fd < 0:
+        return False
+    try:
+        return syscalls.prog_info(fd).name.startswith("cuda")
+    except KernelError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def wait_for(predicate, timeout: float = 10, what: str = "condition") -> None:

@@ -1,6 +1,7 @@
 """The spool between the ring reader and the lines thread (ebpf_cuda/spool.py): order, the
 file emptied when the reader of it catches up, drops counted past the limit or on a write
 error, abandon."""
+import errno
 import os
 import resource
 import signal
@@ -118,3 +119,46 @@ def test_no_frame_fits_a_limit_below_one_frame(tmp_path, limit):
     spool = Spool(str(tmp_path), limit=limit)
     spool.put(frames(0, 1))
     assert spool.dropped == 1 and spool.backlog == 0
+
+
+def _refuse_o_tmpfile(monkeypatch):
+    """os.open as on a file system without O_TMPFILE (9p, overlayfs before 6.6, ...)."""
+    real = os.open
+
+    def fake_open(path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return real(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+
+
+def test_spool_file_is_unnamed_from_the_start(tmp_path):
+    spool = Spool(str(tmp_path))
+    assert "O_TMPFILE" in spool.where and str(tmp_path) in spool.where
+    assert os.listdir(tmp_path) == []
+    spool.discard()
+
+
+def test_without_o_tmpfile_a_named_file_is_unlinked_at_once(tmp_path, monkeypatch):
+    _refuse_o_tmpfile(monkeypatch)
+    spool = Spool(str(tmp_path))
+    try:
+        assert os.listdir(tmp_path) == []  # no name left behind
+        target = os.readlink("/proc/self/fd/%d" % spool._fd)
+        assert target.startswith(str(tmp_path / "ebpf-cuda-spool-")) and "(deleted)" in target
+        assert "unlinked at once" in spool.where and "ebpf-cuda-spool-" in spool.where
+        assert not os.get_inheritable(spool._fd)
+        consumer_got = []
+        spool.put(frames(0, 5))
+        spool.close()
+        consumer_got.extend(n for chunk in spool for n in numbers(chunk))
+        assert consumer_got == [0, 1, 2, 3, 4] and spool.dropped == 0
+    finally:
+        spool.discard()
+
+
+def test_other_errors_are_not_hidden_by_the_fallback(tmp_path):
+    with pytest.raises(OSError) as info:
+        Spool(str(tmp_path / "missing"))
+    assert info.value.errno == errno.ENOENT

@@ -177,7 +177,7 @@ def _error_table(agg: Aggregates) -> str:
     title = " ** CUDA API Errors:\n\n"
     if not agg.errors:
         return title + " (no errors)"
-    rows = [(integer(count), str(code), error_name(code, BY_NAME[api].driver), api)
+    rows = [(integer(count), str(code), error_name(code, BY_NAME[api].library), api)
             for (api, code), count in sorted(agg.errors.items(),
                                              key=lambda i: (-i[1], i[0][0], i[0][1]))]
     return title + table(("Count", "Code", "Error", "Name"), rows, left=(2, 3))

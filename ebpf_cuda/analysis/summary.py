@@ -5,7 +5,10 @@
 
 plus memory operations by size (cuda_gpu_mem_size_sum: sizes by copy direction), duration
 percentiles per function, effective bandwidth of synchronous copies, errors by function and
-code, and kernels by launch count with their geometry. Durations are those of the API calls
+code, and kernels by launch count with their geometry: each kernel a graph launch ran counts
+too (its nodes, from graphs.py), and a launch a stream capture recorded into a graph counts
+as captured, not as run (the table then says how many ran inside graphs, how many were
+captured). Durations are those of the API calls
 (host side): a kernel launch's duration is the launch call, not the kernel's run on the GPU.
 Only completed calls (exit events) count. What a call is (copy, memset, launch), its
 direction and bytes come from the function table's roles (operations.py); with both layers
@@ -15,6 +18,7 @@ import math
 from collections import Counter, defaultdict
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..apis import BY_NAME, Role
 from ..events import EXIT, Event
 from ._table import decimal, integer, table
 from .layers import LayerFilter
@@ -73,10 +77,16 @@ class Summary:
         self.copies: Dict[str, List[int]] = defaultdict(list)  # operation → sizes
         self.sync_copies: Dict[str, List[Tuple[int, int]]] = defaultdict(list)  # (bytes, ns)
         self.launches: Counter = Counter()  # (pid, func, grid, block, smem) → launches
+        self.in_graphs: Counter = Counter()  # the same keys → of those, run by graph launches
+        self.captured: Counter = Counter()  # the same keys → recorded into graphs, not run
         self._names: Dict[Tuple[int, int], Optional[str]] = {}
         # Both layers traced: a copy counts as its runtime call, a launch as its driver call.
         self._copy_layers = LayerFilter()
         self._launch_layers = LayerFilter()
+        self._graph_layers = LayerFilter()  # cudaGraphLaunch's cuGraphLaunch: one launch
+        from .collectives import CollectiveSummary  # (it uses this module's stats)
+
+        self.collectives = CollectiveSummary()  # NCCL calls per communicator
 
     def add(self, events: Iterable[Event]) -> None:
         """Account for completed calls; other events are ignored."""
@@ -86,13 +96,18 @@ class Summary:
 
     def _add(self, event: Event) -> None:
         self.durations[event.api].append(event.duration_ns or 0)
+        self.collectives.add(event)
         if event.ret:
             self.errors[(event.api, event.ret, event.ret_name)] += 1
             return
         if is_launch(event):
             if self._launch_layers.inner(event):
                 self.add_launch(event.pid, event.api, event.args["func"],
-                                launch_geometry(event.args), event=event)
+                                launch_geometry(event.args), event=event,
+                                captured=bool(event.outs.get("captured")))
+        elif event.outs.get("nodes") and _is_graph_launch(event):
+            if self._graph_layers.inner(event):
+                self._graph_ran(event.pid, event.api, event.outs["nodes"])
         elif copy_operation(event) is not None:
             for copy in self._copy_layers.outer(event):
                 self._copied(copy)
@@ -106,14 +121,32 @@ class Summary:
                 self.sync_copies[operation].append((size, event.duration_ns or 0))
 
     def add_launch(self, pid: int, api: str, func: int, geometry: Geometry, count: int = 1,
-                   event: Optional[Event] = None) -> None:
+                   event: Optional[Event] = None, captured: bool = False,
+                   in_graph: bool = False, name: Optional[str] = None) -> None:
         """Count `count` successful launches of kernel `func` by function `api` (one GPU
         launch through both layers counts once, as the driver launch: its kernel handle
-        names every kernel, cuBLAS's and Triton's too)."""
+        names every kernel, cuBLAS's and Triton's too). `captured`: recorded into a graph
+        by a stream capture, not run; `in_graph`: run by a graph launch, its kernel `name`
+        as the graph's node has it."""
         key = (pid, func)
-        if key not in self._names:
-            self._names[key] = self._name(pid, api, func, event)
-        self.launches[key + tuple(geometry)] += count
+        if key not in self._names:  # (asked once: the process may be gone later)
+            self._names[key] = name if in_graph else self._name(pid, api, func, event)
+        elif name and not self._names[key]:
+            self._names[key] = name
+        counts = self.captured if captured else self.launches
+        counts[key + tuple(geometry)] += count
+        if in_graph:
+            self.in_graphs[key + tuple(geometry)] += count
+
+    def _graph_ran(self, pid: int, api: str, nodes: List[dict]) -> None:
+        """Count the kernels of a graph launch's nodes (child graphs' too)."""
+        for node in nodes:
+            if node.get("type") == "kernel":
+                geometry = (_dim3(node.get("grid")), _dim3(node.get("block")), node.get("smem"))
+                self.add_launch(pid, api, node.get("func") or 0, geometry, in_graph=True,
+                                name=node.get("kernel"))
+            elif node.get("type") == "graph" and node.get("nodes"):
+                self._graph_ran(pid, api, node["nodes"])
 
     def _name(self, pid: int, api: str, func: int, event: Optional[Event]) -> Optional[str]:
         """The kernel name: by (pid, api, func) when the namer can (KernelNamer.name_for),
@@ -145,9 +178,15 @@ class Summary:
             for launch in launches(aggregates):
                 self.add_launch(launch.pid, launch.api, launch.func, launch.geometry,
                                 launch.count)
-            return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()])
+            return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()]
+                               + self._nccl_tables())
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
-                            self.bandwidth_table(), self.error_table(), self.kernel_table()])
+                            self.bandwidth_table(), self.error_table(), self.kernel_table()]
+                           + self._nccl_tables())
+
+    def _nccl_tables(self) -> List[str]:
+        """The NCCL table, when NCCL collectives or point-to-point calls were seen."""
+        return [self.collectives.table()] if self.collectives else []
 
     def api_table(self) -> str:
         """cuda_api_sum: time spent per function."""
@@ -239,23 +278,40 @@ class Summary:
     def kernel_table(self) -> str:
         """Kernels by launch count, with their geometry."""
         title = " ** Kernel Launches:\n\n"
-        if not self.launches:
+        if not self.launches and not self.captured:
             return title + " (no kernel launches)"
         names = self.kernel_names()
-        merged: Counter = Counter()
-        for (pid, func, grid, block, smem), count in self.launches.items():
-            merged[(names[(pid, func)], _dims(grid), _dims(block),
-                    "-" if smem is None else integer(smem))] += count
-        rows = [(integer(count), grid, block, smem, clip(name, KERNEL_NAME_WIDTH))
-                for (name, grid, block, smem), count
-                in sorted(merged.items(), key=lambda item: (-item[1], item[0]))]
-        return title + table(("Launches", "Grid", "Block", "Smem (bytes)", "Kernel"), rows,
-                             left=(1, 2, 4))
+        merged: Dict[tuple, List[int]] = defaultdict(lambda: [0, 0, 0])  # run, in graphs, captured
+        for column, counts in enumerate((self.launches, self.in_graphs, self.captured)):
+            for (pid, func, grid, block, smem), count in counts.items():
+                merged[(names[(pid, func)], _dims(grid), _dims(block),
+                        "-" if smem is None else integer(smem))][column] += count
+        ordered = sorted(merged.items(), key=lambda item: (-item[1][0], -item[1][2], item[0]))
+        if not self.in_graphs and not self.captured:  # (no graphs: the table as it was)
+            rows = [(integer(n[0]), grid, block, smem, clip(name, KERNEL_NAME_WIDTH))
+                    for (name, grid, block, smem), n in ordered]
+            return title + table(("Launches", "Grid", "Block", "Smem (bytes)", "Kernel"), rows,
+                                 left=(1, 2, 4))
+        rows = [(integer(n[0]), integer(n[1]), integer(n[2]), grid, block, smem,
+                 clip(name, KERNEL_NAME_WIDTH)) for (name, grid, block, smem), n in ordered]
+        return title + table(("Launches", "In graphs", "Captured", "Grid", "Block",
+                              "Smem (bytes)", "Kernel"), rows, left=(3, 4, 6)) + (
+            "\n\n Launches: kernels run, eager or by graph launches (In graphs: of those);"
+            "\n Captured: launches a stream capture recorded into a graph (not run then).")
 
 
 def clip(text: str, width: int) -> str:
     """`text`, cut to `width` characters with `...` at the end when longer."""
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _is_graph_launch(event: Event) -> bool:
+    row = BY_NAME.get(event.api)
+    return row is not None and row.role == Role.GRAPH_LAUNCH
+
+
+def _dim3(value) -> Optional[Tuple[int, int, int]]:
+    return tuple(value) if value is not None else None  # type: ignore[return-value]
 
 
 def _dims(value) -> str:

@@ -47,8 +47,10 @@ class LineWriter:
     def __init__(self, stream: IO[str], namer: Optional[Callable] = None) -> None:
         self.stream = stream
         self.namer = namer  # KernelNamer or a namer(event, address) -> name or None
-        # Set by the stream: shows learned names on teaching calls decoded from frames.
+        # Set by the stream: shows learned names on teaching calls decoded from frames (and
+        # what graphs.py adds); `detour` says which records must be decoded for that.
         self.annotate: Optional[Callable[[List[Event]], None]] = None
+        self.detour = None  # graphs.GraphTracker: see output/lines.py
         self._from_frames = None
         self._fd: Optional[int] = None  # the stream's file descriptor (-1: none, use write)
         self._chunk = FILE_WRITE
@@ -72,6 +74,15 @@ class LineWriter:
             self.annotate(events)
         return self.lines(events)
 
+    def prepare(self, decoder: Decoder) -> None:
+        """Compile the frame templates now, for `write_frames` with this decoder (before the
+        trace starts: a failure then, such as too many open files, is no write error)."""
+        if self._from_frames is None:
+            from . import lines  # noqa: F401 (imported now, not at the first batch)
+
+            self._from_frames = self._frame_lines(decoder)
+            self._from_frames.detour = self.detour
+
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
         `namer` must then have `name_for`, as KernelNamer and FoundNames do, or be None)."""
@@ -79,6 +90,7 @@ class LineWriter:
 
         if self._from_frames is None:
             self._from_frames = self._frame_lines(decoder)
+            self._from_frames.detour = self.detour
         for chunk in frame_chunks(frames):
             self._emit(self._from_frames.lines(chunk))
 

@@ -3,20 +3,24 @@
 One track per process and thread (`process_name`/`thread_name` metadata), each call a complete
 slice (`"ph":"X"`) with its arguments, return name and duration; counters (`"ph":"C"`) for
 live device memory and bytes copied per direction, per process; instant markers (`"ph":"i"`)
-for failed calls, double frees and, at the end, leaked allocations. Timestamps are the kernel's
-CLOCK_MONOTONIC in microseconds (`ts_ns / 1000`).
+for failed calls, double frees and, at the end, leaked allocations. A graph launch has the
+nodes it ran (graphs.py) as its children, in the graph's order: slices of category
+`graph node` that share the launch call's time span equally (a child graph's nodes share its
+own), titled by the kernel, `memcpy KIND` or `memset`; with both layers traced, under the
+driver's cuGraphLaunch inside cudaGraphLaunch. They show what the launch ran, not when it ran
+on the GPU. Timestamps are the kernel's CLOCK_MONOTONIC in microseconds (`ts_ns / 1000`).
 
 The array is streamed: `[` at `header()`, each batch as it comes, `]` at `close()`; memory
 stays constant whatever the number of events (only per-process state and live allocations
 are kept).
 """
 import json
-from dataclasses import dataclass
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from ..analysis.memory import ALLOCATORS, FREES, Allocator
-from ..analysis.summary import copy_bytes, copy_operation
-from ..apis import BY_NAME
+from ..analysis.layers import LayerFilter
+from ..analysis.memory import ALLOCATORS, DOUBLE_FREE, FREES, LeakTracker, MemoryWarning
+from ..analysis.operations import copy_bytes, copy_label, copy_operation
+from ..apis import BY_NAME, DEVICE, Role
 from ..elf import demangle
 from ..events import ENTER, EXIT, Event
 from ..values import field_kinds, trace_value
@@ -33,6 +37,7 @@ class ApiInfo:
     def __init__(self, name: str) -> None:
         row = BY_NAME.get(name)
         self.category = row.category if row else "other"
+        self.role = row.role if row else None
         self.kinds: Dict[str, str] = field_kinds(row) if row is not None else {}
 
 
@@ -53,103 +58,10 @@ def arg_value(kind: Optional[str], value: Any) -> Any:
     return trace_value(kind, value)
 
 
-@dataclass
-class Allocation:
-    """A live device allocation."""
-
-    pid: int
-    tid: int
-    ptr: int
-    size: int
-    api: str
-    ts_ns: int
-
-
-@dataclass
-class MemoryChange:
-    """What one call did to device memory."""
-
-    ptr: int
-    size: int  # bytes allocated (> 0) or freed (< 0); 0 for a double free
-    double_free: bool = False
-
-
-def _device_allocators() -> Dict[str, Allocator]:
-    """The analysis table's allocators of device memory (those not freed by a host free)."""
-    return {name: a for name, a in ALLOCATORS.items()
-            if not any("Host" in free for free in a.frees)}
-
-
-class MemoryTracker:
-    """Live device memory per process, by the allocator/free tables of `analysis.memory`
-    (the `LeakTracker` has the full correlation; this keeps no timeline, so memory grows
-    with live allocations only, and freed addresses until they are allocated again).
-    A free of a pointer freed before and not allocated again is a double free (flagged
-    whatever the free returned: real CUDA fails it)."""
-
-    def __init__(self) -> None:
-        self.allocators = _device_allocators()
-        self.frees = {name: arg for name, arg in FREES.items() if "Host" not in name}
-        self.live: Dict[Tuple[int, int], Allocation] = {}
-        self.freed: Set[Tuple[int, int]] = set()
-        self._bytes: Dict[int, int] = {}
-        self.peak: Dict[int, int] = {}
-        self.double_frees = 0
-
-    def live_bytes(self, pid: int) -> int:
-        return self._bytes.get(pid, 0)
-
-    def update(self, ev: Event) -> Optional[MemoryChange]:
-        """Account for an exit event; None when it changed nothing."""
-        if ev.phase != EXIT:
-            return None
-        allocator = self.allocators.get(ev.api)
-        if allocator is not None:
-            return self._alloc(ev, allocator) if ev.ret == 0 else None
-        if ev.api in self.frees:
-            return self._free(ev, ev.args.get(self.frees[ev.api]))
-        return None
-
-    def _alloc(self, ev: Event, allocator: Allocator) -> Optional[MemoryChange]:
-        ptr = ev.outs.get(allocator.ptr)
-        size = 1
-        for name in allocator.size:
-            value = ev.args.get(name, ev.outs.get(name))
-            size *= value if isinstance(value, int) else 0
-        if not ptr or not size:
-            return None
-        key = (ev.pid, ptr)
-        self.freed.discard(key)
-        old = self.live.pop(key, None)
-        self._add(ev.pid, size - (old.size if old else 0))
-        self.live[key] = Allocation(ev.pid, ev.tid, ptr, size, ev.api, ev.ts_ns)
-        return MemoryChange(ptr, size)
-
-    def _free(self, ev: Event, ptr: Any) -> Optional[MemoryChange]:
-        if not ptr:
-            return None  # freeing NULL does nothing
-        key = (ev.pid, ptr)
-        alloc = self.live.get(key)
-        if alloc is None:
-            if key in self.freed:
-                self.double_frees += 1
-                return MemoryChange(ptr, 0, double_free=True)
-            return None  # allocated before tracing started
-        if ev.ret:
-            return None
-        del self.live[key]
-        self.freed.add(key)
-        self._add(ev.pid, -alloc.size)
-        return MemoryChange(ptr, -alloc.size)
-
-    def _add(self, pid: int, delta: int) -> None:
-        now = self._bytes[pid] = self._bytes.get(pid, 0) + delta
-        if now > self.peak.get(pid, 0):
-            self.peak[pid] = now
-
-    def leaks(self) -> List[Allocation]:
-        """Allocations still live, oldest first."""
-        return sorted(self.live.values(), key=lambda a: (a.ts_ns, a.pid, a.ptr))
+def _device_only(table: Dict[str, Any]) -> Dict[str, Any]:
+    """The entries of an allocator or free table (analysis.memory) for device memory: the
+    timeline follows device memory only."""
+    return {name: v for name, v in table.items() if BY_NAME[name].memory == DEVICE}
 
 
 def copy_direction(ev: Event) -> Optional[Tuple[str, int]]:
@@ -157,14 +69,25 @@ def copy_direction(ev: Event) -> Optional[Tuple[str, int]]:
     else None (memsets are not copies)."""
     if ev.ret or ev.phase != EXIT:
         return None
-    operation = copy_operation(ev)
-    if operation is None or not operation.startswith(_MEMCPY):
-        return None
+    label = copy_label(copy_operation(ev) or "")
     size = copy_bytes(ev)
-    return None if size is None else (operation[len(_MEMCPY):-1], size)
+    return None if label is None or size is None else (label, size)
 
 
-_MEMCPY = "[CUDA memcpy "
+def _node_slice(node: dict) -> Tuple[str, Dict[str, Any]]:
+    """The title and arguments of a graph node's slice."""
+    kind = node.get("type")
+    if kind == "kernel":
+        return (node.get("kernel") or "0x%x" % (node.get("func") or 0),
+                {"func": "0x%x" % (node.get("func") or 0), "grid": node.get("grid"),
+                 "block": node.get("block"), "smem": node.get("smem")})
+    if kind == "memcpy":
+        return "memcpy %s" % node.get("kind"), {"size": node.get("size"),
+                                                "kind": node.get("kind")}
+    if kind == "memset":
+        return "memset", {"size": node.get("size")}
+    inner = node.get("nodes")
+    return "graph", {"nodes": len(inner) if inner is not None else None}
 
 
 def _us(ns: int) -> float:
@@ -179,7 +102,13 @@ class ChromeTraceWriter:
     def __init__(self, stream: IO[str], namer: Optional[Namer] = None) -> None:
         self.stream = stream
         self.namer = namer
-        self.memory = MemoryTracker()
+        # Device memory as --leaks tracks it: each operation once across the layers.
+        self.memory = LeakTracker(allocators=_device_only(ALLOCATORS), frees=_device_only(FREES),
+                                  keep_timeline=False, on_change=self._live_changed,
+                                  on_warning=self._warned)
+        self._copy_layers = LayerFilter()  # a copy counts as its runtime call
+        self._graph_layers = LayerFilter()  # a graph launch's nodes go under its driver call
+        self._emit: Emit = lambda obj: None  # where the memory callbacks write (this batch)
         self._encode = json.JSONEncoder(separators=(",", ":")).encode
         self._first = True
         self._started = False
@@ -197,6 +126,7 @@ class ChromeTraceWriter:
     def write(self, events: Iterable[Event]) -> None:
         self.header()
         out: List[Dict[str, Any]] = []
+        self._emit = out.append
         for ev in events:
             self._event(ev, out.append)
         self._flush(out)
@@ -206,7 +136,11 @@ class ChromeTraceWriter:
         it is stdout or stderr."""
         self.header()
         out: List[Dict[str, Any]] = []
+        self._emit = out.append
         self._flush_pending(None, out.append)
+        for copy in self._copy_layers.flush():  # direct driver copies still held back
+            self._copied_bytes(copy, out.append)
+        self.memory.flush()
         self._leaks(out.append)
         self._flush(out)
         self.stream.write("\n]\n")
@@ -271,17 +205,27 @@ class ChromeTraceWriter:
         args = self._args(ev, info.kinds, kernel)
         args["return"] = ev.ret_name
         args.update((name, trace_value(info.kinds.get(name), v)) for name, v in ev.outs.items())
+        nodes = ev.outs.get("nodes")
+        if isinstance(nodes, list):
+            args["nodes"] = len(nodes)  # (each is a child slice of a graph launch)
         if ev.faults:
             args["unreadable"] = list(ev.faults)
         duration = ev.duration_ns or 0
-        emit({"name": self._title(ev, kernel), "cat": info.category, "ph": "X",
+        emit({"name": self._title(ev, kernel if info.category == "launch" else None),
+              "cat": info.category, "ph": "X",
               "ts": _us(ev.ts_ns - duration), "dur": _us(duration), "pid": ev.pid,
               "tid": ev.tid, "args": args})
+        if isinstance(nodes, list) and info.role == Role.GRAPH_LAUNCH \
+                and self._graph_layers.inner(ev):
+            self._nodes(ev, nodes, ev.ts_ns - duration, duration, emit)
         if ev.ret:
             emit(self._instant(ev, ev.ret_name or "error %d" % ev.ret, "error",
                                {"api": ev.api, "ret": ev.ret}))
-        self._memory(ev, emit)
-        self._copies(ev, emit)
+        if ev.api in self.memory.allocators or ev.api in self.memory.frees:
+            self.memory.feed(ev)  # (its changes and warnings come through the callbacks)
+        if copy_direction(ev) is not None:
+            for copy in self._copy_layers.outer(ev):
+                self._copied_bytes(copy, emit)
 
     @staticmethod
     def _title(ev: Event, kernel: Optional[str]) -> str:
@@ -293,23 +237,36 @@ class ChromeTraceWriter:
         learned = ev.outs.get("kernel_name")
         return demangle(learned) if isinstance(learned, str) and learned else ev.api
 
+    def _nodes(self, ev: Event, nodes: List[dict], start_ns: int, span_ns: int,
+               emit: Emit) -> None:
+        """A graph launch's nodes as child slices sharing [start, start + span] equally."""
+        for i, node in enumerate(nodes):
+            begin = start_ns + span_ns * i // len(nodes)
+            end = start_ns + span_ns * (i + 1) // len(nodes)
+            title, args = _node_slice(node)
+            emit({"name": title, "cat": "graph node", "ph": "X", "ts": _us(begin),
+                  "dur": _us(end - begin), "pid": ev.pid, "tid": ev.tid, "args": args})
+            if node.get("type") == "graph" and node.get("nodes"):
+                self._nodes(ev, node["nodes"], begin, end - begin, emit)
+
     def _instant(self, ev: Event, name: str, cat: str, args: Dict[str, Any],
                  scope: str = "t") -> Dict[str, Any]:
         return {"name": name, "cat": cat, "ph": "i", "s": scope, "ts": _us(ev.ts_ns),
                 "pid": ev.pid, "tid": ev.tid, "args": args}
 
-    def _memory(self, ev: Event, emit: Emit) -> None:
-        change = self.memory.update(ev)
-        if change is None:
-            return
-        if change.double_free:
-            emit(self._instant(ev, "double free", "memory",
-                               {"api": ev.api, "ptr": "0x%x" % change.ptr}))
-            return
-        emit({"name": "live device memory", "ph": "C", "ts": _us(ev.ts_ns), "pid": ev.pid,
-              "args": {"bytes": self.memory.live_bytes(ev.pid)}})
+    def _live_changed(self, ev: Event, live: int) -> None:
+        self._emit({"name": "live device memory", "ph": "C", "ts": _us(ev.ts_ns),
+                    "pid": ev.pid, "args": {"bytes": live}})
 
-    def _copies(self, ev: Event, emit: Emit) -> None:
+    def _warned(self, warning: MemoryWarning) -> None:
+        """A double free is marked (the other warnings are --leaks' business)."""
+        if warning.kind != DOUBLE_FREE:
+            return
+        ev = warning.event
+        ptr = ev.args[self.memory.frees[ev.api]]
+        self._emit(self._instant(ev, "double free", "memory", {"api": ev.api, "ptr": "0x%x" % ptr}))
+
+    def _copied_bytes(self, ev: Event, emit: Emit) -> None:
         copied = copy_direction(ev)
         if copied is None:
             return

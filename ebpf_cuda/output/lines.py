@@ -7,6 +7,12 @@ an unpacked record (both per kind from values.py, which the decoder compiles too
 record becomes its line(s) with one tuple build and one format per line. Records that need more (calls that teach kernel names, values of rare kinds, failed
 out-parameter reads) go through the decoder and the writer's own formatting, in order, so
 the output is the same line for line (tests/test_lines.py checks this on every row).
+
+A `detour` (graphs.GraphTracker, set by the stream) takes more records that way: those of
+graph calls always (a graph launch's line shows the nodes it ran), and while some stream
+captures, those of launches, copies, memsets and event calls (what a capture records is
+marked `captured`). Only records on the slow path change whether a stream captures, so the
+rows in use are chosen again after each of them.
 """
 import json
 import struct
@@ -14,7 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import record
-from ..apis import Api, arg_cells
+from ..apis import Api, Kind, arg_cells
 from ..cuda_enums import error_name
 from ..events import Decoder, Event
 from ..values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
@@ -86,13 +92,14 @@ class _Row:
     def ret_name(self, ret: int) -> str:
         name = self.ret_names.get(ret)
         if name is None:
-            name = self.ret_names[ret] = error_name(ret, self.api.driver)
+            name = self.ret_names[ret] = error_name(ret, self.api.library)
         return name
 
 
 def _func_at(api: Api) -> Optional[int]:
     for arg, cell in arg_cells(api):
-        if arg.name == "func" and arg.show:
+        # (a graph kernel node's `func` is the first cell of its parameters)
+        if (arg.name == "func" or arg.kind == Kind.KERNEL_NODE) and arg.show:
             return _ARGS_AT + cell
     return None
 
@@ -120,6 +127,8 @@ class _FrameLines:
             (1 << 16) - len(self.table))
         self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
         self._durations: Dict[int, str] = {}
+        self.detour = None  # see the module's docstring
+        self._capturing_rows: Optional[List[Any]] = None  # the rows while a stream captures
 
     @property
     def rows(self) -> List[Optional[_Row]]:
@@ -133,10 +142,26 @@ class _FrameLines:
             shown, outs = _fields(api), _outs(api)
             row = None
             if shown is not None and outs is not None and not (
-                    api.learn_name or api.learn_func or api.learn_alias):
+                    api.learn_name or api.learn_func or api.learn_alias) and not (
+                    self.detour is not None and self.detour.always_needs(api)):
                 row = self._compile_row(api, shown, outs)
             self._rows[fn_id] = row
+            capturing = self._capturing_rows
+            if capturing is not None and capturing[fn_id] is _UNCOMPILED:
+                capturing[fn_id] = row
         return row
+
+    def _rows_now(self) -> List[Any]:
+        """The rows by function id: while a stream captures (see `detour`), those of the
+        calls a capture records take the slow path."""
+        detour = self.detour
+        if detour is None or not detour.capturing:
+            return self._rows
+        if self._capturing_rows is None:
+            self._capturing_rows = [None if fn_id < len(self.table)
+                                    and detour.needs_while_capturing(self.table[fn_id])
+                                    else row for fn_id, row in enumerate(self._rows)]
+        return self._capturing_rows
 
     def _compile_row(self, api: Api, shown, outs) -> _Row:
         raise NotImplementedError
@@ -151,7 +176,8 @@ class _FrameLines:
     def lines(self, frames: bytes) -> List[str]:
         """The lines of a batch (no newlines between records), in record order."""
         out: List[str] = []
-        rows, compiled, threads, durations = self._rows, self.row, self._threads, self._durations
+        rows, compiled, threads, durations = (self._rows_now(), self.row, self._threads,
+                                              self._durations)
         offset = self.decoder.clock_offset_ns
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
@@ -163,6 +189,7 @@ class _FrameLines:
                 row = compiled(f[4])
             if row is None or f[6] & odd_flags or f[5] > call:
                 out += self.slow(self.decoder.events_of(f))
+                rows = self._rows_now()  # (a capture may have begun or ended)
                 continue
             who = threads.get((f[2], f[8])) or self._thread(f)
             fn = "" if row.func_at is None else self.launch_text(row, f)
@@ -243,7 +270,7 @@ class TextLines(_FrameLines):
         exit_head = [self._clock_piece(1), ("%s", ("h",)),
                      _literal("%-20s %8s returned=" % (api.name, "[EXIT]"))]
         duration = (" (%s us)%s", ("d", "t"))
-        exit_ok = exit_head + [_literal(error_name(0, api.driver))]
+        exit_ok = exit_head + [_literal(error_name(0, api.library))]
         for f in outs:
             exit_ok.append((" %s=%s" % (f.name, SHAPES[f.kind].text), f.parts))
         return _Row(api, func_at, enter, exit_ok + [duration],
@@ -285,7 +312,7 @@ class JsonLines(_FrameLines):
         outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
                       [e for f in outs for e in f.parts])
         tail = ("%s}", ("fn",))
-        success = _literal(_json_str(error_name(0, api.driver)))
+        success = _literal(_json_str(error_name(0, api.library)))
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success) + [outs_piece, tail], exit_head(("%s", ("e",))) + [tail])
 

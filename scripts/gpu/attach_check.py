@@ -38,7 +38,7 @@ def target(mode: str, outdir: str) -> None:
         work(x.clone())
     torch.cuda.synchronize()
     marker = torch.empty(MARK, dtype=torch.uint8, device="cuda")
-    cudart = torch.cuda.cudart()
+    cudart = _loaded_cudart()
     open(os.path.join(outdir, "ready"), "w").close()
     while not os.path.exists(os.path.join(outdir, "go")):
         work(x.clone())
@@ -61,6 +61,17 @@ def target(mode: str, outdir: str) -> None:
     time.sleep(1.0)
 
 
+def _loaded_cudart():
+    """The libcudart this process already uses (torch's), through ctypes."""
+    import ctypes
+
+    with open("/proc/self/maps") as f:
+        paths = [line.split()[-1] for line in f if "libcudart.so" in line]
+    cudart = ctypes.CDLL(paths[0])
+    cudart.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    return cudart
+
+
 def window_launches(trace_path: str):
     """Driver launch exits between the two marker memsets."""
     events = [json.loads(line) for line in open(trace_path)]
@@ -71,6 +82,14 @@ def window_launches(trace_path: str):
     start, end = marks[0], marks[-1]
     return [e for e in events if e["phase"] == "exit" and e["api"].startswith("cuLaunchKernel")
             and start < e["ts"] < end], marks
+
+
+def window_events(trace_path: str):
+    events = [json.loads(line) for line in open(trace_path)]
+    launches, marks = window_launches(trace_path)
+    if launches is None:
+        return []
+    return [e for e in events if e["phase"] == "exit" and marks[0] <= e["ts"] <= marks[-1]]
 
 
 def main() -> int:
@@ -107,6 +126,11 @@ def main() -> int:
         seen = {}
         for e in named:
             seen[e["kernel"]] = seen.get(e["kernel"], 0) + 1
+        apis = {}
+        for e in window_events(trace):
+            apis[e["api"]] = apis.get(e["api"], 0) + 1
+        unnamed = [e for e in launches if not e.get("kernel")][:3]
+        result.update(window_apis=apis, unnamed_sample=unnamed)
         result.update(launches=len(launches), named=len(named),
                       named_pct=round(100.0 * len(named) / max(1, len(launches)), 2),
                       tracer_names=seen, cupti_names=cupti,

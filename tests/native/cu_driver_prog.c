@@ -60,6 +60,28 @@
  *                                       coop: cuLaunchCooperativeKernel, coopptsz: its _ptsz)
  *   launchex:GRID:BLOCK[:SMEM=0[:STREAM=0[:FUNCTION]]]  cuLaunchKernelEx (launchexptsz), config=
  *   graphlaunch:EXEC[:STREAM=0]         cuGraphLaunch (graphlaunchptsz)
+ * CUDA graphs (GRAPH, NODE, EXEC: references to values produced before, like pointers):
+ *   capture:STREAM[:MODE=0]             cuStreamBeginCapture_v2 (captureptsz: its _ptsz)
+ *   capturetograph:GRAPH:STREAM[:MODE=0]   cuStreamBeginCaptureToGraph (no dependencies;
+ *                                       capturetographptsz: its _ptsz)
+ *   endcapture:STREAM                   cuStreamEndCapture (endcaptureptsz)   out = graph
+ *   exchangemode:MODE                   cuThreadExchangeStreamCaptureMode   out = previous mode
+ *   graphcreate                         cuGraphCreate            out = graph
+ *   addkernel:GRID:BLOCK[:SMEM=0[:GRAPH[:FUNCTION]]]   cuGraphAddKernelNode_v2   out = node
+ *   addmemcpy:COUNT:SRCTYPE:DSTTYPE[:GRAPH]   cuGraphAddMemcpyNode (CUmemorytype numbers,
+ *                                       WidthInBytes COUNT, Height and Depth 1)   out = node
+ *   addmemset:VALUE:ELEM:WIDTH[:HEIGHT=1[:GRAPH]]   cuGraphAddMemsetNode   out = node
+ *   addchild:CHILD[:GRAPH] | addempty[:GRAPH] | addeventrecord:EVENT[:GRAPH] |
+ *   addeventwait:EVENT[:GRAPH]          cuGraphAddChildGraphNode | EmptyNode | EventRecordNode
+ *                                       | EventWaitNode (EVENT a number)   out = node
+ *   instantiate[:GRAPH[:FLAGS=0]] | instantiate2[:GRAPH] | instantiateparams[:GRAPH]
+ *                                       cuGraphInstantiateWithFlags | _v2 | WithParams
+ *                                       (instantiateparamsptsz: its _ptsz)
+ *                                       out = exec
+ *   execkernelupdate:GRID:BLOCK[:SMEM=0[:EXEC[:NODE[:FUNCTION]]]]
+ *                                       cuGraphExecKernelNodeSetParams_v2
+ *   execupdate[:EXEC[:GRAPH]] | graphdestroy[:GRAPH] | execdestroy[:EXEC]
+ *                                       cuGraphExecUpdate_v2 | cuGraphDestroy | cuGraphExecDestroy
  *   streamsync[:STREAM=0]               cuStreamSynchronize (streamsyncptsz)
  *   eventsync[:EVENT=0]                 cuEventSynchronize
  *   loop:N:OP                           OP N times; one summary line
@@ -176,6 +198,63 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamSynchronize_ptsz(CUstream);
 CUresult cuEventSynchronize(CUevent);
+typedef void *CUgraph, *CUgraphNode;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams, **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray, *reserved0;
+    size_t srcPitch, srcHeight, dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray, *reserved1;
+    size_t dstPitch, dstHeight, WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value, elementSize;
+    size_t width, height;
+} CUDA_MEMSET_NODE_PARAMS;
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream, int);
+CUresult cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode *, const void *,
+                                     size_t, int);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode *, const void *,
+                                          size_t, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph *);
+CUresult cuThreadExchangeStreamCaptureMode(int *);
+CUresult cuGraphCreate(CUgraph *, unsigned int);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                 const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphAddMemcpyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                              const CUDA_MEMCPY3D *, CUcontext);
+CUresult cuGraphAddMemsetNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                              const CUDA_MEMSET_NODE_PARAMS *, CUcontext);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+CUresult cuGraphAddEmptyNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t);
+CUresult cuGraphAddEventRecordNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUevent);
+CUresult cuGraphAddEventWaitNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUevent);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphInstantiate_v2(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *, CUgraph, void *);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *, CUgraph, void *);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec, CUgraphNode,
+                                           const CUDA_KERNEL_NODE_PARAMS *);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, void *);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuGraphExecDestroy(CUgraphExec);
 
 static const char PTX[] =
     "//\n// vec_add: c[i] = a[i] + b[i]\n//\n.version 8.0\n.target sm_80\n.address_size 64\n"
@@ -183,7 +262,7 @@ static const char PTX[] =
     "{\n\tret;\n}\n";
 
 /* ---- values produced earlier, per process ---- */
-enum kind { DEV, HOST, CTX, VA, MEMH, MODULE, LIBRARY, KERNEL, FUNC, KINDS };
+enum kind { DEV, HOST, CTX, VA, MEMH, MODULE, LIBRARY, KERNEL, FUNC, GRAPH, NODE, EXEC, KINDS };
 #define KEPT 256
 
 static uintptr_t kept[KINDS][KEPT];
@@ -652,6 +731,172 @@ static void do_sync(const struct op *op, struct outcome *r) {
     }
 }
 
+static CUDA_KERNEL_NODE_PARAMS kernel_params(const struct op *op, int i, int function_at) {
+    static int n = 1000;
+    static void *params[4] = {NULL, NULL, NULL, &n};
+    unsigned grid[3], block[3];
+    CUDA_KERNEL_NODE_PARAMS p;
+    dims_at(op, i, grid);
+    dims_at(op, i + 1, block);
+    memset(&p, 0, sizeof p);
+    p.func = (CUfunction)ref_at(op, function_at, FUNC);
+    p.gridDimX = grid[0], p.gridDimY = grid[1], p.gridDimZ = grid[2];
+    p.blockDimX = block[0], p.blockDimY = block[1], p.blockDimZ = block[2];
+    p.sharedMemBytes = (unsigned)num_at(op, i + 2, 0);
+    p.kernelParams = params;
+    return p;
+}
+
+static void kernel_text(struct outcome *r, const CUDA_KERNEL_NODE_PARAMS *p) {
+    add(r, " func=0x%lx grid=%u,%u,%u block=%u,%u,%u smem=%u", (unsigned long)(uintptr_t)p->func,
+        p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ,
+        p->sharedMemBytes);
+}
+
+static void do_add_node(const struct op *op, struct outcome *r) {
+    CUgraphNode node = NULL;
+    CUgraph g;
+    if (is(op, "addkernel")) {
+        CUDA_KERNEL_NODE_PARAMS p = kernel_params(op, 1, 5);
+        g = (CUgraph)ref_at(op, 4, GRAPH);
+        r->fn = "cuGraphAddKernelNode_v2";
+        r->ret = cuGraphAddKernelNode_v2(&node, g, NULL, 0, &p);
+        kernel_text(r, &p);
+    } else if (is(op, "addmemcpy")) {
+        CUDA_MEMCPY3D p;
+        memset(&p, 0, sizeof p);
+        p.WidthInBytes = need_num(op, 1);
+        p.srcMemoryType = (int)need_num(op, 2);
+        p.dstMemoryType = (int)need_num(op, 3);
+        p.Height = p.Depth = 1;
+        p.srcHost = p.dstHost = host_buffer;
+        p.srcDevice = p.dstDevice = last_of(DEV);
+        g = (CUgraph)ref_at(op, 4, GRAPH);
+        r->fn = "cuGraphAddMemcpyNode";
+        r->ret = cuGraphAddMemcpyNode(&node, g, NULL, 0, &p, NULL);
+        add(r, " count=%zu srctype=%d dsttype=%d", p.WidthInBytes, p.srcMemoryType,
+            p.dstMemoryType);
+    } else if (is(op, "addmemset")) {
+        CUDA_MEMSET_NODE_PARAMS p = {last_of(DEV), 0, (unsigned)num_at(op, 1, 0),
+                                     (unsigned)need_num(op, 2), need_num(op, 3),
+                                     num_at(op, 4, 1)};
+        p.pitch = p.width * p.elementSize;
+        g = (CUgraph)ref_at(op, 5, GRAPH);
+        r->fn = "cuGraphAddMemsetNode";
+        r->ret = cuGraphAddMemsetNode(&node, g, NULL, 0, &p, NULL);
+        add(r, " ptr=0x%llx value=%u elem=%u width=%zu height=%zu", p.dst, p.value,
+            p.elementSize, p.width, p.height);
+    } else if (is(op, "addchild")) {
+        CUgraph child = (CUgraph)ref_at(op, 1, GRAPH);
+        g = (CUgraph)ref_at(op, 2, GRAPH);
+        r->fn = "cuGraphAddChildGraphNode";
+        r->ret = cuGraphAddChildGraphNode(&node, g, NULL, 0, child);
+        add(r, " child=0x%lx", (unsigned long)(uintptr_t)child);
+    } else if (is(op, "addempty")) {
+        g = (CUgraph)ref_at(op, 1, GRAPH);
+        r->fn = "cuGraphAddEmptyNode";
+        r->ret = cuGraphAddEmptyNode(&node, g, NULL, 0);
+    } else {   /* addeventrecord, addeventwait */
+        CUevent e = (CUevent)(uintptr_t)need_num(op, 1);
+        int wait = is(op, "addeventwait");
+        g = (CUgraph)ref_at(op, 2, GRAPH);
+        r->fn = wait ? "cuGraphAddEventWaitNode" : "cuGraphAddEventRecordNode";
+        r->ret = (wait ? cuGraphAddEventWaitNode : cuGraphAddEventRecordNode)(&node, g, NULL, 0,
+                                                                              e);
+        add(r, " event=0x%lx", (unsigned long)(uintptr_t)e);
+    }
+    add(r, " graph=0x%lx", (unsigned long)(uintptr_t)g);
+    produced(r, NODE, (uintptr_t)node);
+}
+
+static void do_graph(const struct op *op, struct outcome *r) {
+    if (is(op, "capture") || is(op, "captureptsz") || is(op, "capturetograph")
+        || is(op, "capturetographptsz")) {
+        int to = strncmp(op->field[0], "capturetograph", 14) == 0;
+        int ptsz = strstr(op->field[0], "ptsz") != NULL;
+        CUgraph g = to ? (CUgraph)ref_at(op, 1, GRAPH) : NULL;
+        CUstream s = (CUstream)(uintptr_t)need_num(op, to ? 2 : 1);
+        int mode = (int)num_at(op, to ? 3 : 2, 0);
+        if (to) {
+            r->fn = ptsz ? "cuStreamBeginCaptureToGraph_ptsz" : "cuStreamBeginCaptureToGraph";
+            r->ret = (ptsz ? cuStreamBeginCaptureToGraph_ptsz : cuStreamBeginCaptureToGraph)(
+                s, g, NULL, NULL, 0, mode);
+            add(r, " graph=0x%lx", (unsigned long)(uintptr_t)g);
+        } else {
+            r->fn = ptsz ? "cuStreamBeginCapture_v2_ptsz" : "cuStreamBeginCapture_v2";
+            r->ret = (ptsz ? cuStreamBeginCapture_v2_ptsz : cuStreamBeginCapture_v2)(s, mode);
+        }
+        add(r, " stream=0x%lx mode=%d", (unsigned long)(uintptr_t)s, mode);
+    } else if (is(op, "endcapture") || is(op, "endcaptureptsz")) {
+        CUstream s = (CUstream)(uintptr_t)need_num(op, 1);
+        CUgraph g = NULL;
+        int ptsz = is(op, "endcaptureptsz");
+        r->fn = ptsz ? "cuStreamEndCapture_ptsz" : "cuStreamEndCapture";
+        r->ret = (ptsz ? cuStreamEndCapture_ptsz : cuStreamEndCapture)(s, &g);
+        add(r, " stream=0x%lx", (unsigned long)(uintptr_t)s);
+        produced(r, GRAPH, (uintptr_t)g);
+    } else if (is(op, "exchangemode")) {
+        int mode = (int)need_num(op, 1);
+        r->fn = "cuThreadExchangeStreamCaptureMode";
+        add(r, " mode=%d", mode);
+        r->ret = cuThreadExchangeStreamCaptureMode(&mode);
+        r->printed_out = 1;
+        r->out = (uintptr_t)(unsigned)mode;
+    } else if (is(op, "graphcreate")) {
+        CUgraph g = NULL;
+        r->fn = "cuGraphCreate";
+        r->ret = cuGraphCreate(&g, 0);
+        produced(r, GRAPH, (uintptr_t)g);
+    } else if (is(op, "instantiate") || is(op, "instantiate2") || is(op, "instantiateparams")
+               || is(op, "instantiateparamsptsz")) {
+        CUgraph g = (CUgraph)ref_at(op, 1, GRAPH);
+        CUgraphExec x = NULL;
+        if (is(op, "instantiate")) {
+            unsigned long long flags = num_at(op, 2, 0);
+            r->fn = "cuGraphInstantiateWithFlags";
+            r->ret = cuGraphInstantiateWithFlags(&x, g, flags);
+            add(r, " flags=%llu", flags);
+        } else if (is(op, "instantiate2")) {
+            r->fn = "cuGraphInstantiate_v2";
+            r->ret = cuGraphInstantiate_v2(&x, g, NULL, NULL, 0);
+        } else if (is(op, "instantiateparams")) {
+            r->fn = "cuGraphInstantiateWithParams";
+            r->ret = cuGraphInstantiateWithParams(&x, g, NULL);
+        } else {
+            r->fn = "cuGraphInstantiateWithParams_ptsz";
+            r->ret = cuGraphInstantiateWithParams_ptsz(&x, g, NULL);
+        }
+        add(r, " graph=0x%lx", (unsigned long)(uintptr_t)g);
+        produced(r, EXEC, (uintptr_t)x);
+    } else if (is(op, "execkernelupdate")) {
+        CUDA_KERNEL_NODE_PARAMS p = kernel_params(op, 1, 6);
+        CUgraphExec x = (CUgraphExec)ref_at(op, 4, EXEC);
+        CUgraphNode node = (CUgraphNode)ref_at(op, 5, NODE);
+        r->fn = "cuGraphExecKernelNodeSetParams_v2";
+        r->ret = cuGraphExecKernelNodeSetParams_v2(x, node, &p);
+        kernel_text(r, &p);
+        add(r, " exec=0x%lx node=0x%lx", (unsigned long)(uintptr_t)x,
+            (unsigned long)(uintptr_t)node);
+    } else if (is(op, "execupdate")) {
+        CUgraphExec x = (CUgraphExec)ref_at(op, 1, EXEC);
+        CUgraph g = (CUgraph)ref_at(op, 2, GRAPH);
+        r->fn = "cuGraphExecUpdate_v2";
+        r->ret = cuGraphExecUpdate_v2(x, g, NULL);
+        add(r, " exec=0x%lx graph=0x%lx", (unsigned long)(uintptr_t)x,
+            (unsigned long)(uintptr_t)g);
+    } else if (is(op, "graphdestroy")) {
+        CUgraph g = (CUgraph)ref_at(op, 1, GRAPH);
+        r->fn = "cuGraphDestroy";
+        r->ret = cuGraphDestroy(g);
+        add(r, " graph=0x%lx", (unsigned long)(uintptr_t)g);
+    } else {   /* execdestroy */
+        CUgraphExec x = (CUgraphExec)ref_at(op, 1, EXEC);
+        r->fn = "cuGraphExecDestroy";
+        r->ret = cuGraphExecDestroy(x);
+        add(r, " exec=0x%lx", (unsigned long)(uintptr_t)x);
+    }
+}
+
 typedef void (*handler)(const struct op *, struct outcome *);
 
 static const struct {
@@ -680,6 +925,15 @@ static const struct {
     {"funcname", do_module},
     {"launch", do_launch}, {"launchptsz", do_launch}, {"coop", do_launch},
     {"coopptsz", do_launch}, {"launchex", do_launch}, {"launchexptsz", do_launch},
+    {"addkernel", do_add_node}, {"addmemcpy", do_add_node}, {"addmemset", do_add_node},
+    {"addchild", do_add_node}, {"addempty", do_add_node}, {"addeventrecord", do_add_node},
+    {"addeventwait", do_add_node},
+    {"capture", do_graph}, {"capturetograph", do_graph}, {"endcapture", do_graph},
+    {"captureptsz", do_graph}, {"capturetographptsz", do_graph}, {"endcaptureptsz", do_graph},
+    {"instantiateparamsptsz", do_graph},
+    {"exchangemode", do_graph}, {"graphcreate", do_graph}, {"instantiate", do_graph},
+    {"instantiate2", do_graph}, {"instantiateparams", do_graph}, {"execkernelupdate", do_graph},
+    {"execupdate", do_graph}, {"graphdestroy", do_graph}, {"execdestroy", do_graph},
     {"graphlaunch", do_sync}, {"graphlaunchptsz", do_sync}, {"streamsync", do_sync},
     {"streamsyncptsz", do_sync}, {"eventsync", do_sync},
 };

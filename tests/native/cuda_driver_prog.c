@@ -64,11 +64,32 @@
  *   getkernel | cudagetkernel        __cudaGetKernel | cudaGetKernel of vec_add_kernel
  *                                    out = the kernel handle
  *   launchhandle:GRID:BLOCK          cudaLaunchKernel with func = the last kernel handle
+ *   stublaunch:GRID:BLOCK            the same through __device_stub__Z14vec_add_kernelPKfS0_Pfi,
+ *                                    as nvcc's code does
  *   register:NAME                    __cudaRegisterFunction(stub = vec_add_kernel, NAME)
  *   capture[:S[:MODE=0]]             cudaStreamBeginCapture
  *   endcapture[:S]                   cudaStreamEndCapture   out = graph
  *   instantiate[:GRAPH]              cudaGraphInstantiate   out = graph exec
  *   graphlaunch[:EXEC[:S=0]]         cudaGraphLaunch
+ * Graph construction (DEP: a node, the new node's one dependency; none by default):
+ *   capturetograph:GRAPH[:S[:MODE=0]]   cudaStreamBeginCaptureToGraph (no dependencies)
+ *   exchangemode:MODE                cudaThreadExchangeStreamCaptureMode   out = previous mode
+ *   graphcreate                      cudaGraphCreate (flags 0)   out = graph
+ *   addkernel:GRID:BLOCK[:SMEM=0[:GRAPH[:DEP]]]   cudaGraphAddKernelNode of vec_add_kernel
+ *                                    out = node (so for every add*)
+ *   addmemcpy:COUNT:KIND[:GRAPH[:DEP]]   cudaGraphAddMemcpyNode (extent COUNT x 1 x 1)
+ *   addmemcpy1d:COUNT:KIND[:GRAPH[:DEP]] cudaGraphAddMemcpyNode1D
+ *   addtosymbol:COUNT[:GRAPH] | addfromsymbol:COUNT[:GRAPH]   cudaGraphAddMemcpyNodeTo/FromSymbol
+ *                                    (a static symbol, offset 0, kind 1 / 2)
+ *   addmemset:VALUE:ELEM:WIDTH[:HEIGHT=1[:GRAPH[:DEP]]]   cudaGraphAddMemsetNode
+ *   addchild:CHILD[:GRAPH[:DEP]]     cudaGraphAddChildGraphNode (CHILD: a graph)
+ *   addempty[:GRAPH[:DEP]]           cudaGraphAddEmptyNode
+ *   addeventrecord:EVENT[:GRAPH] | addeventwait:EVENT[:GRAPH]   cudaGraphAddEventRecord/WaitNode
+ *   instantiateflags[:GRAPH[:FLAGS=0]] | instantiateparams[:GRAPH]
+ *                                    cudaGraphInstantiateWithFlags | WithParams   out = exec
+ *   execkernelupdate:GRID:BLOCK[:SMEM=0[:EXEC[:NODE]]]   cudaGraphExecKernelNodeSetParams
+ *   execupdate[:EXEC[:GRAPH]]        cudaGraphExecUpdate
+ *   graphdestroy[:GRAPH] | execdestroy[:EXEC]   cudaGraphDestroy | cudaGraphExecDestroy
  *   getlasterror | peeklasterror     cudaGetLastError | cudaPeekAtLastError
  *   loop:N:OP                        run OP N times in this thread; one summary line
  *   threads:T:N:OP                   T threads each run OP N times; one summary line
@@ -152,6 +173,69 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t, int);
 cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t);
+typedef void *cudaGraphNode_t;
+struct cudaKernelNodeParams {
+    void *func;
+    dim3 gridDim;
+    dim3 blockDim;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+};
+struct cudaPos { size_t x, y, z; };
+struct cudaPitchedPtr { void *ptr; size_t pitch, xsize, ysize; };
+struct cudaExtent { size_t width, height, depth; };
+struct cudaMemcpy3DParms {
+    void *srcArray;
+    struct cudaPos srcPos;
+    struct cudaPitchedPtr srcPtr;
+    void *dstArray;
+    struct cudaPos dstPos;
+    struct cudaPitchedPtr dstPtr;
+    struct cudaExtent extent;
+    int kind;
+};
+struct cudaMemsetParams {
+    void *dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+};
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t, cudaGraph_t, const cudaGraphNode_t *,
+                                          const void *, size_t, int);
+cudaError_t cudaThreadExchangeStreamCaptureMode(int *);
+cudaError_t cudaGraphCreate(cudaGraph_t *, unsigned int);
+cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                   size_t, const struct cudaKernelNodeParams *);
+cudaError_t cudaGraphAddMemcpyNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                   size_t, const struct cudaMemcpy3DParms *);
+cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                     size_t, void *, const void *, size_t, int);
+cudaError_t cudaGraphAddMemcpyNodeToSymbol(cudaGraphNode_t *, cudaGraph_t,
+                                           const cudaGraphNode_t *, size_t, const void *,
+                                           const void *, size_t, size_t, int);
+cudaError_t cudaGraphAddMemcpyNodeFromSymbol(cudaGraphNode_t *, cudaGraph_t,
+                                             const cudaGraphNode_t *, size_t, void *,
+                                             const void *, size_t, size_t, int);
+cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                   size_t, const struct cudaMemsetParams *);
+cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                       size_t, cudaGraph_t);
+cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                  size_t);
+cudaError_t cudaGraphAddEventRecordNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                        size_t, cudaEvent_t);
+cudaError_t cudaGraphAddEventWaitNode(cudaGraphNode_t *, cudaGraph_t, const cudaGraphNode_t *,
+                                      size_t, cudaEvent_t);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
+cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *, cudaGraph_t, void *);
+cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t, cudaGraphNode_t,
+                                             const struct cudaKernelNodeParams *);
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t, cudaGraph_t, void *);
+cudaError_t cudaGraphDestroy(cudaGraph_t);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
 
@@ -163,7 +247,7 @@ __attribute__((noinline, used)) void vec_add_kernel(const float *a, const float 
 }
 
 /* ---- values produced earlier, per thread ---- */
-enum kind { DEV, HOST, STREAM, EVENT, GRAPH, EXEC, KINDS };
+enum kind { DEV, HOST, STREAM, EVENT, GRAPH, EXEC, NODE, KINDS };
 #define KEPT 256
 
 struct values {
@@ -493,6 +577,14 @@ static void do_register(const struct op *op, struct outcome *r) {
     add(r, " stub=%p name=%s", (const void *)vec_add_kernel, name);
 }
 
+/* What nvcc generates for vec_add_kernel's `<<<>>>`: a host stub named after the mangled kernel
+ * that launches it (here with the kernel handle of the last getkernel: CUDA 13's way). */
+__attribute__((noinline, used)) cudaError_t
+__device_stub__Z14vec_add_kernelPKfS0_Pfi(dim3 grid, dim3 block) {
+    void *args[1] = {NULL};
+    return cudaLaunchKernel(last_kernel, grid, block, args, 0, NULL);
+}
+
 static void do_launch(const struct op *op, struct outcome *r) {
     const char *name = op->field[0];
     static int n = 1000;   /* static: `args` must point at storage that outlives the call */
@@ -511,6 +603,9 @@ static void do_launch(const struct op *op, struct outcome *r) {
         || strcmp(name, "launchhandle") == 0) {
         r->fn = "cudaLaunchKernel";
         r->ret = cudaLaunchKernel(func, grid, block, args, smem, stream);
+    } else if (strcmp(name, "stublaunch") == 0) {
+        r->fn = "cudaLaunchKernel";
+        r->ret = __device_stub__Z14vec_add_kernelPKfS0_Pfi(grid, block);
     } else if (strcmp(name, "launchptsz") == 0) {
         r->fn = "cudaLaunchKernel_ptsz";
         r->ret = cudaLaunchKernel_ptsz(func, grid, block, args, smem, stream);
@@ -616,6 +711,182 @@ static void do_event(const struct op *op, struct outcome *r) {
             r->ret = cudaEventDestroy(e);
         }
         add(r, " event=%p", e);
+    }
+}
+
+/* ---- graph construction ---- */
+static char graph_symbol[1 << 16];   /* the "symbol" of the symbol copies */
+
+/* The new node's dependencies: the node at field i, if given (else none). */
+static size_t deps_at(const struct op *op, int i, cudaGraphNode_t *dep) {
+    if (!has(op, i))
+        return 0;
+    *dep = ref_at(op, i, NODE);
+    return 1;
+}
+
+static struct cudaKernelNodeParams kernel_params(const struct op *op, int i) {
+    static int n = 1000;
+    static void *args[4];
+    struct cudaKernelNodeParams p = {(void *)vec_add_kernel, dims_at(op, i), dims_at(op, i + 1),
+                                     (unsigned int)num_at(op, i + 2, 0), args, NULL};
+    args[3] = &n;
+    return p;
+}
+
+static void added_node(struct outcome *r, cudaGraphNode_t node, void *graph, size_t ndeps,
+                       cudaGraphNode_t dep) {
+    add(r, " graph=%p deps=%zu dep=%p", graph, ndeps, ndeps ? dep : NULL);
+    produced_value(r, NODE, node);
+}
+
+static void do_add_node(const struct op *op, struct outcome *r) {
+    const char *name = op->field[0];
+    cudaGraphNode_t node = NULL, dep = NULL;
+    void *g;
+    size_t ndeps;
+    if (strcmp(name, "addkernel") == 0) {
+        struct cudaKernelNodeParams p = kernel_params(op, 1);
+        g = ref_at(op, 4, GRAPH);
+        ndeps = deps_at(op, 5, &dep);
+        r->fn = "cudaGraphAddKernelNode";
+        r->ret = cudaGraphAddKernelNode(&node, g, &dep, ndeps, &p);
+        add(r, " func=%p grid=%u,%u,%u block=%u,%u,%u smem=%u", p.func, p.gridDim.x,
+            p.gridDim.y, p.gridDim.z, p.blockDim.x, p.blockDim.y, p.blockDim.z,
+            p.sharedMemBytes);
+    } else if (strcmp(name, "addmemcpy") == 0 || strcmp(name, "addmemcpy1d") == 0) {
+        size_t count = need_num(op, 1);
+        int kind = (int)int_at(op, 2, 1);
+        void *dst, *src;
+        copy_ends(op, MAX_FIELDS, kind, &dst, &src);
+        g = ref_at(op, 3, GRAPH);
+        ndeps = deps_at(op, 4, &dep);
+        if (name[9] == '\0') {
+            struct cudaMemcpy3DParms p;
+            memset(&p, 0, sizeof p);
+            p.srcPtr.ptr = (void *)src;
+            p.srcPtr.pitch = p.srcPtr.xsize = count;
+            p.srcPtr.ysize = 1;
+            p.dstPtr = p.srcPtr;
+            p.dstPtr.ptr = dst;
+            p.extent.width = count;
+            p.extent.height = p.extent.depth = 1;
+            p.kind = kind;
+            r->fn = "cudaGraphAddMemcpyNode";
+            r->ret = cudaGraphAddMemcpyNode(&node, g, &dep, ndeps, &p);
+        } else {
+            r->fn = "cudaGraphAddMemcpyNode1D";
+            r->ret = cudaGraphAddMemcpyNode1D(&node, g, &dep, ndeps, dst, src, count, kind);
+        }
+        add(r, " dst=%p src=%p count=%zu kind=%d", dst, src, count, kind);
+    } else if (strcmp(name, "addtosymbol") == 0 || strcmp(name, "addfromsymbol") == 0) {
+        size_t count = need_num(op, 1);
+        int to = name[3] == 't';
+        g = ref_at(op, 2, GRAPH);
+        ndeps = 0;
+        if (to) {
+            r->fn = "cudaGraphAddMemcpyNodeToSymbol";
+            r->ret = cudaGraphAddMemcpyNodeToSymbol(&node, g, NULL, 0, graph_symbol, host_buffer,
+                                                    count, 0, 1);
+        } else {
+            r->fn = "cudaGraphAddMemcpyNodeFromSymbol";
+            r->ret = cudaGraphAddMemcpyNodeFromSymbol(&node, g, NULL, 0, host_buffer,
+                                                      graph_symbol, count, 0, 2);
+        }
+        add(r, " symbol=%p host=%p count=%zu", (void *)graph_symbol, (void *)host_buffer, count);
+    } else if (strcmp(name, "addmemset") == 0) {
+        struct cudaMemsetParams p = {(void *)last_of(DEV), 0, (unsigned int)int_at(op, 1, 0),
+                                     (unsigned int)need_num(op, 2), need_num(op, 3),
+                                     num_at(op, 4, 1)};
+        p.pitch = p.width * p.elementSize;
+        g = ref_at(op, 5, GRAPH);
+        ndeps = deps_at(op, 6, &dep);
+        r->fn = "cudaGraphAddMemsetNode";
+        r->ret = cudaGraphAddMemsetNode(&node, g, &dep, ndeps, &p);
+        add(r, " ptr=%p value=%u elem=%u width=%zu height=%zu", p.dst, p.value, p.elementSize,
+            p.width, p.height);
+    } else if (strcmp(name, "addchild") == 0) {
+        void *child = ref_at(op, 1, GRAPH);
+        g = ref_at(op, 2, GRAPH);
+        ndeps = deps_at(op, 3, &dep);
+        r->fn = "cudaGraphAddChildGraphNode";
+        r->ret = cudaGraphAddChildGraphNode(&node, g, &dep, ndeps, child);
+        add(r, " child=%p", child);
+    } else if (strcmp(name, "addempty") == 0) {
+        g = ref_at(op, 1, GRAPH);
+        ndeps = deps_at(op, 2, &dep);
+        r->fn = "cudaGraphAddEmptyNode";
+        r->ret = cudaGraphAddEmptyNode(&node, g, &dep, ndeps);
+    } else {   /* addeventrecord, addeventwait */
+        void *e = ref_at(op, 1, EVENT);
+        int wait = strcmp(name, "addeventwait") == 0;
+        g = ref_at(op, 2, GRAPH);
+        ndeps = 0;
+        r->fn = wait ? "cudaGraphAddEventWaitNode" : "cudaGraphAddEventRecordNode";
+        r->ret = wait ? cudaGraphAddEventWaitNode(&node, g, NULL, 0, e)
+                      : cudaGraphAddEventRecordNode(&node, g, NULL, 0, e);
+        add(r, " event=%p", e);
+    }
+    added_node(r, node, g, ndeps, dep);
+}
+
+static void do_graph_exec(const struct op *op, struct outcome *r) {
+    const char *name = op->field[0];
+    if (strcmp(name, "capturetograph") == 0) {
+        void *g = ref_at(op, 1, GRAPH), *s = ref_at(op, 2, STREAM);
+        int mode = (int)int_at(op, 3, 0);
+        r->fn = "cudaStreamBeginCaptureToGraph";
+        r->ret = cudaStreamBeginCaptureToGraph(s, g, NULL, NULL, 0, mode);
+        add(r, " stream=%p graph=%p mode=%d", s, g, mode);
+    } else if (strcmp(name, "exchangemode") == 0) {
+        int mode = (int)int_at(op, 1, 0);
+        r->fn = "cudaThreadExchangeStreamCaptureMode";
+        add(r, " mode=%d", mode);
+        r->ret = cudaThreadExchangeStreamCaptureMode(&mode);
+        r->printed_out = 1;
+        r->out = (uintptr_t)(unsigned)mode;
+    } else if (strcmp(name, "graphcreate") == 0) {
+        void *g = NULL;
+        r->fn = "cudaGraphCreate";
+        r->ret = cudaGraphCreate(&g, 0);
+        produced_value(r, GRAPH, g);
+    } else if (strcmp(name, "instantiateflags") == 0 || strcmp(name, "instantiateparams") == 0) {
+        void *g = ref_at(op, 1, GRAPH), *x = NULL;
+        if (name[11] == 'f') {
+            unsigned long long flags = num_at(op, 2, 0);
+            r->fn = "cudaGraphInstantiateWithFlags";
+            r->ret = cudaGraphInstantiateWithFlags(&x, g, flags);
+            add(r, " graph=%p flags=%llu", g, flags);
+        } else {
+            r->fn = "cudaGraphInstantiateWithParams";
+            r->ret = cudaGraphInstantiateWithParams(&x, g, NULL);
+            add(r, " graph=%p", g);
+        }
+        produced_value(r, EXEC, x);
+    } else if (strcmp(name, "execkernelupdate") == 0) {
+        struct cudaKernelNodeParams p = kernel_params(op, 1);
+        void *x = ref_at(op, 4, EXEC), *node = ref_at(op, 5, NODE);
+        r->fn = "cudaGraphExecKernelNodeSetParams";
+        r->ret = cudaGraphExecKernelNodeSetParams(x, node, &p);
+        add(r, " exec=%p node=%p func=%p grid=%u,%u,%u block=%u,%u,%u smem=%u", x, node, p.func,
+            p.gridDim.x,
+            p.gridDim.y, p.gridDim.z, p.blockDim.x, p.blockDim.y, p.blockDim.z,
+            p.sharedMemBytes);
+    } else if (strcmp(name, "execupdate") == 0) {
+        void *x = ref_at(op, 1, EXEC), *g = ref_at(op, 2, GRAPH);
+        r->fn = "cudaGraphExecUpdate";
+        r->ret = cudaGraphExecUpdate(x, g, NULL);
+        add(r, " exec=%p graph=%p", x, g);
+    } else if (strcmp(name, "graphdestroy") == 0) {
+        void *g = ref_at(op, 1, GRAPH);
+        r->fn = "cudaGraphDestroy";
+        r->ret = cudaGraphDestroy(g);
+        add(r, " graph=%p", g);
+    } else {   /* execdestroy */
+        void *x = ref_at(op, 1, EXEC);
+        r->fn = "cudaGraphExecDestroy";
+        r->ret = cudaGraphExecDestroy(x);
+        add(r, " exec=%p", x);
     }
 }
 
@@ -726,11 +997,20 @@ static const struct {
     {"eventrecordptsz", do_event}, {"eventsync", do_event}, {"eventquery", do_event},
     {"eventdestroy", do_event}, {"elapsed", do_event},
     {"launch", do_launch}, {"launchptsz", do_launch}, {"coop", do_launch},
-    {"launchex", do_launch}, {"launchnull", do_launch}, {"launchhandle", do_launch},
+    {"launchex", do_launch}, {"launchnull", do_launch}, {"launchhandle", do_launch}, {"stublaunch", do_launch},
     {"getkernel", do_get_kernel}, {"cudagetkernel", do_get_kernel},
     {"register", do_register},
     {"capture", do_graph}, {"endcapture", do_graph}, {"instantiate", do_graph},
     {"graphlaunch", do_graph},
+    {"addkernel", do_add_node}, {"addmemcpy", do_add_node}, {"addmemcpy1d", do_add_node},
+    {"addtosymbol", do_add_node}, {"addfromsymbol", do_add_node}, {"addmemset", do_add_node},
+    {"addchild", do_add_node}, {"addempty", do_add_node}, {"addeventrecord", do_add_node},
+    {"addeventwait", do_add_node},
+    {"capturetograph", do_graph_exec}, {"exchangemode", do_graph_exec},
+    {"graphcreate", do_graph_exec}, {"instantiateflags", do_graph_exec},
+    {"instantiateparams", do_graph_exec}, {"execkernelupdate", do_graph_exec},
+    {"execupdate", do_graph_exec}, {"graphdestroy", do_graph_exec},
+    {"execdestroy", do_graph_exec},
 };
 
 static handler find_handler(const char *name) {

@@ -55,6 +55,24 @@
  *                                      701 (LAUNCH_OUT_OF_RESOURCES) if smem > 0xc000
  *   cuLaunchKernelEx(config, f, params, extra) (+_ptsz)   1 if config NULL; then as cuLaunchKernel
  *   cuGraphLaunch(exec, stream) (+_ptsz)   400 if exec NULL
+ * CUDA graphs (handles: graphs *g = 0x60000 + k, execs *x = 0x70000 + k, nodes *n = 0x80000 + k,
+ * one counter each, successful calls only):
+ *   cuStreamBeginCapture_v2(s, mode) (+_ptsz)   1 if mode > 2
+ *   cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode) (+_ptsz)   1 if mode > 2; 400 if g NULL
+ *   cuStreamEndCapture(s, g) (+_ptsz)  1 if g NULL; *g = next graph
+ *   cuThreadExchangeStreamCaptureMode(m)   1 if m NULL; swaps *m with the thread's mode
+ *   cuGraphCreate(g, flags)            1 if g NULL or flags != 0; *g = next graph
+ *   cuGraphAdd*Node(node, graph, deps, n, ...)   1 if node NULL, or deps NULL with n > 0;
+ *                                      400 if graph NULL; KernelNode_v2(..., params): 1 if
+ *                                      params NULL, 400 if its func NULL; MemcpyNode(..., p3d,
+ *                                      ctx), MemsetNode(..., params, ctx): 1 if NULL;
+ *                                      ChildGraphNode(..., child), EventRecord/WaitNode(..., e):
+ *                                      400 if NULL; EmptyNode: 0. Success: *node = next node
+ *   cuGraphInstantiateWithFlags(x, g, flags), cuGraphInstantiate_v2(x, g, err, log, size),
+ *   cuGraphInstantiateWithParams(x, g, p) (+_ptsz)   1 if x NULL; 400 if g NULL; *x = next exec
+ *   cuGraphExecKernelNodeSetParams_v2(x, node, params)   400 if x or node NULL; 1 if params NULL
+ *   cuGraphExecUpdate_v2(x, g, info)   400 if x or g NULL
+ *   cuGraphDestroy(g), cuGraphExecDestroy(x)   400 if NULL
  *   cuStreamSynchronize(s) (+_ptsz)    0
  *   cuEventSynchronize(e)              400 if e NULL
  *   cuModuleLoadData(m, image), cuModuleLoadDataEx(m, image, n, opts, vals),
@@ -524,6 +542,234 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
     (void)hStream;
     return need_handle(hGraphExec, 66);
+}
+
+/* ---- graphs ---- */
+
+typedef void *CUgraph;
+typedef void *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;                   /* opaque here */
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS; /* opaque */
+typedef struct CUgraphExecUpdateResultInfo_st CUgraphExecUpdateResultInfo;    /* opaque */
+typedef struct CUDA_MEMCPY3D_st CUDA_MEMCPY3D;                       /* not read here */
+typedef struct CUDA_MEMSET_NODE_PARAMS_st CUDA_MEMSET_NODE_PARAMS;   /* not read here */
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS;
+
+#define GRAPH_BASE 0x60000ULL
+#define EXEC_BASE 0x70000ULL
+#define NODE_BASE 0x80000ULL
+
+static unsigned long long ngraphs, nexecs, nnodes;
+static __thread int capture_mode;
+
+HELPER CUresult begin_capture(CUgraph graph, int need_graph, int mode, int variant) {
+    CUresult r = ready(variant);
+    if (r)
+        return r;
+    if (mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    return need_graph && graph == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode) {
+    (void)hStream;
+    return begin_capture(NULL, 0, mode, 200);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode) {
+    (void)hStream;
+    return begin_capture(NULL, 0, mode, 201);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                            const CUgraphNode *dependencies,
+                                            const CUgraphEdgeData *dependencyData,
+                                            size_t numDependencies, int mode) {
+    (void)hStream; (void)dependencies; (void)dependencyData; (void)numDependencies;
+    return begin_capture(hGraph, 1, mode, 202);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                 const CUgraphNode *dependencies,
+                                                 const CUgraphEdgeData *dependencyData,
+                                                 size_t numDependencies, int mode) {
+    (void)hStream; (void)dependencies; (void)dependencyData; (void)numDependencies;
+    return begin_capture(hGraph, 1, mode, 203);
+}
+
+HELPER CUresult new_graph_handle(void *out, unsigned long long *counter,
+                                 unsigned long long base, int variant) {
+    CUresult r = ready(variant);
+    if (r)
+        return r;
+    if (out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(void **)out = next_handle(counter, base, 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    (void)hStream;
+    return new_graph_handle(phGraph, &ngraphs, GRAPH_BASE, 204);
+}
+
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    (void)hStream;
+    return new_graph_handle(phGraph, &ngraphs, GRAPH_BASE, 205);
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    int previous;
+    CUresult r = ready(206);
+    if (r)
+        return r;
+    if (mode == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    previous = capture_mode;
+    capture_mode = *mode;
+    *mode = previous;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    if (ready(207) == CUDA_SUCCESS && flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_graph_handle(phGraph, &ngraphs, GRAPH_BASE, 207);
+}
+
+/* The checks of every cuGraphAdd*Node, then `code`; a new node on success. */
+HELPER CUresult add_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                         CUresult code, int variant) {
+    CUresult r = ready(variant);
+    if (r)
+        return r;
+    if (node == NULL || (deps == NULL && n > 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (code != CUDA_SUCCESS)
+        return code;
+    *node = next_handle(&nnodes, NODE_BASE, 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                        const CUgraphNode *dependencies, size_t numDependencies,
+                                        const CUDA_KERNEL_NODE_PARAMS *nodeParams) {
+    CUresult code = nodeParams == NULL ? CUDA_ERROR_INVALID_VALUE
+                    : nodeParams->func == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 210);
+}
+
+EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                     const CUDA_MEMCPY3D *copyParams, CUcontext ctx) {
+    (void)ctx;
+    CUresult code = copyParams == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 211);
+}
+
+EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                     const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx) {
+    (void)ctx;
+    CUresult code = memsetParams == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 212);
+}
+
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                         const CUgraphNode *dependencies, size_t numDependencies,
+                                         CUgraph childGraph) {
+    CUresult code = childGraph == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 213);
+}
+
+EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                    const CUgraphNode *dependencies, size_t numDependencies) {
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, CUDA_SUCCESS, 214);
+}
+
+EXPORT CUresult cuGraphAddEventRecordNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          size_t numDependencies, CUevent event) {
+    CUresult code = event == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 215);
+}
+
+EXPORT CUresult cuGraphAddEventWaitNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                        const CUgraphNode *dependencies, size_t numDependencies,
+                                        CUevent event) {
+    CUresult code = event == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return add_node(phGraphNode, hGraph, dependencies, numDependencies, code, 216);
+}
+
+HELPER CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, int variant) {
+    CUresult r = ready(variant);
+    if (r)
+        return r;
+    if (phGraphExec == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hGraph == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *phGraphExec = next_handle(&nexecs, EXEC_BASE, 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                            unsigned long long flags) {
+    (void)flags;
+    return instantiate(phGraphExec, hGraph, 220);
+}
+
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUgraphNode *phErrorNode, char *logBuffer,
+                                      size_t bufferSize) {
+    (void)phErrorNode; (void)logBuffer; (void)bufferSize;
+    return instantiate(phGraphExec, hGraph, 221);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    (void)instantiateParams;
+    return instantiate(phGraphExec, hGraph, 222);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    (void)params;
+    return instantiate(phGraphExec, hGraph, 223);
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                  const CUDA_KERNEL_NODE_PARAMS *nodeParams) {
+    CUresult r = ready(224);
+    if (r)
+        return r;
+    if (hGraphExec == NULL || hNode == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return nodeParams == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                     CUgraphExecUpdateResultInfo *resultInfo) {
+    (void)resultInfo;
+    if (ready(225) == CUDA_SUCCESS && hGraphExec == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return need_handle(hGraph, 225);
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph hGraph) { return need_handle(hGraph, 226); }
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    return need_handle(hGraphExec, 227);
 }
 
 /* ---- synchronization ---- */

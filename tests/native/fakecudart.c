@@ -17,8 +17,9 @@
  *                       *ptr = 0x7e0000000000 + k * 0x100000
  *   streams             cudaStreamCreate, ...WithFlags, ...WithPriority   *stream = 0x5000 + k
  *   events              cudaEventCreate, cudaEventCreateWithFlags          *event  = 0xe000 + k
- *   graphs              cudaStreamEndCapture                               *graph  = 0x6000 + k
- *   graph execs         cudaGraphInstantiate                               *exec   = 0x7000 + k
+ *   graphs              cudaStreamEndCapture, cudaGraphCreate              *graph  = 0x6000 + k
+ *   graph execs         cudaGraphInstantiate(WithFlags, WithParams)       *exec   = 0x7000 + k
+ *   graph nodes         cudaGraphAdd*Node                                  *node   = 0x8000 + k
  * The current device is per thread (as in CUDA) and starts at 0; there are 2 devices.
  * Every non-zero result is also stored as the thread's last error (see cudaGetLastError).
  *
@@ -72,6 +73,24 @@
  *                                        (CUDA 13's nvcc code launches with such a handle)
  *   __cudaRegisterFunction(h, stub, fun, name, ...)   nothing (void)
  *   cudaGraphLaunch(x, s)                400 if x NULL
+ *   cudaStreamBeginCaptureToGraph(s, g, deps, data, n, mode) (+_ptsz)   1 if mode > 2; 400 if g NULL
+ *   cudaThreadExchangeStreamCaptureMode(m)   1 if m NULL; swaps *m with the thread's mode (0 at first)
+ *   cudaGraphCreate(g, flags)            1 if g NULL or flags != 0; *g = next graph handle
+ *   cudaGraphAdd*Node(node, graph, deps, n, ...)   1 if node NULL, or deps NULL with n > 0;
+ *                                        400 if graph NULL; then:
+ *     KernelNode(..., params)            1 if params NULL; 98 if params->func NULL
+ *     MemcpyNode(..., p3d)               1 if p3d NULL; 21 if p3d->kind > 4
+ *     MemcpyNode1D(..., dst, src, count, kind), MemcpyNodeToSymbol(..., symbol, src, count,
+ *     offset, kind), MemcpyNodeFromSymbol(..., dst, symbol, count, offset, kind)   21 if kind > 4
+ *     MemsetNode(..., params)            1 if params NULL or its elementSize is not 1, 2 or 4
+ *     ChildGraphNode(..., child), EventRecordNode(..., e), EventWaitNode(..., e)   400 if NULL
+ *     EmptyNode                          0
+ *                                        each success: *node = next node handle
+ *   cudaGraphInstantiateWithFlags(x, g, flags), cudaGraphInstantiateWithParams(x, g, p) (+_ptsz)
+ *                                        as cudaGraphInstantiate (p is not read: may be NULL)
+ *   cudaGraphExecKernelNodeSetParams(x, node, params)   400 if x or node NULL; 1 if params NULL
+ *   cudaGraphExecUpdate(x, g, info)      400 if x or g NULL
+ *   cudaGraphDestroy(g), cudaGraphExecDestroy(x)   400 if NULL
  *   cudaGetLastError()                   the thread's last error, then resets it to 0
  *   cudaPeekAtLastError()                the thread's last error, without resetting it
  */
@@ -129,11 +148,13 @@ enum {
 #define GRAPH_BASE 0x6000ULL
 #define KERNEL_BASE 0x9000ULL
 #define EXEC_BASE 0x7000ULL
+#define NODE_BASE 0x8000ULL
 #define MAX_ALLOC (1ULL << 40)
 #define DEVICE_COUNT 2
 #define PITCH_ALIGN 512
 
-static unsigned long long device_allocs, host_allocs, streams, events, graphs, execs, kernels;
+static unsigned long long device_allocs, host_allocs, streams, events, graphs, execs, kernels,
+    nodes;
 static __thread int current_device;
 static __thread cudaError_t last_error;
 
@@ -498,6 +519,231 @@ EXPORT cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t
     if (graph == NULL)
         return result(cudaErrorInvalidValue);
     return new_handle(pGraphExec, &execs, EXEC_BASE);
+}
+
+/* Graph construction (CUDA 12/13 signatures and node parameter layouts). */
+typedef void *cudaGraphNode_t;
+typedef struct cudaGraphEdgeData_st cudaGraphEdgeData;                   /* opaque here */
+typedef struct cudaGraphInstantiateParams_st cudaGraphInstantiateParams; /* opaque here */
+typedef struct cudaGraphExecUpdateResultInfo_st cudaGraphExecUpdateResultInfo; /* opaque */
+struct cudaKernelNodeParams {
+    void *func;
+    dim3 gridDim;
+    dim3 blockDim;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+};
+struct cudaPos { size_t x, y, z; };
+struct cudaPitchedPtr { void *ptr; size_t pitch, xsize, ysize; };
+struct cudaExtent { size_t width, height, depth; };
+struct cudaMemcpy3DParms {                         /* 160 bytes: extent at 128, kind at 152 */
+    void *srcArray;
+    struct cudaPos srcPos;
+    struct cudaPitchedPtr srcPtr;
+    void *dstArray;
+    struct cudaPos dstPos;
+    struct cudaPitchedPtr dstPtr;
+    struct cudaExtent extent;
+    cudaMemcpyKind kind;
+};
+struct cudaMemsetParams {
+    void *dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+};
+
+static __thread cudaStreamCaptureMode capture_mode;
+
+HELPER cudaError_t capture_to_graph(cudaGraph_t graph, cudaStreamCaptureMode mode, int variant) {
+    (void)variant;
+    if (mode < 0 || mode > 2)
+        return result(cudaErrorInvalidValue);
+    return need_handle(graph);
+}
+
+EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                                 const cudaGraphNode_t *dependencies,
+                                                 const cudaGraphEdgeData *dependencyData,
+                                                 size_t numDependencies,
+                                                 cudaStreamCaptureMode mode) {
+    (void)stream; (void)dependencies; (void)dependencyData; (void)numDependencies;
+    return capture_to_graph(graph, mode, 1);
+}
+
+EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                                      const cudaGraphNode_t *dependencies,
+                                                      const cudaGraphEdgeData *dependencyData,
+                                                      size_t numDependencies,
+                                                      cudaStreamCaptureMode mode) {
+    (void)stream; (void)dependencies; (void)dependencyData; (void)numDependencies;
+    return capture_to_graph(graph, mode, 2);
+}
+
+EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
+    cudaStreamCaptureMode previous;
+    if (mode == NULL)
+        return result(cudaErrorInvalidValue);
+    previous = capture_mode;
+    capture_mode = *mode;
+    *mode = previous;
+    return no_op(11);
+}
+
+EXPORT cudaError_t cudaGraphCreate(cudaGraph_t *pGraph, unsigned int flags) {
+    if (flags != 0)
+        return result(cudaErrorInvalidValue);
+    return new_handle(pGraph, &graphs, GRAPH_BASE);
+}
+
+/* The checks every cudaGraphAdd*Node makes, then `code`; a new node on success. */
+HELPER cudaError_t add_node(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                            const cudaGraphNode_t *deps, size_t n, cudaError_t code) {
+    if (pGraphNode == NULL || (deps == NULL && n > 0))
+        return result(cudaErrorInvalidValue);
+    if (graph == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    if (code != cudaSuccess)
+        return result(code);
+    return new_handle(pGraphNode, &nodes, NODE_BASE);
+}
+
+static cudaError_t kind_ok(cudaMemcpyKind kind) {
+    return kind < 0 || kind > 4 ? cudaErrorInvalidMemcpyDirection : cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGraphAddKernelNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          size_t numDependencies,
+                                          const struct cudaKernelNodeParams *pNodeParams) {
+    cudaError_t code = pNodeParams == NULL ? cudaErrorInvalidValue
+                       : pNodeParams->func == NULL ? cudaErrorInvalidDeviceFunction
+                       : cudaSuccess;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+EXPORT cudaError_t cudaGraphAddMemcpyNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          size_t numDependencies,
+                                          const struct cudaMemcpy3DParms *pCopyParams) {
+    cudaError_t code = pCopyParams == NULL ? cudaErrorInvalidValue : kind_ok(pCopyParams->kind);
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+EXPORT cudaError_t cudaGraphAddMemcpyNode1D(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                            const cudaGraphNode_t *pDependencies,
+                                            size_t numDependencies, void *dst, const void *src,
+                                            size_t count, cudaMemcpyKind kind) {
+    (void)dst; (void)src; (void)count;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, kind_ok(kind));
+}
+
+EXPORT cudaError_t cudaGraphAddMemcpyNodeToSymbol(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                                  const cudaGraphNode_t *pDependencies,
+                                                  size_t numDependencies, const void *symbol,
+                                                  const void *src, size_t count, size_t offset,
+                                                  cudaMemcpyKind kind) {
+    (void)symbol; (void)src; (void)count; (void)offset;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, kind_ok(kind));
+}
+
+EXPORT cudaError_t cudaGraphAddMemcpyNodeFromSymbol(cudaGraphNode_t *pGraphNode,
+                                                    cudaGraph_t graph,
+                                                    const cudaGraphNode_t *pDependencies,
+                                                    size_t numDependencies, void *dst,
+                                                    const void *symbol, size_t count,
+                                                    size_t offset, cudaMemcpyKind kind) {
+    (void)dst; (void)symbol; (void)count; (void)offset;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, kind_ok(kind));
+}
+
+EXPORT cudaError_t cudaGraphAddMemsetNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                          const cudaGraphNode_t *pDependencies,
+                                          size_t numDependencies,
+                                          const struct cudaMemsetParams *pMemsetParams) {
+    unsigned int size = pMemsetParams ? pMemsetParams->elementSize : 0;
+    cudaError_t code = size == 1 || size == 2 || size == 4 ? cudaSuccess : cudaErrorInvalidValue;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+EXPORT cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                              const cudaGraphNode_t *pDependencies,
+                                              size_t numDependencies, cudaGraph_t childGraph) {
+    cudaError_t code = childGraph == NULL ? cudaErrorInvalidResourceHandle : cudaSuccess;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+EXPORT cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                         const cudaGraphNode_t *pDependencies,
+                                         size_t numDependencies) {
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, no_op(12));
+}
+
+EXPORT cudaError_t cudaGraphAddEventRecordNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                               const cudaGraphNode_t *pDependencies,
+                                               size_t numDependencies, cudaEvent_t event) {
+    cudaError_t code = event == NULL ? cudaErrorInvalidResourceHandle : cudaSuccess;
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+EXPORT cudaError_t cudaGraphAddEventWaitNode(cudaGraphNode_t *pGraphNode, cudaGraph_t graph,
+                                             const cudaGraphNode_t *pDependencies,
+                                             size_t numDependencies, cudaEvent_t event) {
+    cudaError_t code = event == NULL ? cudaErrorInvalidResourceHandle : no_op(13);
+    return add_node(pGraphNode, graph, pDependencies, numDependencies, code);
+}
+
+HELPER cudaError_t instantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, int variant) {
+    (void)variant;
+    if (graph == NULL)
+        return result(cudaErrorInvalidValue);
+    return new_handle(pGraphExec, &execs, EXEC_BASE);
+}
+
+EXPORT cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                 unsigned long long flags) {
+    (void)flags;
+    return instantiate(pGraphExec, graph, 1);
+}
+
+EXPORT cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                  cudaGraphInstantiateParams *instantiateParams) {
+    (void)instantiateParams;
+    return instantiate(pGraphExec, graph, 2);
+}
+
+EXPORT cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *pGraphExec,
+                                                       cudaGraph_t graph,
+                                                       cudaGraphInstantiateParams *params) {
+    (void)params;
+    return instantiate(pGraphExec, graph, 3);
+}
+
+EXPORT cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t hGraphExec,
+                                                    cudaGraphNode_t node,
+                                                    const struct cudaKernelNodeParams *pNodeParams) {
+    if (hGraphExec == NULL || node == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    return result(pNodeParams == NULL ? cudaErrorInvalidValue : cudaSuccess);
+}
+
+EXPORT cudaError_t cudaGraphExecUpdate(cudaGraphExec_t hGraphExec, cudaGraph_t hGraph,
+                                       cudaGraphExecUpdateResultInfo *resultInfo) {
+    (void)resultInfo;
+    if (hGraphExec == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    return need_handle(hGraph);
+}
+
+EXPORT cudaError_t cudaGraphDestroy(cudaGraph_t graph) { return need_handle(graph); }
+
+EXPORT cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+    if (graphExec == NULL)
+        return result(cudaErrorInvalidResourceHandle);
+    return no_op(14);
 }
 
 EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {

@@ -1,0 +1,663 @@
+"""`ebpf-cuda monitor`: an always-on agent for a whole host.
+
+    monitor = Monitor(MonitorOptions(kernel_labels=20), log=print).start()
+    ... exporters call monitor.collect() from their own threads ...
+    monitor.run()     # reads until monitor.stop() (safe in a signal handler)
+    monitor.close()
+
+One Tracer without a target over every distinct CUDA runtime and driver file of the machine
+(`cuda_files`: the usual search places, and the files running processes map, whatever their
+mount namespace). A uprobe on a file applies to every process that maps it, also those that
+start later, so new processes are covered without doing anything. Calls are summed up in the
+kernel (`Tracer(aggregate=True, emit=False)`: per-CPU counters and log2 histograms per
+function, errors by code, successful launches by process and kernel); only the hello record
+of each new thread and the calls that teach kernel names travel the ring. With a flight
+recorder (flight.py) every call's record travels too.
+
+Threads: `run()` is the reader. Every TICK_S it also names the launches in the kernel's
+`launches` map and publishes them as series, and drops the state of processes that exited
+once an exporter has collected their last values. Exporters call `collect()`
+from their threads: it reads the per-CPU aggregates afresh (a few system calls) and takes the
+launch series the reader last published (at most TICK_S old). Nothing here prints.
+"""
+import ctypes
+import errno
+import fnmatch
+import os
+import re
+import struct
+import threading
+import time
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+from . import apis, discovery, layout, record, syscalls
+from .apis import TABLE, Api, Kind, Role
+from .cuda_enums import error_name, memcpy_kind_name
+from .errors import TracerError
+from .maps import possible_cpus
+from .tracer import Tracer
+
+TICK_S = 0.5  # how often the reader names launches and looks for processes that exited
+RING_SIZE = 1 << 20  # only hello records and name-teaching calls travel
+FLIGHT_RING_SIZE = 16 << 20  # with a flight recorder every call travels
+DEFAULT_KERNEL_LABELS = 20
+OTHER_KERNEL = "other"
+UNNAMED_KERNEL = "unnamed"
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")  # the rows that launch a graph
+# Durations the histogram's buckets end at: powers of two of nanoseconds, 256 ns to 34 s
+# (the kernel's log2 buckets merged below and above; buckets are cumulative).
+HISTOGRAM_BOUNDS_LOG2 = tuple(range(8, 36))
+_CUDA_FILES = ("libcudart.so*", "libcuda.so*")  # the runtime and the driver
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # docker, containerd, CRI-O container ids
+Log = Callable[[str], None]
+Labels = Tuple[Tuple[str, str], ...]
+
+
+# -- the metrics model the exporters render (prometheus.py, otlp.py, pprof.py) -------------
+
+class Histogram(NamedTuple):
+    """Cumulative counts of durations at most each bound (seconds), their sum and count."""
+
+    bounds: Tuple[float, ...]
+    cumulative: Tuple[int, ...]
+    sum: float
+    count: int
+
+
+class Family(NamedTuple):
+    """One metric family: `kind` "counter", "gauge" or "histogram"; `samples` are (labels,
+    value) with a number, or a Histogram for histograms. Counters are named without the
+    Prometheus `_total` suffix; `unit` is UCUM (OTLP): "1", "s", "By"."""
+
+    name: str
+    kind: str
+    help: str
+    unit: str
+    samples: List[Tuple[Labels, object]]
+
+
+class MonitorOptions(NamedTuple):
+    """What to probe and how (see the CLI's `monitor --help`)."""
+
+    paths: Tuple[str, ...] = ()  # files to probe; default: found by `cuda_files`
+    functions: Optional[Tuple[str, ...]] = None
+    api: str = "all"
+    everything: bool = False
+    kernel_labels: int = DEFAULT_KERNEL_LABELS  # kernel names per process as labels
+    ring_size: Optional[int] = None  # default RING_SIZE, or FLIGHT_RING_SIZE
+    flight: object = None  # a flight.FlightOptions: keep the last seconds of every call
+
+
+# -- which files ---------------------------------------------------------------------------
+
+def cuda_files(log: Optional[Log] = None) -> List[str]:
+    """Every distinct CUDA runtime and driver file of this machine: every copy the usual
+    search finds (discovery.find_library, find_driver_library) and every libcudart.so* and
+    libcuda.so* a running process maps, reached through /proc/PID/root when its mount
+    namespace (a container) has it at a path we do not see. Deduplicated by inode.
+
+    Executables that carry the runtime statically are not looked for (that would parse the
+    ELF file of every process): their driver calls are seen in libcuda."""
+    found: List[str] = []
+    seen: Set[Tuple[int, int]] = set()
+    for path in discovery.find_library() + discovery.find_driver_library():
+        _add_file(found, seen, path)
+    for pid in _pids():
+        for path in _mapped_cuda_files(pid):
+            if _add_file(found, seen, path) and log is not None:
+                log("%s: mapped by process %d" % (path, pid))
+    return found
+
+
+def _mapped_cuda_files(pid: int) -> List[str]:
+    """The libcudart.so* and libcuda.so* files `pid` maps, as paths valid here (through
+    /proc/PID/root when its mount namespace has them elsewhere; not resolved further: the
+    real path of /proc/PID/root/x is x, which may not exist here)."""
+    try:
+        mappings = discovery.process_mappings(pid)
+    except TracerError:  # gone, or a kernel thread
+        return []
+    names = {m.path: m.inode for m in mappings if m.is_file
+             and any(fnmatch.fnmatch(os.path.basename(m.path), p) for p in _CUDA_FILES)}
+    return [discovery.process_file_path(pid, path, inode) for path, inode in names.items()]
+
+
+def _add_file(found: List[str], seen: Set[Tuple[int, int]], path: str) -> bool:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if (info.st_dev, info.st_ino) in seen:
+        return False
+    seen.add((info.st_dev, info.st_ino))
+    found.append(path)
+    return True
+
+
+def _pids() -> List[int]:
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+
+
+# -- processes -----------------------------------------------------------------------------
+
+class Process:
+    """A process seen making CUDA calls: its labels, and the sticky kernel labels of its
+    launches ((fn_id, func) -> label)."""
+
+    __slots__ = ("pid", "comm", "container", "start", "exited", "labels", "kernels")
+
+    def __init__(self, pid: int, comm: str) -> None:
+        self.pid = pid
+        self.comm = comm
+        self.container = container_of(pid)
+        self.start = _start_time(pid)
+        self.exited: Optional[int] = None  # the collect count when its exit was seen
+        self.labels: Dict[Tuple[int, int], str] = {}
+        self.kernels: Set[str] = set()  # kernel names that have a label of their own
+
+    def alive(self) -> bool:
+        """Still running (the same process: a reused PID has another start time)."""
+        start = _start_time(self.pid)
+        return start is not None and start == self.start
+
+    def label_set(self) -> Labels:
+        labels = (("pid", str(self.pid)), ("comm", self.comm))
+        return labels + ((("container", self.container),) if self.container else ())
+
+
+def container_of(pid: int) -> str:
+    """The container id (12 characters, as `docker ps` shows it) in the process's cgroup
+    path, or "" when it is in none."""
+    try:
+        with open("/proc/%d/cgroup" % pid) as f:
+            found = _CONTAINER_ID.search(f.read())
+    except OSError:
+        return ""
+    return found.group(0)[:12] if found else ""
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# -- reading the per-CPU aggregates quickly --------------------------------------------------
+
+class FunctionTotals(NamedTuple):
+    """One function's (and memcpy kind's) aggregates, summed over CPUs."""
+
+    api: Api
+    kind: Optional[int]
+    count: int
+    total_ns: int
+    errors: int
+    bytes: int
+    histogram: Tuple[int, ...]
+
+
+_STRIDE = layout.AGG_VALUE.size // 8  # u64 words per CPU
+_COUNT, _TOTAL, _ERRORS, _BYTES, _HIST = 0, 1, 4, 5, 7
+_INDEX = struct.Struct("<I")
+
+
+class AggregateReader:
+    """Reads the `agg` map's entries of the probed functions only, one lookup each, summing
+    the per-CPU words with slices (no per-CPU unpacking)."""
+
+    def __init__(self, agg_fd: int, fn_ids: Iterable[int]) -> None:
+        self.fd = agg_fd
+        self.size = layout.AGG_VALUE.size * possible_cpus()
+        self.entries: List[Tuple[Api, Optional[int], bytes]] = []
+        for fn_id in sorted(set(fn_ids)):
+            api = TABLE[fn_id]
+            kinds = (range(layout.KIND_SLOTS) if any(a.kind == Kind.MEMCPY_KIND
+                                                      for a in api.args) else (None,))
+            for kind in kinds:
+                index = fn_id * layout.KIND_SLOTS + (kind or 0)
+                self.entries.append((api, kind, _INDEX.pack(index)))
+
+    def read(self) -> List[FunctionTotals]:
+        found = []
+        for api, kind, key in self.entries:
+            raw = syscalls.map_lookup(self.fd, key, self.size)
+            if raw is None:
+                continue
+            words = memoryview(raw).cast("Q")
+            count = sum(words[_COUNT::_STRIDE])
+            if not count:
+                continue
+            found.append(FunctionTotals(
+                api, kind, count, sum(words[_TOTAL::_STRIDE]), sum(words[_ERRORS::_STRIDE]),
+                sum(words[_BYTES::_STRIDE]),
+                tuple(sum(words[_HIST + b::_STRIDE]) for b in range(layout.HIST_BUCKETS))))
+        return found
+
+
+BPF_MAP_LOOKUP_BATCH = 24  # (Linux 5.6+)
+_ENOTSUPP = 524  # the kernel's own "not supported" (not in errno)
+_BATCH_ATTR = struct.Struct("<QQQQIIQQ")  # in_batch, out_batch, keys, values, count, map_fd,
+#                                           elem_flags, flags
+
+
+class HashReader:
+    """Every (key, value) of a hash map in a few BPF_MAP_LOOKUP_BATCH calls (two system
+    calls per entry with get-next-key and lookup: 10,000 of them for a full launches map,
+    ~0.2 s here); the element-wise way where the kernel has no batches."""
+
+    BATCH = 512  # entries per call (ENOSPC, a hash bucket holding more: twice as many)
+
+    def __init__(self, hash_map) -> None:
+        self.map = hash_map
+        self.tokens = (ctypes.create_string_buffer(8), ctypes.create_string_buffer(8))
+        self.batches = True
+        self._room(self.BATCH)
+
+    def _room(self, count: int) -> None:
+        self.count = count
+        self.keys = ctypes.create_string_buffer(count * self.map.key_size)
+        self.values = ctypes.create_string_buffer(count * self.map.value_size)
+
+    def items(self) -> List[Tuple[bytes, bytes]]:
+        if self.batches:
+            try:
+                return self._batched()
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, _ENOTSUPP):
+                    raise
+                self.batches = False
+        return list(self.map.items())
+
+    def _batched(self) -> List[Tuple[bytes, bytes]]:
+        found: List[Tuple[bytes, bytes]] = []
+        ksize, vsize = self.map.key_size, self.map.value_size
+        first = True
+        while True:
+            attr = ctypes.create_string_buffer(_BATCH_ATTR.size)
+            _BATCH_ATTR.pack_into(
+                attr, 0, 0 if first else ctypes.addressof(self.tokens[0]),
+                ctypes.addressof(self.tokens[1]), ctypes.addressof(self.keys),
+                ctypes.addressof(self.values), self.count, self.map.fd, 0, 0)
+            res, err = syscalls.bpf_raw(BPF_MAP_LOOKUP_BATCH, attr)
+            if res < 0 and err == errno.ENOSPC and self.count < self.map.max_entries:
+                self._room(self.count * 2)  # (the same batch again, with more room)
+                continue
+            if res < 0 and err != errno.ENOENT:
+                raise OSError(err, os.strerror(err))
+            count = struct.unpack_from("<I", attr, 32)[0]
+            keys, values = self.keys.raw, self.values.raw
+            found += [(keys[i * ksize:(i + 1) * ksize], values[i * vsize:(i + 1) * vsize])
+                      for i in range(count)]
+            if res < 0:  # ENOENT: that was the last batch
+                return found
+            ctypes.memmove(self.tokens[0], self.tokens[1], 8)
+            first = False
+
+
+def _per_cpu_sum(stats_map, index: int) -> int:
+    return sum(stats_map[index])
+
+
+def _func_cell(api: Api) -> int:
+    return next(cell for arg, cell in apis.arg_cells(api) if arg.name == "func")
+
+
+_FUNC_CELL = {fn_id: _func_cell(api) for fn_id, api in enumerate(TABLE)
+              if api.role == Role.LAUNCH}
+
+
+class LaunchSeries(NamedTuple):
+    """What the reader publishes every tick: launches by (process labels, function, kernel
+    label), the launches the full `launches` map could not take (so far), and the live
+    processes."""
+
+    launches: Dict[Tuple[Labels, str, str], int]  # (process labels, api, kernel label)
+    map_full: int
+    processes: int
+
+
+# -- the monitor -----------------------------------------------------------------------------
+
+class Monitor:
+    """See the module's docstring."""
+
+    def __init__(self, options: MonitorOptions = MonitorOptions(),
+                 log: Optional[Log] = None, notice: Optional[Log] = None) -> None:
+        self.options = options
+        self.log = log or (lambda message: None)  # progress notes (which files, offsets)
+        self.notice = notice or self.log  # what happened (a flight-recorder dump)
+        self.tracer: Optional[Tracer] = None
+        self.flight = None  # a flight.FlightRecorder, with options.flight
+        self.processes: Dict[int, Process] = {}  # (those seen and not dropped yet)
+        self.seen = 0  # processes seen in all
+        self.started_at = time.time()
+        self._lock = threading.Lock()  # the published series and the collect count
+        self._series = LaunchSeries({}, 0, 0)
+        self._collects = 0  # snapshots handed to exporters so far
+        self._retired: Dict[int, int] = {}  # launches of pruned processes, by function id
+        # ... and by (comm, api, kernel label), for a profile of the whole run
+        self.retired_launches: Dict[Tuple[str, str, str], int] = {}
+        self._map_full = 0
+        self._stopping = False
+        self._agg: Optional[AggregateReader] = None
+        self._launches: Optional[HashReader] = None
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def start(self) -> "Monitor":
+        """Find the files, load and attach every probe."""
+        o = self.options
+        paths = list(o.paths) or cuda_files(self.log)
+        if not paths:
+            raise TracerError("no CUDA library (libcudart or libcuda) found on this machine; "
+                              "name one with -p PATH")
+        ring = o.ring_size or (FLIGHT_RING_SIZE if o.flight is not None else RING_SIZE)
+        self.tracer = Tracer(functions=o.functions, library=paths, api=o.api,
+                             everything=o.everything, ring_size=ring, aggregate=True,
+                             emit=o.flight is not None, log=self.log)
+        try:
+            self.tracer.start()
+            if o.flight is not None:
+                from .flight import FlightRecorder
+
+                self.flight = FlightRecorder(o.flight, self.tracer, log=self.notice)
+            maps = self.tracer.session.maps
+            self._agg = AggregateReader(maps[layout.AGG].fd,
+                                        (apis.FN_ID[a.api] for a in self.tracer.attachments))
+            self._launches = HashReader(maps[layout.LAUNCHES])
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def files(self) -> List[str]:
+        """The files probed."""
+        return sorted({a.path for a in self.tracer.attachments}) if self.tracer else []
+
+    @property
+    def functions(self) -> List[str]:
+        return sorted({a.api for a in self.tracer.attachments}) if self.tracer else []
+
+    # -- the reader ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Read until `stop()`: every batch's new processes noted (and handed to the flight
+        recorder); every TICK_S launches named and published, exited processes dropped."""
+        assert self.tracer is not None
+        stream = self.tracer.stream
+        while not self._stopping:
+            for frames in stream.frames(timeout=TICK_S):
+                self._note_processes(frames)
+                if self.flight is not None:
+                    self.flight.put(frames)
+            if self.flight is not None:
+                self.flight.poll()
+            self.tick()  # (once more after the stop: the series include the last batch)
+
+    def stop(self) -> None:
+        """Finish `run()` after draining the ring (safe in a signal handler)."""
+        self._stopping = True
+        if self.tracer is not None:
+            self.tracer.stop()
+
+    def _note_processes(self, frames: bytes) -> None:
+        pids = record.frame_column(frames, record.PID_TGID + 4, "I")
+        new = set(pids).difference(self.processes)
+        for pid in new:
+            at = pids.index(pid) * record.FRAME_SIZE + record.FRAME_HEADER + record.COMM
+            comm = frames[at:at + record.COMM_LEN].split(b"\0", 1)[0]
+            self.processes[pid] = Process(pid, comm.decode("utf-8", "replace"))
+            self.seen += 1
+
+    def tick(self) -> None:
+        """Name the launches and publish them; drop the processes whose exit an exporter
+        has seen; note the processes that exited since the last tick."""
+        with self._lock:
+            collects = self._collects
+        self._prune(collects)
+        for process in self.processes.values():  # (before the series: they hold its end)
+            if process.exited is None and not process.alive():
+                process.exited = collects
+        series = self._launch_series()
+        with self._lock:
+            self._series = series
+
+    def _launch_series(self) -> LaunchSeries:
+        """Launches from the kernel's map by process and kernel label. The successful
+        launches the aggregates counted beyond those the map holds (and those of processes
+        already dropped) are the ones the full map could not take."""
+        assert self.tracer is not None
+        ok = {apis.FN_ID[f.api.name]: f.count - f.errors for f in self._agg.read()
+              if f.api.role == Role.LAUNCH}  # (read first: the map can only be ahead)
+        per_key: Dict[Tuple[int, int, int], int] = {}
+        for key, value in self._launches.items():
+            pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
+            func = cells[_FUNC_CELL[fn_id]]
+            count = layout.LAUNCH_VALUE.unpack(value)[0]
+            per_key[(pid, fn_id, func)] = per_key.get((pid, fn_id, func), 0) + count
+        attributed = dict(self._retired)
+        launches: Dict[Tuple[Labels, str, str], int] = {}
+        for (pid, fn_id, func), count in sorted(per_key.items()):
+            attributed[fn_id] = attributed.get(fn_id, 0) + count
+            process = self.processes.get(pid)
+            if process is None:  # (its hello record was lost: a full ring)
+                process = self.processes[pid] = Process(pid, _comm(pid))
+                self.seen += 1
+            series = (process.label_set(), TABLE[fn_id].name,
+                      self._kernel_label(process, fn_id, func))
+            launches[series] = launches.get(series, 0) + count
+        missing = sum(max(n - attributed.get(fn_id, 0), 0) for fn_id, n in ok.items())
+        self._map_full = max(self._map_full, missing)
+        live = sum(1 for p in self.processes.values() if p.exited is None)
+        return LaunchSeries(launches, self._map_full, live)
+
+    def _kernel_label(self, process: Process, fn_id: int, func: int) -> str:
+        """The launch's kernel label, decided once per (function, func) of a process, so
+        that every series only grows: the name while fewer than `kernel_labels` names have
+        one, else "other" (the first kernels a process launches get the labels)."""
+        label = process.labels.get((fn_id, func))
+        if label is not None:
+            return label
+        name = self.tracer.names.name_for(process.pid, TABLE[fn_id].name, func)
+        limit = self.options.kernel_labels
+        if name is None:
+            label = UNNAMED_KERNEL if limit else OTHER_KERNEL
+        elif name in process.kernels or len(process.kernels) < limit:
+            process.kernels.add(name)
+            label = name
+        else:
+            label = OTHER_KERNEL
+        process.labels[(fn_id, func)] = label
+        return label
+
+    def _prune(self, collects: int) -> None:
+        """Drop the processes whose exit was seen before an exporter's last collect: their
+        launch entries leave the kernel's map (counted as retired), their names go."""
+        gone = [p.pid for p in self.processes.values()
+                if p.exited is not None and p.exited < collects]
+        if not gone:
+            return
+        launches = self.tracer.session.maps[layout.LAUNCHES]
+        doomed = set(gone)
+        for key, value in self._launches.items():
+            pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
+            if pid in doomed:
+                count = layout.LAUNCH_VALUE.unpack(value)[0]
+                self._retired[fn_id] = self._retired.get(fn_id, 0) + count
+                process = self.processes[pid]
+                label = process.labels.get((fn_id, cells[_FUNC_CELL[fn_id]]), UNNAMED_KERNEL)
+                series = (process.comm, TABLE[fn_id].name, label)
+                self.retired_launches[series] = self.retired_launches.get(series, 0) + count
+                launches.delete(key)
+        for pid in gone:
+            del self.processes[pid]
+            forget_process(self.tracer.names, pid)
+            if self.flight is not None:
+                self.flight.forget(pid)
+
+    # -- what exporters call ---------------------------------------------------------------
+
+    def collect(self) -> List[Family]:
+        """Every metric family now (thread-safe)."""
+        assert self.tracer is not None and self._agg is not None
+        with self._lock:
+            series = self._series
+            self._collects += 1
+        functions = self._agg.read()
+        families = function_families(functions)
+        families.append(_error_family(self.tracer.session.maps[layout.ERRORS]))
+        families.append(Family(
+            "ebpf_cuda_kernel_launches", "counter",
+            "Successful kernel launches by process and kernel (the first N kernels of a "
+            "process by name, the rest as kernel=\"other\").", "1",
+            [(labels + (("api", api), ("layer", TABLE[apis.FN_ID[api]].library),
+                        ("kernel", kernel)), n)
+             for (labels, api, kernel), n in sorted(series.launches.items())]))
+        families.append(self._lost_family(series.map_full))
+        families.append(Family("ebpf_cuda_processes", "gauge",
+                               "Processes seen making CUDA calls that still run.", "1",
+                               [((), series.processes)]))
+        if self.flight is not None:
+            families += self.flight.families()
+        return families
+
+    def _lost_family(self, map_full: int) -> Family:
+        stats = self.tracer.session.maps[layout.STATS]
+        lost = [("ring_full", _per_cpu_sum(stats, record.STAT_RING_FULL)),
+                ("inflight_full", _per_cpu_sum(stats, record.STAT_INFLIGHT_FULL)),
+                ("launch_map_full", map_full)]
+        if self.flight is not None:
+            lost.append(("flight_recorder_full", self.flight.overwritten))
+        return Family("ebpf_cuda_events_lost", "counter",
+                      "What the probes could not count or keep, by cause: ring_full (records "
+                      "of name-teaching calls, or with a flight recorder every call's), "
+                      "inflight_full (calls not counted), launch_map_full (launches counted "
+                      "but not by process), flight_recorder_full (calls overwritten in the "
+                      "flight recorder before they were SECONDS old).", "1",
+                      [((("cause", cause),), n) for cause, n in lost])
+
+    def launch_totals(self) -> Dict[Tuple[str, str, str], int]:
+        """Launches by (comm, api, kernel label) of the whole run: the processes dropped and
+        those still known (as of the last tick)."""
+        with self._lock:
+            series = self._series
+        totals = dict(self.retired_launches)
+        for (labels, api, kernel), n in series.launches.items():
+            key = (dict(labels)["comm"], api, kernel)
+            totals[key] = totals.get(key, 0) + n
+        return totals
+
+    # -- tear-down -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach every probe and free every kernel object (idempotent)."""
+        if self.flight is not None:
+            self.flight.close()
+        if self.tracer is not None:
+            self.tracer.close()
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def forget_process(namer, pid: int) -> None:
+    """Drop what the namer keeps of an exited process (names.py: KernelNamer.forget when it
+    has one; until then, its per-process dictionaries by their pid keys)."""
+    forget = getattr(namer, "forget", None)
+    if forget is not None:
+        forget(pid)
+        return
+    for table in (namer.handles, namer.stubs, namer._symbols, namer.unnamed):
+        for key in [k for k in table if k[0] == pid]:
+            del table[key]
+    for key in [k for k in namer._found if k[0] == pid]:
+        del namer._found[key]
+    namer._seen.discard(pid)
+    resolver = namer.resolver
+    resolver._maps.pop(pid, None)
+    resolver._reread = {k for k in resolver._reread if k[0] != pid}
+    root = "/proc/%d/" % pid  # (the files of a process in another mount namespace)
+    for key in [k for k in resolver._frames if k[0].startswith(root)]:
+        del resolver._frames[key]
+
+
+# -- families from the aggregates ------------------------------------------------------------
+
+def function_families(functions: Sequence[FunctionTotals]) -> List[Family]:
+    """Calls, durations, bytes and graph launches per function (and layer, copy kind)."""
+    calls: Dict[Labels, int] = {}
+    hists: Dict[Labels, List[int]] = {}
+    sums: Dict[Labels, int] = {}
+    graphs: Dict[Labels, int] = {}
+    moved: Dict[str, Dict[Labels, int]] = {Role.COPY: {}, Role.MEMSET: {}, Role.ALLOC: {}}
+    for f in functions:
+        labels = (("api", f.api.name), ("layer", f.api.library))
+        calls[labels] = calls.get(labels, 0) + f.count
+        sums[labels] = sums.get(labels, 0) + f.total_ns
+        hist = hists.setdefault(labels, [0] * len(f.histogram))
+        hists[labels] = [a + b for a, b in zip(hist, f.histogram)]
+        if f.api.name in GRAPH_LAUNCHES:
+            graphs[labels] = graphs.get(labels, 0) + f.count - f.errors
+        if f.api.role in moved and f.bytes:
+            key = labels + ((("kind", copy_kind(f.api, f.kind)),)
+                            if f.api.role == Role.COPY else ())
+            moved[f.api.role][key] = moved[f.api.role].get(key, 0) + f.bytes
+    return [
+        Family("ebpf_cuda_api_calls", "counter", "CUDA API calls, failed ones included.",
+               "1", sorted(calls.items())),
+        Family("ebpf_cuda_api_duration_seconds", "histogram",
+               "CUDA API call durations (log2 buckets of the kernel: bounds are powers of "
+               "two of nanoseconds).", "s",
+               [(labels, histogram(hists[labels], sums[labels], calls[labels]))
+                for labels in sorted(hists)]),
+        Family("ebpf_cuda_memcpy_bytes", "counter",
+               "Bytes of successful copies, by direction (kind).", "By",
+               sorted(moved[Role.COPY].items())),
+        Family("ebpf_cuda_memset_bytes", "counter", "Bytes of successful memsets.", "By",
+               sorted(moved[Role.MEMSET].items())),
+        Family("ebpf_cuda_alloc_bytes", "counter", "Bytes of successful allocations.", "By",
+               sorted(moved[Role.ALLOC].items())),
+        Family("ebpf_cuda_graph_launches", "counter", "Successful CUDA graph launches.", "1",
+               sorted(graphs.items())),
+    ]
+
+
+def copy_kind(api: Api, kind: Optional[int]) -> str:
+    """A copy's direction: its memcpy kind argument's name, or the row's fixed direction."""
+    if kind is not None:
+        return memcpy_kind_name(kind)
+    return api.direction or "Default"
+
+
+def histogram(buckets: Sequence[int], total_ns: int, count: int) -> Histogram:
+    """The kernel's log2 buckets (bucket b: durations of 2^b to 2^(b+1)-1 ns) as cumulative
+    counts at the HISTOGRAM_BOUNDS_LOG2 bounds."""
+    cumulative, seen, b = [], 0, 0
+    for bound in HISTOGRAM_BOUNDS_LOG2:
+        while b < len(buckets) and b < bound:  # buckets wholly below 2^bound ns
+            seen += buckets[b]
+            b += 1
+        cumulative.append(seen)
+    return Histogram(tuple((1 << bound) / 1e9 for bound in HISTOGRAM_BOUNDS_LOG2),
+                     tuple(cumulative), total_ns / 1e9, count)
+
+
+def _error_family(errors_map) -> Family:
+    counts: Dict[Labels, int] = {}
+    for key, value in errors_map.items():
+        fn_id, code = layout.ERROR_KEY.unpack(key)
+        api = TABLE[fn_id]
+        labels = (("api", api.name), ("layer", api.library),
+                  ("error", error_name(code, api.driver)))
+        counts[labels] = counts.get(labels, 0) + layout.U64.unpack(value)[0]
+    return Family("ebpf_cuda_api_errors", "counter", "Failed CUDA API calls by error.", "1",
+                  sorted(counts.items()))

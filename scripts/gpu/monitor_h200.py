@@ -1,0 +1,409 @@
+"""Issue 21 on a GPU host: `ebpf-cuda monitor` beside a PyTorch training loop, a
+torch.compile loop and a CuPy loop, all started after the monitor.
+
+    python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz        # (where the repository is)
+    sudo OUT=/tmp/out python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz
+
+Needs root, CUDA, PyTorch (with CUPTI: torch.profiler) and CuPy; the tracer comes from the
+zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h200.jsonl
+(and prints them):
+
+- `{"part": "counts", "workload": ...}`: the monitor's per-process kernel launches (sum of
+  ebpf_cuda_kernel_launches_total{pid}) against CUPTI's launch API calls (torch.profiler) or
+  the loop's known count (CuPy); the cudaMalloc calls and bytes the monitor counted while the
+  workload ran against PyTorch's allocator statistics (segments and reserved bytes
+  allocated); the kernel names of both.
+- `{"part": "overhead", ...}`: MLP training step (ms) and tiny-op loop (us per op) untraced,
+  with bare counting entry probes at the places the monitor probes (the floor any probe
+  pays), and with the monitor, alternated in the same run; the ratios the issue bounds
+  (step <= 1.02x untraced; tiny op <= 1.02x the bare floor).
+- `{"part": "monitor"}`: its scrape time and resident memory.
+
+Each workload is this script run again as a child (`--child NAME`), printing one JSON line.
+`--smoke LIB PROG` runs the same plumbing on a CPU machine with the tests' stand-in runtime
+(LIB) and driver program (PROG) in place of the GPU workloads.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.abspath(__file__)
+OUT = os.environ.get("OUT", "/tmp/ebpf-cuda-monitor-h200")
+
+
+# -- the workloads (children) ---------------------------------------------------------------
+
+def _cupti_counts(prof) -> dict:
+    """Launch API calls and kernel executions by name from a torch.profiler run."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    kernels, launches = {}, 0
+    for event in events:
+        category, name = event.get("cat", ""), event.get("name", "")
+        if category == "kernel":
+            kernels[name] = kernels.get(name, 0) + 1
+        elif category in ("cuda_runtime", "cuda_driver") and "Launch" in name \
+                and "Graph" not in name and "Host" not in name:
+            launches += 1
+    return {"cupti_launch_calls": launches, "cupti_kernels": sum(kernels.values()),
+            "cupti_kernel_names": kernels}
+
+
+def _allocator(torch) -> dict:
+    stats = torch.cuda.memory_stats()
+    return {"segments_allocated": stats.get("segment.all.allocated", 0),
+            "reserved_bytes_allocated": stats.get("reserved_bytes.all.allocated", 0)}
+
+
+def child_mlp(steps: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 1024)).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(256, 1024, device="cuda")
+        y = torch.randn(256, 1024, device="cuda")
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        torch.cuda.synchronize()
+    return dict(_cupti_counts(prof), **_allocator(torch))
+
+
+def child_compile(steps: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    @torch.compile
+    def f(a, b):
+        return torch.nn.functional.gelu(a @ b + 1.0).sum(dim=0)
+
+    a = torch.randn(512, 512, device="cuda")
+    b = torch.randn(512, 512, device="cuda")
+    f(a, b)  # (compiled before the profiled part: the compiler's own launches too)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            f(a, b)
+        torch.cuda.synchronize()
+    counts = _cupti_counts(prof)
+    counts["profiled_part_only"] = True  # CUPTI saw the loop; the monitor saw it all
+    return dict(counts, **_allocator(torch))
+
+
+def child_cupy(steps: int) -> dict:
+    import cupy
+
+    x = cupy.zeros(1 << 16, dtype=cupy.float32)
+    x += 1  # (compiles and loads the kernel)
+    cupy.cuda.runtime.deviceSynchronize()
+    for _ in range(steps):
+        x += 1
+    cupy.cuda.runtime.deviceSynchronize()
+    return {"loop_launches": steps + 1, "value": float(x[0])}
+
+
+def child_time_mlp(steps: int, reps: int) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(256, 1024, device="cuda")
+    y = torch.randn(256, 1024, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3 / steps)
+    return {"value": statistics.median(times), "unit": "ms per step", "all": times}
+
+
+def child_time_tiny(ops: int, reps: int) -> dict:
+    import torch
+
+    x = torch.zeros(16, device="cuda")
+    for _ in range(1000):
+        x.add_(1)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            x.add_(1)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6 / ops)
+    return {"value": statistics.median(times), "unit": "us per op", "all": times}
+
+
+CHILDREN = {
+    "mlp": lambda a: child_mlp(a.steps),
+    "compile": lambda a: child_compile(a.steps),
+    "cupy": lambda a: child_cupy(a.steps * 10),
+    "time-mlp": lambda a: child_time_mlp(a.steps, a.reps),
+    "time-tiny": lambda a: child_time_tiny(a.ops, a.reps),
+}
+
+
+# -- the orchestrator -----------------------------------------------------------------------
+
+def emit(record: dict) -> None:
+    line = json.dumps(record, sort_keys=True)
+    print(line, flush=True)
+    with open(os.path.join(OUT, "monitor_h200.jsonl"), "a") as f:
+        f.write(line + "\n")
+
+
+class Monitor:
+    """`python3 PYZ monitor --prometheus 127.0.0.1:0 ARGS`, until close()."""
+
+    def __init__(self, pyz: str, args) -> None:
+        self.proc = subprocess.Popen([sys.executable, pyz, "monitor", "--prometheus",
+                                      "127.0.0.1:0", *args], stderr=subprocess.PIPE, text=True)
+        self.lines = []
+        self.port = None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+            found = re.search(r"metrics at http://127.0.0.1:(\d+)/", line)
+            if found:
+                self.port = int(found.group(1))
+                break
+        if self.port is None:
+            raise SystemExit("the monitor did not start: %s" % "\n".join(self.lines))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip())
+
+    def scrape(self) -> dict:
+        """(name, labels) -> value of the page now."""
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.port) as answer:
+            text = answer.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                head, value = line.rsplit(" ", 1)
+                name, _, labels = head.partition("{")
+                samples[(name, labels.rstrip("}"))] = float(value)
+        return samples
+
+    def rss_kib(self) -> int:
+        with open("/proc/%d/status" % self.proc.pid) as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+    def close(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(60)
+
+
+def total(samples: dict, name: str, *must: str) -> float:
+    return sum(v for (n, labels), v in samples.items()
+               if n == name and all(m in labels for m in must))
+
+
+def kernel_names(samples: dict, pid: int) -> dict:
+    names = {}
+    for (n, labels), v in samples.items():
+        if n == "ebpf_cuda_kernel_launches_total" and 'pid="%d"' % pid in labels:
+            kernel = re.search(r'kernel="((?:[^"\\]|\\.)*)"', labels).group(1)
+            names[kernel] = names.get(kernel, 0) + v
+    return names
+
+
+def run_child(name: str, args, smoke) -> dict:
+    """The child workload's JSON line (and its pid)."""
+    if smoke is not None:
+        lib, prog = smoke
+        ops = ["setdevice:0", "sleep:300", "loop:%d:malloc:4096" % 7,
+               "loop:%d:launch:4,1,1:256,1,1" % args.steps, "sleep:200"]
+        proc = subprocess.Popen([prog, *ops], stdout=subprocess.DEVNULL)
+        proc.wait()
+        return {"pid": proc.pid, "loop_launches": args.steps, "segments_allocated": 7,
+                "reserved_bytes_allocated": 7 * 4096}
+    proc = subprocess.Popen([sys.executable, HERE, "--child", name, "--steps", str(args.steps),
+                             "--ops", str(args.ops), "--reps", str(args.reps)],
+                            stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        return {"pid": proc.pid, "error": "exit status %d" % proc.returncode}
+    result = json.loads(out.strip().splitlines()[-1])
+    result["pid"] = proc.pid
+    return result
+
+
+def counts_part(monitor: Monitor, args, smoke) -> None:
+    for name in (["smoke"] if smoke else ["mlp", "compile", "cupy"]):
+        before = monitor.scrape()
+        result = run_child(name, args, smoke)
+        time.sleep(1.5)  # two reader ticks: the exited process's launches are published
+        after = monitor.scrape()
+        pid = result["pid"]
+        launches = total(after, "ebpf_cuda_kernel_launches_total", 'pid="%d"' % pid)
+        mallocs = (total(after, "ebpf_cuda_api_calls_total", 'api="cudaMalloc"')
+                   - total(before, "ebpf_cuda_api_calls_total", 'api="cudaMalloc"'))
+        failed = (total(after, "ebpf_cuda_api_errors_total", 'api="cudaMalloc"')
+                  - total(before, "ebpf_cuda_api_errors_total", 'api="cudaMalloc"'))
+        malloc_bytes = (total(after, "ebpf_cuda_alloc_bytes_total", 'api="cudaMalloc"')
+                        - total(before, "ebpf_cuda_alloc_bytes_total", 'api="cudaMalloc"'))
+        expected = result.get("cupti_launch_calls", result.get("loop_launches"))
+        record = {"part": "counts", "workload": name, "pid": pid,
+                  "monitor_launches": launches, "expected_launches": expected,
+                  "launches_match": launches == expected if "profiled_part_only" not in result
+                  else launches >= expected,
+                  "monitor_cudaMalloc_ok": mallocs - failed,
+                  "monitor_cudaMalloc_bytes": malloc_bytes,
+                  "monitor_kernel_names": kernel_names(after, pid),
+                  "lost": total(after, "ebpf_cuda_events_lost_total")}
+        record.update({k: v for k, v in result.items() if k != "pid"})
+        if "segments_allocated" in result:
+            record["allocator_match"] = (record["monitor_cudaMalloc_ok"]
+                                         >= result["segments_allocated"])
+        emit(record)
+
+
+def entry_sites(pyz: str, files) -> list:
+    """(path, offset) of every entry probe the monitor attaches (its default set)."""
+    sys.path.insert(0, pyz)
+    from ebpf_cuda.tracer import Tracer
+
+    with Tracer(library=list(files)) as tracer:
+        return sorted({(a.path, a.offset) for a in tracer.attachments if not a.retprobe})
+
+
+class BareProbes:
+    """A counting program (one atomic add) at each entry site: the floor."""
+
+    def __init__(self, sites) -> None:
+        from ebpf_cuda import asm
+        from ebpf_cuda.asm import DW, R0, R1, R2
+        from ebpf_cuda.maps import ArrayMap
+        from ebpf_cuda.programs import Program
+        from ebpf_cuda.uprobe import attach_uprobe
+
+        self.counts = ArrayMap(8, 1, "bare_counts")
+        code = [asm.ld_map_value(R1, "counts", 0), asm.mov(R2, 1),
+                asm.atomic_add(DW, R1, 0, R2), asm.mov(R0, 0), asm.exit()]
+        self.program = Program(code, {"counts": self.counts}, name="bare_cnt").load()
+        self.links = [attach_uprobe(self.program, path, offset, what="bare")
+                      for path, offset in sites]
+
+    def close(self) -> int:
+        hits = int.from_bytes(self.counts[0][:8], "little")
+        for link in self.links:
+            link.close()
+        self.program.close()
+        self.counts.close()
+        return hits
+
+
+def overhead_part(pyz: str, files, args, monitor_args) -> None:
+    sites = entry_sites(pyz, files)
+    figures = {(what, mode): [] for what in ("time-mlp", "time-tiny")
+               for mode in ("untraced", "bare-entry", "monitor")}
+    for _ in range(args.rounds):
+        for mode in ("untraced", "bare-entry", "monitor"):
+            bare = BareProbes(sites) if mode == "bare-entry" else None
+            monitor = Monitor(pyz, monitor_args) if mode == "monitor" else None
+            try:
+                for what in ("time-mlp", "time-tiny"):
+                    result = run_child(what, args, None)
+                    figures[(what, mode)].append(result.get("value"))
+            finally:
+                if bare is not None:
+                    bare.close()
+                if monitor is not None:
+                    monitor.close()
+    median = {key: statistics.median(v) for key, v in figures.items() if None not in v}
+    record = {"part": "overhead", "entry_sites": len(sites),
+              "figures": {"%s %s" % key: v for key, v in figures.items()}}
+    if len(median) == len(figures):
+        record["mlp_step_ratio_monitor_vs_untraced"] = (
+            median[("time-mlp", "monitor")] / median[("time-mlp", "untraced")])
+        record["tiny_op_ratio_monitor_vs_bare_entry"] = (
+            median[("time-tiny", "monitor")] / median[("time-tiny", "bare-entry")])
+        record["tiny_op_ratio_bare_entry_vs_untraced"] = (
+            median[("time-tiny", "bare-entry")] / median[("time-tiny", "untraced")])
+        record["meets_issue_bounds"] = (record["mlp_step_ratio_monitor_vs_untraced"] <= 1.02
+                                        and record["tiny_op_ratio_monitor_vs_bare_entry"]
+                                        <= 1.02)
+    emit(record)
+
+
+def monitor_part(monitor: Monitor) -> None:
+    times = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        monitor.scrape()
+        times.append((time.perf_counter() - t0) * 1e3)
+    emit({"part": "monitor", "scrape_ms_median": statistics.median(times),
+          "scrape_ms_max": max(times), "rss_kib": monitor.rss_kib(),
+          "stderr": monitor.lines[:4]})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pyz", default="ebpf-cuda.pyz")
+    parser.add_argument("--child", choices=sorted(CHILDREN))
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--ops", type=int, default=20000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="of the overhead modes")
+    parser.add_argument("--parts", default="counts,overhead")
+    parser.add_argument("--smoke", nargs=2, metavar=("LIB", "PROG"))
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(CHILDREN[args.child](args)), flush=True)
+        return 0
+    os.makedirs(OUT, exist_ok=True)
+    pyz = os.path.abspath(args.pyz)
+    monitor_args = ["--kernel-labels", "200"] + (["-p", args.smoke[0]] if args.smoke else [])
+    monitor = Monitor(pyz, monitor_args)
+    files = re.search(r"monitoring \d+ functions in (.*)", "\n".join(monitor.lines)).group(1)
+    emit({"part": "start", "files": files.split(", "), "stderr": monitor.lines})
+    try:
+        if "counts" in args.parts:
+            counts_part(monitor, args, args.smoke)
+        monitor_part(monitor)
+    finally:
+        status = monitor.close()
+    emit({"part": "stopped", "exit_status": status, "stderr": monitor.lines[-3:]})
+    if "overhead" in args.parts and not args.smoke:
+        overhead_part(pyz, files.split(", "), args, monitor_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Issue 20 on one GPU: NCCL calls of torch.distributed (NCCL backend, world_size=1) traced
+and checked against what the script issued.
+
+    python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz
+    python3 scripts/gpu/nccl_check.py "python3 ebpf-cuda.pyz" "$OUT"        (as root)
+
+The target (this file with --target) makes the process group (eager init on cuda:0), then
+issues all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor with known
+sizes and dtypes, then one DDP training step, each phase between two marker all_reduces of
+MARK int32 elements, and writes what it issued (issued.json). It is traced twice:
+1. `--api nccl --json`: every NCCL call; checked: each issued collective is there, in order,
+   with its count, datatype and bytes; every collective of the communicator has the
+   communicator's id, rank 0 of 1, and the sequence numbers run 1, 2, 3... without a gap;
+   the DDP step's all_reduce bytes add up to its gradients' bytes (DDP buckets them);
+2. `--save` with the default API set, then `report --summary` (the NCCL table) and
+   `report --collectives` (the merge, one rank).
+Also written: which of the table's NCCL functions the host's libnccl exports, and its version.
+Results: one JSON object per line in $OUT/nccl_check.jsonl (also printed).
+"""
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+
+MARK = 7777  # marker all_reduces: MARK int32 elements (no issued collective has that count)
+TORCH_DTYPES = {"float32": ("ncclFloat32", 4), "bfloat16": ("ncclBfloat16", 2),
+                "float16": ("ncclFloat16", 2), "int32": ("ncclInt32", 4),
+                "int64": ("ncclInt64", 8), "float64": ("ncclFloat64", 8)}
+
+
+# ---- the target: torch.distributed on one GPU --------------------------------------------
+
+def target(outdir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      WORLD_SIZE="1")
+    torch.cuda.set_device(0)
+    device = torch.device("cuda:0")
+    try:
+        dist.init_process_group("nccl", device_id=device)  # eager: the communicator now
+    except TypeError:  # older torch: no device_id
+        dist.init_process_group("nccl")
+    issued = []
+
+    def note(op, tensor_count, dtype, phase):
+        issued.append({"op": op, "count": tensor_count, "dtype": str(dtype).split(".")[-1],
+                       "phase": phase})
+
+    def marker(phase):
+        dist.all_reduce(torch.zeros(MARK, dtype=torch.int32, device=device))
+        note("all_reduce", MARK, torch.int32, phase)
+
+    marker("explicit")
+    a = torch.ones(1 << 20, dtype=torch.float32, device=device)
+    dist.all_reduce(a)
+    note("all_reduce", a.numel(), a.dtype, "explicit")
+    b = torch.ones(3000, dtype=torch.bfloat16, device=device)
+    dist.broadcast(b, src=0)
+    note("broadcast", b.numel(), b.dtype, "explicit")
+    c = torch.ones(4096, dtype=torch.float16, device=device)
+    gathered = torch.empty(4096 * dist.get_world_size(), dtype=c.dtype, device=device)
+    dist.all_gather_into_tensor(gathered, c)
+    note("all_gather", c.numel(), c.dtype, "explicit")  # per-rank (send) count
+    d = torch.ones(2048 * dist.get_world_size(), dtype=torch.float32, device=device)
+    out = torch.empty(2048, dtype=d.dtype, device=device)
+    dist.reduce_scatter_tensor(out, d)
+    note("reduce_scatter", out.numel(), d.dtype, "explicit")  # per-rank (receive) count
+    torch.cuda.synchronize()
+    marker("explicit")
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    torch.cuda.synchronize()
+    marker("ddp")
+    loss = ddp(torch.randn(64, 512, device=device)).sum()
+    loss.backward()
+    optimizer.step()
+    torch.cuda.synchronize()
+    marker("ddp")
+    dist.destroy_process_group()
+    maps = [line.split()[-1] for line in open("/proc/self/maps") if "libnccl" in line]
+    with open(os.path.join(outdir, "issued.json"), "w") as f:
+        json.dump({"issued": issued, "ddp_grad_bytes": grad_bytes,
+                   "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))
+                   if hasattr(torch.cuda, "nccl") else None,
+                   "libnccl": sorted(set(maps)), "torch": torch.__version__}, f)
+
+
+# ---- the checks ----------------------------------------------------------------------------
+
+API = {"all_reduce": "ncclAllReduce", "broadcast": "ncclBroadcast",
+       "all_gather": "ncclAllGather", "reduce_scatter": "ncclReduceScatter"}
+COUNT = {"ncclAllGather": "sendcount", "ncclReduceScatter": "recvcount"}
+
+
+def _count(event):
+    return event["args"].get(COUNT.get(event["api"], "count"))
+
+
+def check_trace(trace_path: str, issued: dict) -> dict:
+    events = [json.loads(line) for line in open(trace_path) if line.startswith("{")]
+    exits = [e for e in events if e["phase"] == "exit"]
+    result = {"events": len(events), "apis": {}}
+    for e in exits:
+        result["apis"][e["api"]] = result["apis"].get(e["api"], 0) + 1
+    inits = [e for e in exits if e["api"].startswith("ncclCommInit")]
+    result["inits"] = [{"api": e["api"], "ret_name": e["ret_name"],
+                        "args": e["args"], "comm": e.get("comm")} for e in inits]
+    collectives = [e for e in exits if e["api"] in API.values()
+                   or e["api"] in ("ncclReduce", "ncclAlltoAll", "ncclGather", "ncclScatter")]
+    comm_ids = sorted({str(e["args"].get("comm_id")) for e in collectives})
+    result["comm_ids"] = comm_ids
+    by_comm = {}
+    for e in collectives:
+        by_comm.setdefault(e["args"].get("comm_id"), []).append(e["args"].get("seq"))
+    result["seq_contiguous"] = {str(k): v == list(range(1, len(v) + 1))
+                                for k, v in by_comm.items()}
+    result["rank_nranks"] = sorted({"%s/%s" % (e["args"].get("rank"), e["args"].get("nranks"))
+                                    for e in collectives})
+    result["failed_collectives"] = [e for e in collectives if e["ret"] != 0][:5]
+    # the issued explicit collectives, in order, between the first two markers
+    marks = [i for i, e in enumerate(collectives)
+             if e["api"] == "ncclAllReduce" and _count(e) == MARK]
+    result["markers_seen"] = len(marks)
+    checks = []
+    if len(marks) >= 4:
+        window = collectives[marks[0] + 1:marks[1]]
+        wanted = [i for i in issued["issued"] if i["phase"] == "explicit" and i["count"] != MARK]
+        seen = [(e["api"], _count(e), e["args"].get("datatype"), e["args"].get("bytes"))
+                for e in window]
+        expect = [(API[i["op"]], i["count"], TORCH_DTYPES[i["dtype"]][0],
+                   i["count"] * TORCH_DTYPES[i["dtype"]][1]) for i in wanted]
+        checks.append({"check": "explicit collectives, in order, exact", "ok": seen == expect,
+                       "seen": seen, "expected": expect})
+        ddp = collectives[marks[2] + 1:marks[3]]
+        reduce_bytes = sum(e["args"].get("bytes") or 0 for e in ddp
+                           if e["api"] == "ncclAllReduce")
+        checks.append({"check": "DDP step: all_reduce bytes == gradient bytes",
+                       "ok": reduce_bytes == issued["ddp_grad_bytes"],
+                       "all_reduce_bytes": reduce_bytes, "grad_bytes": issued["ddp_grad_bytes"],
+                       "calls": [(e["api"], _count(e), e["args"].get("datatype"),
+                                  e["args"].get("seq")) for e in ddp]})
+    checks.append({"check": "one communicator id, rank 0 of 1, sequence without gaps",
+                   "ok": len(comm_ids) == 1 and comm_ids != ["None"]
+                   and result["rank_nranks"] == ["0/1"]
+                   and all(result["seq_contiguous"].values())})
+    result["checks"] = checks
+    return result
+
+
+def exports(pyz: str, libs) -> dict:
+    """Which NCCL rows of the table each libnccl exports (the tracer's own ELF reader)."""
+    code = ("import sys, json; sys.path.insert(0, %r)\n"
+            "from ebpf_cuda import apis\nfrom ebpf_cuda.elf import open_elf\n"
+            "rows = [s for a in apis.TABLE if a.library == 'nccl' for s in a.symbols]\n"
+            "out = {}\n"
+            "for lib in %r:\n"
+            "    have = open_elf(lib).has_any(rows)\n"
+            "    out[lib] = {'missing': [s for s in rows if s not in have], 'present': len(have)}\n"
+            "print(json.dumps(out))" % (pyz, list(libs)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-2000:]}
+
+
+def main() -> int:
+    if sys.argv[1] == "--target":
+        target(sys.argv[2])
+        return 0
+    tracer, outdir = shlex.split(sys.argv[1]), sys.argv[2]
+    os.makedirs(outdir, exist_ok=True)
+    results = []
+
+    def emit(obj):
+        results.append(obj)
+        print(json.dumps(obj), flush=True)
+
+    target_cmd = [sys.executable, os.path.abspath(__file__), "--target", outdir]
+    trace = os.path.join(outdir, "nccl_trace.jsonl")
+    done = subprocess.run(tracer + ["--api", "nccl", "--json", "-o", trace, "--"] + target_cmd,
+                          capture_output=True, text=True, timeout=900)
+    emit({"run": "api nccl --json", "exit": done.returncode, "stderr": done.stderr[-3000:]})
+    issued = json.load(open(os.path.join(outdir, "issued.json")))
+    emit({"target": {k: v for k, v in issued.items() if k != "issued"},
+          "issued": len(issued["issued"])})
+    emit(check_trace(trace, issued))
+    pyz = next((p for p in tracer if p.endswith(".pyz")), None)
+    if pyz is not None:
+        emit({"exports": exports(os.path.abspath(pyz), issued["libnccl"])})
+    saved = os.path.join(outdir, "nccl_run.ebpfcuda")
+    done = subprocess.run(tracer + ["--save", saved, "--"] + target_cmd, capture_output=True,
+                          text=True, timeout=900)
+    emit({"run": "--save (default API set)", "exit": done.returncode,
+          "stderr": done.stderr[-2000:]})
+    for extra in (["--summary"], ["--collectives"]):
+        done = subprocess.run(tracer + ["report"] + extra + [saved], capture_output=True,
+                              text=True, timeout=600)
+        text = done.stdout
+        if extra == ["--summary"]:
+            text = text[text.find(" ** NCCL Summary"):] if "NCCL Summary" in text else text[-3000:]
+        emit({"report": extra[0], "exit": done.returncode, "stdout": text[-6000:],
+              "stderr": done.stderr[-2000:]})
+    with open(os.path.join(outdir, "nccl_check.jsonl"), "w") as f:
+        for obj in results:
+            f.write(json.dumps(obj) + "\n")
+    os.unlink(saved)  # (large; the reports above say what it held)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""`ebpf-cuda monitor` with real probes: stand-in processes started before and after the
+monitor (also in a container-like mount namespace) make known calls, and the metrics say
+exactly those counts, bytes, errors and launches; exited processes' series go once seen."""
+import os
+import signal
+import struct
+import time
+
+import pytest
+
+from ebpf_cuda import layout, prometheus
+from ebpf_cuda.apis import FN_ID
+from ebpf_cuda.monitor import (Monitor, MonitorOptions, OTHER_KERNEL, Process, cuda_files,
+                               histogram)
+from helpers import run_cli
+from kernel_fds import bpf_link_types
+from monitor_support import (AFTER, BEFORE, KERNEL, Held, MonitorCli, parse_metrics,
+                             running_monitor, scrape, settle, value)
+
+pytestmark = pytest.mark.kernel
+
+
+
+def check_totals(samples) -> None:
+    """The counts both processes make together (see BEFORE and AFTER)."""
+    calls = "ebpf_cuda_api_calls_total"
+    assert value(samples, calls, api="cudaMalloc", layer="runtime") == 51
+    assert value(samples, calls, api="cudaSetDevice") == 3
+    assert value(samples, calls, api="cudaMemcpy") == 4
+    assert value(samples, calls, api="cudaLaunchKernel") == 9
+    errors = "ebpf_cuda_api_errors_total"
+    assert value(samples, errors, api="cudaMalloc", error="cudaErrorMemoryAllocation") == 1
+    assert value(samples, errors, api="cudaSetDevice", error="cudaErrorInvalidDevice") == 1
+    assert value(samples, errors, api="cudaLaunchKernel",
+                 error="cudaErrorInvalidConfiguration") == 1
+    assert value(samples, errors) == 3
+    copies = "ebpf_cuda_memcpy_bytes_total"
+    assert value(samples, copies, kind="HostToDevice") == 2000
+    assert value(samples, copies, kind="DeviceToHost") == 300
+    assert value(samples, copies, kind="DeviceToDevice") == 50
+    assert value(samples, "ebpf_cuda_memset_bytes_total", api="cudaMemset") == 64
+    assert value(samples, "ebpf_cuda_alloc_bytes_total", api="cudaMalloc") == 40 * 4096 + 1000
+    histogram = "ebpf_cuda_api_duration_seconds"
+    assert value(samples, histogram + "_count", api="cudaMalloc") == 51
+    assert value(samples, histogram + "_bucket", api="cudaMalloc", le="+Inf") == 51
+    assert 0 < value(samples, histogram + "_sum", api="cudaMalloc") < 1
+    assert value(samples, "ebpf_cuda_events_lost_total") == 0
+
+
+def test_counts_of_processes_started_before_and_after_it(prog, lib):
+    before = Held(prog, BEFORE)
+    try:
+        with running_monitor(paths=(str(lib),)) as monitor:
+            before.go()
+            after = Held(prog, AFTER).go()
+            assert [c.ret for c in before.wait()][-1] == 0
+            after.wait()
+            settle(monitor)
+            samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+            check_totals(samples)
+            launches = "ebpf_cuda_kernel_launches_total"
+            assert value(samples, launches, pid=str(before.pid), kernel=KERNEL,
+                         comm="cuda_driver_pro", api="cudaLaunchKernel", layer="runtime") == 5
+            assert value(samples, launches, pid=str(after.pid), kernel=KERNEL) == 3
+            assert value(samples, launches) == 8
+    finally:
+        before.kill()
+
+
+def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
+    with running_monitor(paths=(str(lib),)) as monitor:
+        held = Held(prog, ["setdevice:0", "sleep:300", "loop:7:launch:4,1,1:256,1,1"]).go()
+        held.wait()
+        settle(monitor)  # the reader has seen the exit
+        first = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(first, "ebpf_cuda_kernel_launches_total", pid=str(held.pid)) == 7
+        assert value(first, "ebpf_cuda_processes") == 0
+        settle(monitor)  # a collect saw its last values: the next tick lets it go
+        second = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(second, "ebpf_cuda_kernel_launches_total", pid=str(held.pid)) == 0
+        assert value(second, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 7
+        assert held.pid not in monitor.processes
+        keys = [struct.unpack_from("<I", key)[0]
+                for key in monitor.tracer.session.maps[layout.LAUNCHES].keys()]
+        assert held.pid not in keys
+        names = monitor.tracer.names
+        assert not [k for k in names._found if k[0] == held.pid]
+        assert held.pid not in names.resolver._maps
+        assert monitor.launch_totals() == {("cuda_driver_pro", "cudaLaunchKernel", KERNEL): 7}
+
+
+def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
+    with running_monitor(paths=(str(lib),)) as monitor:
+        launches = monitor.tracer.session.maps[layout.LAUNCHES]
+        # Fill the map with entries of a function not probed here (cuLaunchKernel).
+        cells = [0] * (layout.LAUNCH_KEY.size // 8 - 1)
+        for n in range(launches.max_entries):
+            cells[0] = n
+            launches.set(layout.LAUNCH_KEY.pack(1 << 22, FN_ID["cuLaunchKernel"], *cells),
+                         layout.LAUNCH_VALUE.pack(0, 0))
+        Held(prog, ["setdevice:0", "loop:6:launch:4,1,1:256,1,1"]).go().wait()
+        settle(monitor)
+        samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(samples, "ebpf_cuda_events_lost_total", cause="launch_map_full") == 6
+        assert value(samples, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 6
+
+
+def test_kernel_labels_are_given_once_per_process_and_bounded():
+    class Namer:
+        def name_for(self, pid, api, func):
+            return {1: "a", 2: "b", 3: "c", 4: "a"}.get(func)
+
+    monitor = Monitor(MonitorOptions(kernel_labels=2))
+    monitor.tracer = type("T", (), {"names": Namer()})()
+    process = Process(os.getpid(), "app")
+    labels = [monitor._kernel_label(process, 3, func) for func in (1, 2, 3, 4, 5, 3, 1)]
+    # a and b get labels, c does not (two already), func 4 is kernel a again, 5 has no name
+    assert labels == ["a", "b", OTHER_KERNEL, "a", "unnamed", OTHER_KERNEL, "a"]
+    none = Monitor(MonitorOptions(kernel_labels=0))
+    none.tracer = monitor.tracer
+    assert {none._kernel_label(Process(1, "x"), 3, f) for f in (1, 5)} == {OTHER_KERNEL}
+
+
+def test_histogram_buckets_are_cumulative_at_powers_of_two():
+    buckets = [0] * 40
+    buckets[7], buckets[8], buckets[20], buckets[39] = 1, 2, 3, 4  # 2^7 ns, 2^8 ns, ...
+    h = histogram(buckets, 12345, 10)
+    assert h.bounds[0] == 256e-9 and h.bounds[-1] == (1 << 35) / 1e9
+    assert h.cumulative[0] == 1  # durations below 256 ns: bucket 7
+    assert h.cumulative[1] == 3  # below 512 ns
+    assert h.cumulative[h.bounds.index((1 << 21) / 1e9)] == 6
+    assert h.cumulative[-1] == 6 and h.count == 10  # the 4 slowest only in +Inf
+    assert h.sum == 12345e-9
+
+
+# -- discovery: every file, whatever the mount namespace ----------------------------------
+
+def namespaced(folder, lib) -> list:
+    """A command prefix: a private mount namespace where `folder` is a tmpfs holding a copy
+    of `lib` (a path no other namespace sees), found first by the loader."""
+    script = ('mount -t tmpfs none "%s" && cp "%s" "%s/" && LD_LIBRARY_PATH="%s" '
+              'exec "$0" "$@"' % (folder, lib, folder, folder))
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
+
+
+@pytest.fixture
+def container(tmp_path, lib, prog):
+    """A stand-in in its own mount namespace (held), and the path of its copy of the
+    runtime as reached from here."""
+    folder = tmp_path / "container-lib"
+    folder.mkdir()
+    held = Held(prog, ["setdevice:0", "sleep:300", "loop:5:launch:4,1,1:256,1,1",
+                       "sleep:300"], prefix=namespaced(folder, lib))
+    yield held, "/proc/%d/root%s/libcudart.so.12" % (held.pid, folder)
+    held.kill()
+
+
+def test_files_mapped_in_another_mount_namespace_are_found_once(container, lib, prog):
+    held, copy = container
+    assert not os.path.exists(os.path.join(os.path.dirname(copy.split("/root", 1)[1]),
+                                           "libcudart.so.12"))  # not visible here
+    host = Held(prog, ["setdevice:0"])
+    try:
+        found = cuda_files()
+    finally:
+        host.go().wait()
+    inodes = [(os.stat(p).st_dev, os.stat(p).st_ino) for p in found]
+    assert len(inodes) == len(set(inodes))
+    assert (os.stat(copy).st_dev, os.stat(copy).st_ino) in inodes
+    assert (os.stat(lib).st_dev, os.stat(lib).st_ino) in inodes
+
+
+def test_processes_in_a_container_are_counted_also_those_started_later(container, prog,
+                                                                      tmp_path):
+    """Host-wide discovery (no -p): the namespace's own copy of the runtime is found through
+    the process that maps it; one started later in that namespace is counted too. Other
+    programs on this machine may use the other runtimes found, so only the per-process
+    launch counts are checked."""
+    held, copy = container
+    probed = probed_path(copy)
+    if not os.path.exists(probed):
+        pytest.skip("targets.py makes %s the real path %s, which does not exist in this "
+                    "mount namespace: no probe can go there" % (copy, probed))
+    folder = copy.split("/root", 1)[1].rsplit("/", 1)[0]
+    with cgroup_of_a_container(held.pid) as container_id:
+        with running_monitor() as monitor:
+            assert os.path.realpath(copy) in [os.path.realpath(p) for p in monitor.files]
+            held.go()
+            later = Held(prog, ["setdevice:0", "sleep:300", "loop:3:launch:2,1,1:32,1,1",
+                                "sleep:300"],
+                         prefix=["nsenter", "-t", str(held.pid), "-m", "--", "env",
+                                 "LD_LIBRARY_PATH=" + folder]).go()
+            held.wait()
+            later.wait()
+            settle(monitor)
+            samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+    launches = "ebpf_cuda_kernel_launches_total"
+    assert value(samples, launches, pid=str(held.pid), kernel=KERNEL) == 5
+    assert value(samples, launches, pid=str(later.pid), kernel=KERNEL) == 3
+    if container_id:
+        assert value(samples, launches, pid=str(held.pid), container=container_id[:12]) == 5
+
+
+def probed_path(path: str) -> str:
+    """The path a probe of `path` is attached at."""
+    from ebpf_cuda.apis import select
+    from ebpf_cuda.targets import find_targets
+
+    return find_targets(select(), [path], None, (), lambda message: None)[0].path
+
+
+class cgroup_of_a_container:
+    """Move a process into a cgroup named as a container runtime names them (docker-<64
+    hex>.scope), where a writable cgroup hierarchy allows; gives the id (or None)."""
+
+    ID = "c0ffee" * 10 + "abcd"
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.path = None
+
+    def __enter__(self):
+        for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+            path = os.path.join(root, "docker-%s.scope" % self.ID)
+            try:
+                os.mkdir(path)
+            except OSError:
+                continue
+            try:
+                with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                    f.write(str(self.pid))
+            except OSError:
+                os.rmdir(path)
+                continue
+            self.path = path
+            return self.ID
+        return None
+
+    def __exit__(self, *exc) -> None:
+        if self.path is None:
+            return
+        for _ in range(100):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:  # (its process is still exiting)
+                time.sleep(0.05)
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_cli_serves_the_page_and_stops_cleanly(prog, lib):
+    cli = MonitorCli("-p", lib, "--prometheus", "127.0.0.1:0")
+    try:
+        port = cli.metrics_port
+        assert "uprobe_multi" in bpf_link_types(cli.proc.pid)
+        Held(prog, ["setdevice:0", "loop:12:malloc:64"]).go().wait()
+        time.sleep(0.2)
+        content_type, page = scrape(port)
+        assert content_type == prometheus.CONTENT_TYPE
+        assert value(parse_metrics(page), "ebpf_cuda_api_calls_total", api="cudaMalloc") == 12
+        started = time.monotonic()
+    finally:
+        status = cli.stop(signal.SIGTERM)
+    assert status == 0, cli.lines
+    assert time.monotonic() - started < 15
+    assert cli.lines[-1].startswith("ebpf-cuda: stopped: ")
+    assert not any("Traceback" in line for line in cli.lines)
+
+
+def test_cli_a_stop_signal_while_starting_unwinds(lib):
+    cli = MonitorCli("-p", lib, "-v", ready="probing")
+    status = cli.stop(signal.SIGINT)
+    assert status in (0, 128 + signal.SIGINT), cli.lines  # (it may have been running already)
+    assert not any("Traceback" in line for line in cli.lines)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--prometheus", "localhost"], "--prometheus takes HOST:PORT"),
+    (["--prometheus", "127.0.0.1:99999"], "--prometheus takes HOST:PORT"),
+    (["--flight-recorder", "-1"], "positive number of seconds"),
+    (["--flight-recorder", "1", "--trigger-error", "cudaErrorNoSuchThing"], "no error family"),
+    (["--otlp", "ftp://collector"], "--otlp takes an http://"),
+    (["--interval", "0"], "positive number of seconds"),
+    (["--kernel-labels", "-1"], "--kernel-labels"),
+])
+def test_cli_bad_options_are_one_line_and_exit_2(lib, args, words):
+    done = run_cli("monitor", "-p", lib, *args)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_a_file_without_cuda_is_exit_10(prog):
+    done = run_cli("monitor", "-p", prog)  # (it calls the runtime, defines none of it)
+    assert done.returncode == 10, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_cli_a_port_in_use_is_exit_2(lib):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = run_cli("monitor", "-p", lib, "--prometheus",
+                       "127.0.0.1:%d" % taken.getsockname()[1])
+    assert done.returncode == 2, done.stderr
+    assert "cannot listen on" in done.stderr and "Traceback" not in done.stderr

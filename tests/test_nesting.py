@@ -1,0 +1,46 @@
+"""Calls nested on one thread: each thread keeps its calls in flight on a small stack in task
+storage (record.TASK_DEPTH deep). Up to that depth every call is seen; deeper, the calls that
+did not fit are counted (stats "too_deep"), never silently missing."""
+import pytest
+
+from ebpf_cuda import record
+from fakecuda import LIB_FLAGS, SONAME, VERSION_SCRIPT
+from helpers import trace_command
+
+pytestmark = pytest.mark.kernel
+TIMES = 100
+
+
+@pytest.fixture(scope="module")
+def nesting(cc):
+    folder = cc.outdir / "nest"
+    folder.mkdir(exist_ok=True)
+    script = folder / "libcudart.map"
+    script.write_text(VERSION_SCRIPT)
+    lib = cc.shared("nest_stub.c", "nest/" + SONAME,
+                    extra=[*LIB_FLAGS, "-Wl,--version-script=" + str(script)])
+    prog = cc.executable("nest_prog.c", "nest/nest_prog",
+                         extra=["-L", str(folder), "-l:" + SONAME, "-Wl,-rpath," + str(folder)])
+    return lib, prog
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4, record.TASK_DEPTH])
+def test_every_call_is_seen_up_to_the_stack_depth(root, nesting, depth):
+    lib, prog = nesting
+    events, _, tracer = trace_command([prog, depth, TIMES], library=[str(lib)],
+                                      functions=["cudaMemcpy"])
+    exits = [e for e in events if e.phase == "exit"]
+    assert len(exits) == depth * TIMES
+    assert sorted({e.args["size"] for e in exits}) == list(range(1, depth + 1))
+    assert tracer.stats_at_end["too_deep"] == 0 and tracer.stats_at_end["lost"] == 0
+
+
+def test_deeper_calls_are_counted_not_lost_silently(root, nesting):
+    lib, prog = nesting
+    depth = record.TASK_DEPTH + 2
+    events, _, tracer = trace_command([prog, depth, TIMES], library=[str(lib)],
+                                      functions=["cudaMemcpy"])
+    exits = [e for e in events if e.phase == "exit"]
+    stats = tracer.stats_at_end
+    assert stats["too_deep"] > 0
+    assert len(exits) + stats["too_deep"] == depth * TIMES  # each missing call is counted

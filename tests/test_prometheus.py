@@ -1,0 +1,175 @@
+"""A real Prometheus server (Debian's `prometheus` package) scrapes `ebpf-cuda monitor`
+every second while stand-in processes, started before and after the monitor, make known
+calls; PromQL through Prometheus's HTTP API gives exactly those counts, bytes and errors,
+also after the processes exited. Plus the exposition format itself (pure logic)."""
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from ebpf_cuda import prometheus
+from ebpf_cuda.monitor import Family, histogram
+from monitor_support import AFTER, BEFORE, KERNEL, Held, MonitorCli
+
+PROMETHEUS = shutil.which("prometheus")
+WAIT_S = 30  # for a value to show in Prometheus (it scrapes every second)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    """A Prometheus server of its own (loopback port, storage in tmp_path) scraping
+    127.0.0.1:`target` every second."""
+
+    def __init__(self, tmp_path, target: int) -> None:
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+            "scrape_configs:\n  - job_name: ebpf-cuda\n    static_configs:\n"
+            "      - targets: ['127.0.0.1:%d']\n" % target)
+        self.port = free_port()
+        self.log = open(tmp_path / "prometheus.log", "w")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+             "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self.proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            assert time.monotonic() < deadline, "prometheus did not get ready"
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/-/ready" % self.port, timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def query(self, promql: str) -> list:
+        """The result of an instant query (a list of {"metric", "value"})."""
+        url = "http://127.0.0.1:%d/api/v1/query?%s" % (
+            self.port, urllib.parse.urlencode({"query": promql}))
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            reply = json.load(answer)
+        assert reply["status"] == "success", reply
+        return reply["data"]["result"]
+
+    def number(self, promql: str):
+        """The query's single value as a number, None when it has no result."""
+        result = self.query(promql)
+        assert len(result) <= 1, result
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_for(self, promql: str, expected) -> None:
+        """Until the query gives `expected` (None: no result); fails after WAIT_S."""
+        deadline = time.monotonic() + WAIT_S
+        got = self.number(promql)
+        while got != expected and time.monotonic() < deadline:
+            time.sleep(0.3)
+            got = self.number(promql)
+        assert got == expected, (promql, got, expected)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus package is not installed "
+                    "(apt-get install -y prometheus; .ci/run installs it)")
+def test_prometheus_sees_the_exact_counts(tmp_path, prog, lib):
+    before = Held(prog, BEFORE)
+    monitor = server = None
+    try:
+        monitor = MonitorCli("-p", lib, "--prometheus", "127.0.0.1:0")
+        server = Prometheus(tmp_path, monitor.metrics_port)
+        server.wait_for('up{job="ebpf-cuda"}', 1)
+        before.go()
+        after = Held(prog, AFTER).go()
+        before.wait()
+        after.wait()
+        # Every family the issue asks for that the in-kernel counts support:
+        server.wait_for('sum(ebpf_cuda_api_calls_total{api="cudaMalloc"})', 51)
+        assert server.number('ebpf_cuda_api_calls_total{api="cudaSetDevice",'
+                             'layer="runtime"}') == 3
+        assert server.number('sum(ebpf_cuda_api_calls_total{api="cudaLaunchKernel"})') == 9
+        assert server.number('sum(ebpf_cuda_api_errors_total)') == 3
+        assert server.number('ebpf_cuda_api_errors_total{api="cudaMalloc",'
+                             'error="cudaErrorMemoryAllocation"}') == 1
+        assert server.number('ebpf_cuda_api_errors_total{api="cudaLaunchKernel",'
+                             'error="cudaErrorInvalidConfiguration"}') == 1
+        assert server.number('ebpf_cuda_memcpy_bytes_total{kind="HostToDevice"}') == 2000
+        assert server.number('ebpf_cuda_memcpy_bytes_total{kind="DeviceToHost"}') == 300
+        assert server.number('ebpf_cuda_memcpy_bytes_total{kind="DeviceToDevice"}') == 50
+        assert server.number('ebpf_cuda_memset_bytes_total') == 64
+        assert server.number('ebpf_cuda_alloc_bytes_total{api="cudaMalloc"}') == 40 * 4096 + 1000
+        assert server.number('ebpf_cuda_api_duration_seconds_count{api="cudaMalloc"}') == 51
+        assert server.number('ebpf_cuda_api_duration_seconds_bucket{api="cudaMalloc",'
+                             'le="+Inf"}') == 51
+        p99 = server.number('histogram_quantile(0.99, ebpf_cuda_api_duration_seconds_bucket'
+                            '{api="cudaMalloc"})')
+        assert 0 < p99 < 1
+        assert server.number('sum(ebpf_cuda_events_lost_total)') == 0
+        # Launches by process and kernel; the processes have exited: their last values
+        # were scraped, then their series went (stale), while the totals stay.
+        for held, launches in ((before, 5), (after, 3)):
+            series = 'ebpf_cuda_kernel_launches_total{pid="%d",kernel="%s"}' % (held.pid, KERNEL)
+            server.wait_for("max_over_time(%s[5m])" % series, launches)
+            server.wait_for(series, None)
+        server.wait_for('ebpf_cuda_processes', 0)
+        assert server.number('sum(ebpf_cuda_api_calls_total{api="cudaMalloc"})') == 51
+    finally:
+        before.kill()
+        if server is not None:
+            server.close()
+        if monitor is not None:
+            assert monitor.stop(signal.SIGTERM) == 0, monitor.lines
+
+
+# -- the exposition format ------------------------------------------------------------------
+
+def test_the_page_follows_the_text_format():
+    families = [
+        Family("x_calls", "counter", "Calls.\nTwo lines \\ here.", "1",
+               [((("api", "cudaMalloc"), ("comm", 'we"ird\\\n')), 3)]),
+        Family("x_live", "gauge", "Live.", "1", [((), 2.5)]),
+        Family("x_seconds", "histogram", "Durations.", "s",
+               [((("api", "a"),), histogram([0] * 9 + [2] + [0] * 30, 1024, 2))]),
+    ]
+    page = prometheus.render(families).decode()
+    lines = page.splitlines()
+    assert lines[:3] == ["# HELP x_calls_total Calls.\\nTwo lines \\\\ here.",
+                         "# TYPE x_calls_total counter",
+                         'x_calls_total{api="cudaMalloc",comm="we\\"ird\\\\\\n"} 3']
+    assert "# TYPE x_live gauge" in lines and "x_live 2.5" in lines
+    assert 'x_seconds_bucket{api="a",le="5.12e-07"} 0' in lines
+    assert 'x_seconds_bucket{api="a",le="1.024e-06"} 2' in lines
+    assert 'x_seconds_bucket{api="a",le="+Inf"} 2' in lines
+    assert 'x_seconds_sum{api="a"} 1.024e-06' in lines
+    assert 'x_seconds_count{api="a"} 2' in lines
+    assert page.endswith("\n")
+
+
+@pytest.mark.parametrize("text, address", [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)), (":9000", ("127.0.0.1", 9000)),
+    ("9100", ("127.0.0.1", 9100)), ("0.0.0.0:80", ("0.0.0.0", 80)),
+    ("[::1]:9464", ("::1", 9464)),
+])
+def test_addresses(text, address):
+    assert prometheus.parse_address(text) == address
