@@ -239,10 +239,14 @@ def main(argv: List[str]) -> None:
         print("PYTHONDONTWRITEBYTECODE was set: unset for these runs, bytecode written once")
     time_to_exit([sys.executable, "-c", "import ebpf_cuda.cli, ebpf_cuda.tracer"])
     scratch = Path(tempfile.mkdtemp(prefix="ebpf-cuda-startup-"))
-    zipapp = Zipapp(scratch)
     stand_in = str(built.lib)
-    zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])  # unpacks it: warm from now on
-    zipapp.run(zipapp.no_cache, ["-p", stand_in], [stamp], target=zipapp.unpacked)  # bytecode
+    try:
+        zipapp = Zipapp(scratch)
+        zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])  # unpacks it: warm from now
+        zipapp.run(zipapp.no_cache, ["-p", stand_in], [stamp], target=zipapp.unpacked)  # .pyc
+    except BaseException:
+        shutil.rmtree(str(scratch), ignore_errors=True)
+        raise
     print("median of %d interleaved runs, ms from spawn to the command's first instruction "
           "(zipapp: %d KB)\n" % (args.runs, zipapp.pyz.stat().st_size // 1024))
     py = sys.executable

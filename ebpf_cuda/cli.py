@@ -5,6 +5,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 from typing import IO, List, Optional, Sequence, Set, Tuple
 
 import click
@@ -221,6 +222,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     # --summary alone: the kernel sums the calls up, no record per call.
     in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html,
                                pprof_out) and not no_returns)
+    _stopper.checkpoint()
     if pid is not None:
         _check_process_id(pid)
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
@@ -229,6 +231,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                     ring_size=_ring_size(ring_size, in_kernel), stacks=stacks,
                     aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
     _stopper.tracer = tracer
+    _stopper.checkpoint()
     # Nothing is opened for writing before every output is known to be a file of its own.
     _refuse_same_files([("-o", output), ("--save", save), ("--trace-out", trace_out),
                         ("--report", report_html), ("--pprof-out", pprof_out)],
@@ -252,9 +255,11 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     _stopper.spool = spool
     saver = _saver(save, tracer, namer)
     with tracer:
+        _stopper.checkpoint()  # (from here on a stop signal cancels a command held)
         _report_start(tracer, verbose)
         tracer.trace_into(sinks, save=saver, spool=spool, reader_nice=READER_NICE,
                           notice=_say)
+        _stopper.checkpoint()  # a command cancelled before it ran
         reports = _final_reports(analyses, tracer, namer, stacks)
         losses = tracer.stream.losses()
         left = _children_left(tracer)
@@ -439,10 +444,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class _Stopper:
-    """The handler of SIGINT, SIGTERM, SIGHUP and SIGQUIT, installed first thing (a signal
-    ignored when the tracer started stays ignored, for the command too, as in a shell):
+    """SIGINT, SIGTERM, SIGHUP and SIGQUIT, blocked in every thread from the first moment
+    and taken by a thread of their own (sigwait), so that no exception ever lands in the
+    middle of the tracer's work (a signal ignored when the tracer started stays ignored,
+    for the command too, as in a shell):
 
-    - while starting, before the command runs: `Interrupted` (the command never runs);
+    - while starting, before the command runs: the command is cancelled (it never runs)
+      and the start ends at its next step (`checkpoint`) with `Interrupted`; a start that
+      does not get there within START_GRACE_S, or a second signal, ends the process at once
+      (the kernel frees the probes, the held child exits when its pipe closes);
     - with a command that runs: passed on to it (once it has exec'd); the tracer reads
       until it ends, then drains the ring, writes the reports and exits with its status;
     - without one (-d PID, system-wide), or once the command has ended: stop after
@@ -455,28 +465,87 @@ class _Stopper:
         self.spool = None
         self.received: List[int] = []
         self.installed = False
+        self.interrupted: Optional[int] = None  # the signal that cancelled the start
+        self.pid = 0
+        self._said = threading.Lock()  # one "interrupted" line, by whoever says it first
 
     def install(self) -> None:
-        for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, self)
+        """Block the stop signals (threads started later inherit that) and take them in a
+        thread; the commands get the mask the tracer was started with."""
+        from . import command
+
+        self.pid = os.getpid()
+        wanted = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        if command.commands_mask() is None:  # (python -m ebpf_cuda gave it already)
+            command.give_commands_mask(before)
+        for signum in wanted:  # (a thread that does not block them, if any, hands them on)
+            signal.signal(signum, self._handler)
+        threading.Thread(target=self._wait, args=(wanted,), name="ebpf-cuda signals",
+                         daemon=True).start()
         self.installed = True
 
-    def __call__(self, signum: int, frame) -> None:
+    def _wait(self, wanted: List[int]) -> None:
+        while True:
+            self.on_signal(signal.sigwait(wanted))
+
+    def _handler(self, signum: int, frame) -> None:
+        self.on_signal(signum)
+
+    def on_signal(self, signum: int) -> None:
+        if os.getpid() != self.pid:  # a helper child forked by the tracer: the tracer decides
+            return
         self.received.append(signum)
         spool = self.spool
         if spool is not None and spool.closed:
             spool.abandon()
             return
         tracer = self.tracer
-        if tracer is None:
-            raise Interrupted(signum)
-        command = tracer.session.command
-        if tracer.command and (command is None or not command.released):
-            raise Interrupted(signum)
-        if command is not None and command.signal(signum):
+        if tracer is not None and not tracer.command:  # -d PID, system-wide
+            tracer.stop()
             return
-        tracer.stop()
+        command = tracer.session.command if tracer is not None else None
+        if command is not None and not command.cancel():  # it runs: the signal is its
+            if not command.signal(signum):
+                tracer.stop()
+            return
+        if self.interrupted is not None:  # a second one while starting: at once
+            self.force(signum)
+        self.interrupted = signum
+        if tracer is not None:
+            tracer.stop()
+        timer = threading.Timer(START_GRACE_S, self.force, args=(signum,))
+        timer.daemon = True
+        timer.start()
+
+    def checkpoint(self) -> None:
+        """Between the steps of the start: Interrupted when a stop signal came."""
+        if self.interrupted is not None:
+            raise Interrupted(self.interrupted)
+
+    def say_interrupted(self, signum: int) -> bool:
+        """The one line of an interrupted start (False when it was said already)."""
+        if not self._said.acquire(blocking=False):
+            return False
+        tracer = self.tracer
+        _say("interrupted by %s%s" % (
+            _signal_name(signum),
+            " while starting: %s was not run" % tracer.command[0]
+            if tracer is not None and tracer.command
+            else " while starting" if self.installed else ""))
+        return True
+
+    def force(self, signum: int) -> None:
+        """End the process now (the start did not unwind in time, or a second signal)."""
+        self.say_interrupted(signum)
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + signum)
+
+
+START_GRACE_S = 3.0  # how long an interrupted start may take to unwind before it is cut
 
 
 _stopper = _Stopper()
@@ -720,7 +789,8 @@ def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
 @click.option("--prometheus", metavar="HOST:PORT",
               help="Serve /metrics (Prometheus text format) there; HOST defaults to "
                    "127.0.0.1. Anyone who can reach it reads process and kernel names.")
-@click.option("--kernel-labels", type=click.IntRange(min=0), default=20,  # (monitor.DEFAULT_KERNEL_LABELS)
+@click.option("--kernel-labels", type=click.IntRange(min=0),
+              default=20,  # (monitor.DEFAULT_KERNEL_LABELS)
               show_default=True,
               help="Kernel names per process given a label of their own (the first ones "
                    "it launches); the rest count as kernel=\"other\". 0: none.")
@@ -807,6 +877,8 @@ def _monitor_flight(seconds: Optional[float], directory: str, size: str, errors:
     from .flight import FlightOptions, parse_trigger_errors
 
     _positive_seconds(seconds, "--flight-recorder")
+    if not os.path.isdir(directory):
+        raise UsageError("--flight-dir %s is not a folder" % directory)
     return FlightOptions(seconds, directory, parse_trigger_errors(errors),
                          int(latency * 1e9) if latency is not None else None,
                          parse_size(size))
@@ -859,6 +931,8 @@ def _main(argv: Optional[List[str]]) -> int:
     _CLOSED_AT_START = _standard_fds()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
+        if args[:1] in (["report"], ["monitor"]):  # (their signals: Python's, or their own)
+            _unblock_stop_signals()
         if args[:1] == ["report"]:
             report_cmd.main(args=args[1:], prog_name="ebpf-cuda report", standalone_mode=False)
         elif args[:1] == ["monitor"]:  # (its own signal handling: _MonitorSignals)
@@ -872,12 +946,7 @@ def _main(argv: Optional[List[str]]) -> int:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except Interrupted as err:
         _quiet()
-        tracer = _stopper.tracer
-        _say("interrupted by %s%s" % (
-            _signal_name(err.signum),
-            " while starting: %s was not run" % tracer.command[0]
-            if tracer is not None and tracer.command
-            else " while starting" if _stopper.installed else ""))
+        _stopper.say_interrupted(err.signum)
         return 128 + err.signum
     except KeyboardInterrupt:
         _quiet()
@@ -935,6 +1004,15 @@ def _too_many_files(err) -> str:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return ("too many open files (the limit is %d; raise it with ulimit -n): %s"
             % (soft, err))
+
+
+def _unblock_stop_signals() -> None:
+    """The mask `python -m ebpf_cuda` started with (it blocks the stop signals first)."""
+    from . import command
+
+    mask = command.commands_mask()
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _quiet() -> None:

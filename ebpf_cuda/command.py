@@ -13,14 +13,29 @@ it has exec'd.
 import errno
 import os
 import signal
+import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 # Python ignores these for itself at start-up; a shell's commands get them at default.
 _PYTHON_IGNORES = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ")
                         if hasattr(signal, name))
 HELD_EXIT = 125  # the child's exit code when it is let go without running the command
 _UNBLOCKABLE = {signal.SIGKILL, signal.SIGSTOP}
+_command_mask: Optional[set] = None  # see give_commands_mask
+
+
+def give_commands_mask(mask: Iterable[int]) -> None:
+    """The signal mask commands start with, for a program that blocks signals to take them
+    in a thread of its own (the command line tool): the mask it was started with. Without
+    it a command gets the mask of the thread that starts it."""
+    global _command_mask
+    _command_mask = set(mask)
+
+
+def commands_mask() -> Optional[set]:
+    """The mask given by give_commands_mask, if any."""
+    return None if _command_mask is None else set(_command_mask)
 
 
 def _all_signals() -> set:
@@ -38,8 +53,11 @@ class HeldCommand:
         self.exec_error: Optional[OSError] = None  # why exec failed (then exit 126 or 127)
         self.released = False  # release() was called: the command runs or is about to
         self.execed = False  # exec succeeded (or the child ended on its way to it)
+        self.cancelled = False  # cancel() was called first: the command never runs
         self._pending: List[int] = []  # signals for the command, sent once it has exec'd
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the mask the command gets
+        self._lock = threading.Lock()  # release, cancel and signal may come from two threads
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # this thread's, restored after
+        child_mask = mask if _command_mask is None else _command_mask  # the command's
         fds: List[int] = []
         try:
             fds += os.pipe()
@@ -61,7 +79,7 @@ class HeldCommand:
                 os.close(fd)
             raise
         if pid == 0:  # child: every signal blocked; wait for the go, then exec
-            _child(go_read, go_write, status_read, status_write, mask, self.argv)
+            _child(go_read, go_write, status_read, status_write, child_mask, self.argv)
         self.pid = pid
         self._release_fd: Optional[int] = go_write
         self._status_fd: Optional[int] = status_read
@@ -76,18 +94,31 @@ class HeldCommand:
     def release(self) -> None:
         """Let the command run (once); returns once it has exec'd (or failed to: then
         `exec_error` says why and the exit status is 126 or 127, as a shell's)."""
-        if self._release_fd is None:
-            return
-        self.released = True  # from here on a signal is for the command, not for start-up
+        with self._lock:
+            if self._release_fd is None or self.cancelled:
+                return
+            self.released = True  # from here on a signal is for the command, not start-up
         try:
             os.write(self._release_fd, b"g")
         except OSError:  # the child is gone already (killed): poll() says how
             pass
         self._close_release()
         self._read_exec_status()
-        pending, self._pending = self._pending, []
+        with self._lock:
+            self.execed = True
+            pending, self._pending = self._pending, []
         for signum in pending:
             self.signal(signum)
+
+    def cancel(self) -> bool:
+        """Never run the command, unless it was released already: True when it never runs
+        (the child exits HELD_EXIT at once), False when it runs."""
+        with self._lock:
+            if self.released:
+                return False
+            self.cancelled = True
+        self._close_release()
+        return True
 
     def _read_exec_status(self) -> None:
         """Wait until the child has exec'd (EOF: the pipe was close-on-exec) or says why
@@ -107,17 +138,17 @@ class HeldCommand:
         if data:
             number = int(data) if data.isdigit() else 0
             self.exec_error = OSError(number, os.strerror(number) if number else "exec failed")
-        self.execed = True
 
     def signal(self, signum: int) -> bool:
         """Send `signum` to the command once it runs its own program: at once when it has
         exec'd, right after exec when it is on its way. False (nothing sent) while it is
         held or once it has ended."""
-        if self.exit_status is not None or not self.released:
-            return False
-        if not self.execed:
-            self._pending.append(signum)
-            return True
+        with self._lock:
+            if self.exit_status is not None or not self.released:
+                return False
+            if not self.execed:
+                self._pending.append(signum)
+                return True
         try:
             os.kill(self.pid, signum)
         except ProcessLookupError:
@@ -135,7 +166,8 @@ class HeldCommand:
             self._status_fd = None
 
     def _close_release(self) -> None:
-        fd, self._release_fd = self._release_fd, None
+        with self._lock:
+            fd, self._release_fd = self._release_fd, None
         if fd is not None:
             os.close(fd)
 

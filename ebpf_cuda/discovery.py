@@ -81,18 +81,37 @@ def process_mappings(pid: int) -> List[Mapping]:
     return [m for m in (parse_maps_line(line) for line in lines) if m is not None]
 
 
-def process_file_path(pid: int, path: str, inode: int = 0) -> str:
-    """A path to a file mapped by `pid` that is valid in our mount namespace.
-
-    A process in a container sees other paths; /proc/PID/root reaches its files.
-    """
-    try:
-        if os.stat(path).st_ino == inode or not inode:
-            return path
-    except OSError:
-        pass
+def process_file_path(pid: int, path: str, inode: int = 0,
+                      span: Optional[Tuple[int, int]] = None) -> str:
+    """A path that reaches the file `pid` maps at `path` (with `inode`), from our mount
+    namespace: the path itself when it is that file; else through /proc/PID/root (a process
+    in a container sees other paths); else, given the mapping's `span` (start, end),
+    /proc/PID/map_files/START-END, which reaches a file deleted or replaced since."""
+    if _is_inode(path, inode):
+        return path
     alternative = _proc(pid, "root") + path
+    if _is_inode(alternative, inode):
+        return alternative
+    if span is not None:
+        mapped = _proc(pid, "map_files/%x-%x" % span)
+        if _is_inode(mapped, inode):
+            return mapped
     return alternative if os.path.exists(alternative) else path
+
+
+def _is_inode(path: str, inode: int) -> bool:
+    try:
+        return not inode or os.stat(path).st_ino == inode
+    except OSError:
+        return False
+
+
+def attach_path(path: str) -> str:
+    """The path to attach probes at: the real path, except through /proc (a process's root
+    or map_files), which the kernel resolves through that process, and we must not."""
+    if path.startswith("/proc/"):
+        return path
+    return os.path.realpath(path)
 
 
 def _mapped_files(pid: int) -> List[Mapping]:
@@ -166,7 +185,8 @@ def libraries_in_process(pid: int, pattern: str = "libcudart.so*",
     seen: Set[Tuple[int, int]] = set()
     for mapping in _mapped_files(pid):
         if fnmatch.fnmatch(os.path.basename(mapping.path), pattern):
-            _add_unique(found, seen, process_file_path(pid, mapping.path, mapping.inode))
+            _add_unique(found, seen, process_file_path(pid, mapping.path, mapping.inode,
+                                                       (mapping.start, mapping.end)))
     if include_static:
         exe = process_executable(pid)
         if is_static_cudart(exe):
@@ -318,7 +338,7 @@ def _add_unique(found: List[str], seen: Set[Tuple[int, int]], path: str) -> None
     key = (info.st_dev, info.st_ino)
     if key not in seen:
         seen.add(key)
-        found.append(os.path.realpath(path))
+        found.append(attach_path(path))
 
 
 def _search_dirs(name: str, dirs: Iterable[str], found: List[str],

@@ -570,24 +570,8 @@ def _comm(pid: int) -> str:
 
 
 def forget_process(namer, pid: int) -> None:
-    """Drop what the namer keeps of an exited process (names.py: KernelNamer.forget when it
-    has one; until then, its per-process dictionaries by their pid keys)."""
-    forget = getattr(namer, "forget", None)
-    if forget is not None:
-        forget(pid)
-        return
-    for table in (namer.handles, namer.stubs, namer._symbols, namer.unnamed):
-        for key in [k for k in table if k[0] == pid]:
-            del table[key]
-    for key in [k for k in namer._found if k[0] == pid]:
-        del namer._found[key]
-    namer._seen.discard(pid)
-    resolver = namer.resolver
-    resolver._maps.pop(pid, None)
-    resolver._reread = {k for k in resolver._reread if k[0] != pid}
-    root = "/proc/%d/" % pid  # (the files of a process in another mount namespace)
-    for key in [k for k in resolver._frames if k[0].startswith(root)]:
-        del resolver._frames[key]
+    """Drop what the namer keeps of an exited process."""
+    namer.forget(pid)
 
 
 # -- families from the aggregates ------------------------------------------------------------

@@ -19,6 +19,8 @@ from .events import EXIT, Event
 
 # fn_id, pid, tid, entry and exit time, func, caller (the return address, or 0)
 Launch = Tuple[int, int, int, int, int, int, int]
+HINT = "[kernel launched from %s]"  # what a launch site without its kernel's name shows
+HINT_START = HINT.split("%")[0]
 STUB_PREFIX = "__device_stub__"  # nvcc's host stub of kernel _Z... is __device_stub__Z...
 ProbeNames = Callable[[int, int], Optional[str]]  # (pid, handle) -> name the probes stored
 
@@ -48,7 +50,8 @@ class KernelNamer:
         self._found: Dict[Tuple[int, str, int], str] = {}  # name_for's answers (known ones)
         self._handle_apis: Dict[str, bool] = {}
         self._seen: Set[int] = set()
-        self.unnamed: Dict[Tuple[int, int, bool], int] = {}  # (pid, func, handle?) -> launches
+        # (pid, func, why: True a handle, False an address, "hint" a launch site) -> launches
+        self.unnamed: Dict[Tuple[int, int, object], int] = {}
 
     # -- taking in -------------------------------------------------------------------------
 
@@ -65,6 +68,15 @@ class KernelNamer:
         for pid in pids:
             self._seen.add(pid)
             self.resolver.observe(pid)
+
+    def forget(self, pid: int) -> None:
+        """Drop everything known of process `pid` (it exited): its snapshot, handles, stubs,
+        names found, unnamed counts stay (they are the run's account)."""
+        for table in (self.handles, self.stubs, self._symbols, self._found):
+            for key in [key for key in table if key[0] == pid]:
+                del table[key]
+        self._seen.discard(pid)
+        self.resolver.forget(pid)
 
     def learn(self, events: Iterable[Event]) -> None:
         """Take in the handles that successful teaching calls (rows with learn_name,
@@ -173,9 +185,11 @@ class KernelNamer:
             api = table[fn_id].name
             name = self.name_for(pid, api, func)
             if name is None and caller:
-                name = self._learn_from_caller(pid, api, func, caller)
-            if name is None and i not in inner:  # (a nested one is its outer launch again)
-                key = (pid, func, self._takes_handle(api))
+                self._learn_from_caller(pid, func, caller)
+                name = self.name_for(pid, api, func)
+            unknown = name is None or name.startswith(HINT_START)
+            if unknown and i not in inner:  # (a nested one is its outer launch again)
+                key = (pid, func, "hint" if name else self._takes_handle(api))
                 self.unnamed[key] = self.unnamed.get(key, 0) + 1
             named.append((pid, func, name))
         return named
@@ -201,25 +215,33 @@ class KernelNamer:
                     break
         return nested
 
-    def _learn_from_caller(self, pid: int, api: str, func: int,
-                           caller: int) -> Optional[str]:
+    def _learn_from_caller(self, pid: int, func: int, caller: int) -> None:
         """A runtime launch called from nvcc's `__device_stub__KERNEL` runs KERNEL: its func
         (a cudaKernel_t made before the trace began, or a stub without a symbol) takes that
-        name. Any other caller says nothing of the kernel."""
+        name. Another caller (the stub inlined into it) names the launch site only."""
         frame = self.resolver.frame(pid, caller, return_address=True)
-        if frame is None or frame.function is None or not frame.function.startswith(STUB_PREFIX):
-            return None
+        if frame is None or frame.function is None:
+            return
+        if not frame.function.startswith(STUB_PREFIX):
+            # The stub was inlined into its caller (PyTorch's launchers are): the launch site
+            # is known, its kernel is not. Shown as a hint, counted as unnamed.
+            self.handles[(pid, func)] = HINT % frame.function
+            return
         kernel = frame.function[len(STUB_PREFIX):]  # Z6vecAddPf for _Z6vecAddPf; C names
         self.handles[(pid, func)] = "_" + kernel if kernel.startswith("Z") else kernel
-        return self.name_for(pid, api, func)
 
     def unnamed_summary(self) -> Optional[str]:
         """One sentence counting the launches left unnamed, and why; None when all were."""
         if not self.unnamed:
             return None
-        handles = [n for (_, _, handle), n in self.unnamed.items() if handle]
-        addresses = [n for (_, _, handle), n in self.unnamed.items() if not handle]
+        hints = [n for (_, _, why), n in self.unnamed.items() if why == "hint"]
+        handles = [n for (_, _, why), n in self.unnamed.items() if why is True]
+        addresses = [n for (_, _, why), n in self.unnamed.items() if why is False]
         parts = []
+        if hints:
+            parts.append("%d launches of %d kernels made before the trace began, shown by "
+                         "the code that launched them (%s)" % (sum(hints), len(hints),
+                                                               HINT % "FUNCTION"))
         if handles:
             parts.append("%d launches of %d kernels whose handles were made before the trace "
                          "began (start the program under the tracer to name them)"

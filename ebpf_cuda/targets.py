@@ -28,10 +28,16 @@ def find_targets(selected: Sequence[Api], library: Sequence[str], pid: Optional[
     with the selected functions each defines; NoCudaSymbolsError when none defines any."""
     paths = list(library) or _library_paths(selected, pid, command, log)
     targets = []
+    seen = {}  # (device, inode) -> the path probed: a file is probed once, however reached
     for path in paths:
+        identity = _identity(path)
+        if identity in seen:
+            log("%s: the same file as %s, probed once" % (path, seen[identity]))
+            continue
         target = _target(path, selected)
         if target.functions:
             targets.append(target)
+            seen[identity] = path
         else:
             log("%s: none of the selected functions, skipped" % path)
     if not targets:
@@ -40,10 +46,20 @@ def find_targets(selected: Sequence[Api], library: Sequence[str], pid: Optional[
     return targets
 
 
+def _identity(path: str) -> Tuple[int, int]:
+    """(device, inode) of the file at `path`, or of the path itself when it cannot be read
+    (open_elf then says why)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, hash(path))
+    return (st.st_dev, st.st_ino)
+
+
 def _target(path: str, selected: Sequence[Api]) -> Target:
     elf = open_elf(path)
     defined = elf.has_any([s for api in selected for s in api.symbols])
-    target = Target(os.path.realpath(path))
+    target = Target(discovery.attach_path(path))
     for api in selected:
         found = [s for s in api.symbols if s in defined]
         if not found:

@@ -71,3 +71,28 @@ def test_a_kernel_handle_made_before_the_attach_is_named_by_its_stub(root, fake,
     assert {e.get("kernel") for e in launches} == {
         "vec_add_kernel(float const*, float const*, float*, int)"}
     assert "not named" not in stderr
+
+
+def test_a_launch_site_without_a_stub_is_shown_as_a_hint_and_counted(root, fake, tmp_path):
+    """When the stub was inlined into its caller (PyTorch's launchers), the launch site is
+    known and the kernel is not: the launch shows the calling function, and the end line
+    counts it as not named."""
+    lib, prog = fake
+    ops = ["getkernel"] + ["launchhandle:2:64", "sleep:10"] * 300
+    target = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
+    out = tmp_path / "t.jsonl"
+    try:
+        time.sleep(0.4)
+        tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
+                                   "-p", str(lib), "-d", str(target.pid)],
+                                  stderr=subprocess.PIPE, text=True, env=cli_env())
+        _, stderr = tracer.communicate(timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
+    assert len(launches) > 20
+    assert {e.get("kernel") for e in launches} == {"[kernel launched from do_launch]"}
+    assert ("not named: %d launches of 1 kernels made before the trace began, shown by the "
+            "code that launched them" % len(launches)) in stderr

@@ -220,7 +220,7 @@ def test_return_probes_are_links_too(root, lib, prog, cleanup):
     tracer.proc.stdin.close()
     assert tracer.finish() == 0
     assert len(links) == 4
-    if all(t.endswith("uprobe_multi") for t in links):
+    if "uretprobe_multi" in links:  # kernels naming return links so (6.12 says uprobe_multi)
         assert sorted(links).count("uretprobe_multi") == 2
 
 

@@ -283,6 +283,8 @@ def test_cli_a_stop_signal_while_starting_unwinds(lib):
     (["--otlp", "ftp://collector"], "--otlp takes an http://"),
     (["--interval", "0"], "positive number of seconds"),
     (["--kernel-labels", "-1"], "--kernel-labels"),
+    (["--flight-recorder", "5", "--flight-dir", "/nonexistent"], "is not a folder"),
+    (["--pprof-out", "/nonexistent/p.pb.gz"], "cannot write /nonexistent/p.pb.gz"),
 ])
 def test_cli_bad_options_are_one_line_and_exit_2(lib, args, words):
     done = run_cli("monitor", "-p", lib, *args)

@@ -32,7 +32,7 @@ def test_setup_cfg_declares_the_package():
     assert _lines(config["options.entry_points"]["console_scripts"]) == [
         "ebpf-cuda = ebpf_cuda.cli:main"]
     assert _lines(config["options.extras_require"]["test"]) == [
-        "pytest", "hypothesis", "vermin", "nvidia-cuda-runtime-cu12"]
+        "pytest", "hypothesis", "vermin", "nvidia-cuda-runtime-cu12", "opentelemetry-proto"]
 
 
 def test_runtime_dependencies_are_exactly_pyelftools_and_click():

@@ -40,7 +40,8 @@ class Prometheus:
         self.port = free_port()
         self.log = open(tmp_path / "prometheus.log", "w")
         self.proc = subprocess.Popen(
-            [PROMETHEUS, "--config.file=%s" % config, "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+            [PROMETHEUS, "--config.file=%s" % config,
+             "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
              "--web.listen-address=127.0.0.1:%d" % self.port, "--log.level=warn"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

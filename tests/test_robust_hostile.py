@@ -89,8 +89,10 @@ def test_yes_head_through_the_tracer_exits_141_as_the_shell(root, robust):
 # Python itself starts (its site-packages, finding the package) before any line of
 # ebpf-cuda runs: the points are counted from the moment `python -m ebpf_cuda` runs its own
 # first line (ebpf_cuda/__main__.py's run()).
-_WRAPPER = ("import os, sys, ebpf_cuda.__main__ as command; os.write(2, b'up\\n'); "
-            "sys.argv[0] = 'ebpf-cuda'; command.run()")
+# (The wrapper blocks the stop signals, as run() does first, before it says so.)
+_WRAPPER = ("import os, signal, sys, ebpf_cuda.__main__ as command\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, command._STOP_SIGNALS)\n"
+            "os.write(2, b'up\\n'); sys.argv[0] = 'ebpf-cuda'; command.run()")
 
 
 def _interrupt_at(lib, marker: Path, delay: float, group: bool):

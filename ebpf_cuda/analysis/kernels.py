@@ -78,6 +78,14 @@ class AddressResolver:
         self._reread: Set[Tuple[int, int]] = set()
         self._frames: Dict[Tuple[str, int, bool], Frame] = {}
 
+    def forget(self, pid: int) -> None:
+        """Drop what is kept of process `pid` (it exited, or exec'd another program)."""
+        self._maps.pop(pid, None)
+        self._reread = {key for key in self._reread if key[0] != pid}
+        root = "/proc/%d/" % pid  # (the files of a process in another mount namespace)
+        for key in [key for key in self._frames if key[0].startswith(root)]:
+            del self._frames[key]
+
     def observe(self, pid: int) -> None:
         """Snapshot `pid`'s mappings unless already done (cheap after the first call)."""
         if pid not in self._maps:

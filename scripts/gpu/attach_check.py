@@ -122,7 +122,9 @@ def main() -> int:
     result = {"mode": mode, "tracer_exit": traced.returncode, "marks": len(marks),
               "cupti_kernels": sum(cupti.values())}
     if launches is not None:
-        named = [e for e in launches if e.get("kernel")]
+        named = [e for e in launches
+                 if e.get("kernel") and not e["kernel"].startswith("[kernel launched from")]
+        hinted = [e for e in launches if e.get("kernel", "").startswith("[kernel launched")]
         seen = {}
         for e in named:
             seen[e["kernel"]] = seen.get(e["kernel"], 0) + 1
@@ -131,7 +133,7 @@ def main() -> int:
             apis[e["api"]] = apis.get(e["api"], 0) + 1
         unnamed = [e for e in launches if not e.get("kernel")][:3]
         result.update(window_apis=apis, unnamed_sample=unnamed)
-        result.update(launches=len(launches), named=len(named),
+        result.update(launches=len(launches), named=len(named), hinted=len(hinted),
                       named_pct=round(100.0 * len(named) / max(1, len(launches)), 2),
                       tracer_names=seen, cupti_names=cupti,
                       unnamed_line=[l for l in open(err.name) if "not named" in l])
