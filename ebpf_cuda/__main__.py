@@ -16,7 +16,8 @@ def run() -> None:
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     from . import command
 
-    command.give_commands_mask(mask)
+    if command.commands_mask() is None:  # (unless whoever runs this gave it already)
+        command.give_commands_mask(mask)
     from .cli import main
 
     main()

@@ -63,6 +63,14 @@ def parse_maps_line(line: str) -> Optional[Mapping]:
     return Mapping(start, end, fields[1], offset, fields[3], inode, path)
 
 
+def _why_not_allowed() -> str:
+    """What to do about a process whose /proc files this one may not read."""
+    if os.geteuid() != 0:
+        return "run as root"
+    return ("root here lacks CAP_SYS_PTRACE, or the process is in a PID namespace or under "
+            "a security module that hides it")
+
+
 def process_mappings(pid: int) -> List[Mapping]:
     """Every mapping of process `pid`, from /proc/PID/maps."""
     _check_pid(pid)
@@ -72,7 +80,8 @@ def process_mappings(pid: int) -> List[Mapping]:
     except FileNotFoundError:
         raise ProcessError("no process with PID %d" % pid) from None
     except PermissionError:
-        raise ProcessError("not allowed to inspect process %d (run as root)" % pid) from None
+        raise ProcessError("not allowed to inspect process %d (%s)" % (pid, _why_not_allowed())) \
+            from None
     except OSError as err:
         raise ProcessError("cannot read the mappings of process %d: %s"
                            % (pid, err.strerror or err)) from None

@@ -10,6 +10,8 @@ Counts are of records: a complete call is one, and with --entries a call's entry
 """
 from typing import Dict, List, Optional, Tuple
 
+from . import record
+
 
 class Losses:
     """Counts of what did not reach the outputs, by cause.
@@ -26,7 +28,7 @@ class Losses:
                  spool_refused: int = 0, spool_error: Optional[str] = None,
                  interrupted: int = 0,
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
-                 entries: bool = False) -> None:
+                 entries: bool = False, too_deep: int = 0) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
         self.spool_limit = spool_limit
@@ -35,19 +37,24 @@ class Losses:
         self.interrupted = interrupted
         self.unwritten: Dict[str, Tuple[int, str]] = dict(unwritten or {})
         self.entries = entries
+        self.too_deep = too_deep  # calls nested deeper than record.TASK_DEPTH on one thread
 
     @property
     def total(self) -> int:
         """Records lost to the output that lost the most (each output misses the records
         lost before it, and its own)."""
         own = max([count for count, _ in self.unwritten.values()] or [0])
-        return self.ring_full + self.spool_past + self.spool_refused + self.interrupted + own
+        return (self.ring_full + self.too_deep + self.spool_past + self.spool_refused
+                + self.interrupted + own)
 
     def causes(self) -> List[str]:
         """Each cause with its count, in words."""
         why = []
         if self.ring_full:
             why.append("%d with the ring buffer full (try --ring-size)" % self.ring_full)
+        if self.too_deep:
+            why.append("%d calls nested deeper than %d on one thread"
+                       % (self.too_deep, record.TASK_DEPTH))
         if self.spool_past:
             why.append("%d past the spool's %s (try --spool-size)"
                        % (self.spool_past, self.spool_limit or "limit"))
@@ -65,7 +72,8 @@ class Losses:
         """What every output misses: the records lost before the outputs (the analyses,
         which write nothing as they go, saw all the others)."""
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
-                      self.spool_error, self.interrupted, entries=self.entries)
+                      self.spool_error, self.interrupted, entries=self.entries,
+                      too_deep=self.too_deep)
 
     def sentence(self) -> str:
         """The "events lost" line (without the `ebpf-cuda: ` prefix); "" when none."""
@@ -79,7 +87,7 @@ class Losses:
     def to_json(self) -> dict:
         return {"ring_full": self.ring_full, "spool_past": self.spool_past,
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
-                "entries": self.entries}
+                "too_deep": self.too_deep, "entries": self.entries}
 
     @classmethod
     def from_json(cls, obj) -> "Losses":
@@ -87,7 +95,7 @@ class Losses:
         if not isinstance(obj, dict):
             raise ValueError("its losses are not an object")
         counts = {}
-        for key in ("ring_full", "spool_past", "spool_refused", "interrupted"):
+        for key in ("ring_full", "spool_past", "spool_refused", "interrupted", "too_deep"):
             value = obj.get(key, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError("its loss count %s is not a count" % key)

@@ -76,8 +76,10 @@ class Stream:
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
                     break
-                if waiter.wait(wait):
-                    yield from self._drain()
+                # Woken, or after POLL_INTERVAL_S: the probes wake the reader only once 1/8
+                # of the ring waits, so what a slow program wrote is read at least this often.
+                waiter.wait(wait)
+                yield from self._drain()
         yield from self._drain()
 
     def _drain(self) -> Iterator[Tuple[bytes, Named]]:
@@ -188,8 +190,9 @@ class Stream:
     def losses(self) -> Losses:
         """What the outputs missed so far, by cause (the ring's count read now; the
         spool's and the failed outputs' as the last `deliver` left them)."""
-        losses = Losses(ring_full=self.session.stats()["lost"],
-                        entries=self.session.options.entries)
+        stats = self.session.stats()
+        losses = Losses(ring_full=stats["lost"], entries=self.session.options.entries,
+                        too_deep=stats["too_deep"])
         spool = self._spool
         if spool is not None:
             refused = spool.dropped if spool.error else 0

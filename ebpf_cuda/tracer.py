@@ -179,6 +179,12 @@ class Tracer:
         `unpaired` returns (no entry seen)."""
         return self.session.stats()
 
+    def losses(self):
+        """Everything lost so far, by cause (losses.Losses): records the probes could not
+        write, the spool's drops, and what each output that failed could not take (a failing
+        output is dropped, the others go on; `stream.outputs.failures` says which)."""
+        return self.stream.losses()
+
     @property
     def lost(self) -> int:
         """Records lost because the ring buffer was full."""

@@ -277,6 +277,7 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
         start = time.monotonic()
         proc = subprocess.Popen(qemu, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        _running.append(proc)
         tail = Tail(os.path.join(outdir, "output"), sys.stdout.buffer)
         mark = os.path.join(outdir, BOOT_MARK)
         booted_at = None
@@ -302,6 +303,7 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         qemu_out = proc.communicate()[0].decode(errors="replace")
+        _running.remove(proc)
         tail.pump()
         end = time.monotonic()
         console = _read(os.path.join(outdir, "console.log"))
@@ -323,6 +325,17 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
         return status, booted_at - start, end - booted_at
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
+
+
+_running: list = []  # the QEMU of the boot under way (its own session: killed by name here)
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM/SIGINT/SIGHUP: take the guest down with us, then exit 128+signal."""
+    for proc in _running:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
 
 
 def log(message: str) -> None:
@@ -358,6 +371,8 @@ def main() -> int:
         args.workdir = os.path.join(os.path.dirname(args.kernel_dir), "runs")
     os.makedirs(args.workdir, exist_ok=True)
     image, release = kernel_image(args.kernel_dir)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _stop)
     for attempt in range(1, args.attempts + 1):
         status, boot_s, run_s = boot_once(args, image, release, command, attempt)
         if status is not None:

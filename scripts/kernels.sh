@@ -6,6 +6,7 @@
 #   scripts/kernels.sh 6.12 -- 'python3 -m pytest -q -m kernel tests'
 #   scripts/kernels.sh 6.1.0-57-amd64 -- uname -r      (an exact package version)
 #   scripts/kernels.sh --list                          (the versions apt knows)
+#   scripts/kernels.sh --fetch 6.12                    (download and unpack only)
 #
 # VERSION: 6.1 (Debian 12's linux-image-6.1.0-*-amd64, the newest) or 6.12
 # (linux-image-6.12.*+deb12-amd64, the newest), or an exact suffix of linux-image-*.
@@ -21,16 +22,21 @@ cache="${EBPF_CUDA_KERNELS:-/var/cache/ebpf-cuda-kernels}"
 export DEBIAN_FRONTEND=noninteractive
 
 vm_opts=()
+fetch_only=
 while [ $# -gt 0 ]; do
     case "$1" in
         --list) apt-cache search --names-only '^linux-image-6\.(1\.0-[0-9]+|12\.[0-9]+\+deb12)-amd64$' \
                     | cut -d' ' -f1 | sort -V; exit 0 ;;
         --timeout|--boot-timeout|--attempts|--cpus|--memory|--console|--times|--env|--append)
             vm_opts+=("$1" "$2"); shift 2 ;;
+        --fetch) fetch_only=1; shift ;;
         -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) break ;;
     esac
 done
+if [ -n "$fetch_only" ] && [ $# -eq 1 ]; then
+    set -- "$1" -- true
+fi
 if [ $# -lt 3 ] || [ "$2" != "--" ]; then
     echo "usage: $0 [OPTIONS] VERSION -- CMD..." >&2
     exit 2
@@ -38,16 +44,14 @@ fi
 version="$1"
 shift 2
 
+apt=(apt-get -qq -o DPkg::Lock::Timeout=300)  # wait for another apt rather than fail
 apt_updated=
-need() {  # need COMMAND PACKAGE
-    command -v "$1" >/dev/null 2>&1 && return 0
-    if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
-    apt-get install -y -qq --no-install-recommends "$2" >/dev/null
+apt_update() { [ -n "$apt_updated" ] || { "${apt[@]}" update; apt_updated=1; }; }
+command -v qemu-system-x86_64 >/dev/null 2>&1 || {
+    apt_update; "${apt[@]}" install -y --no-install-recommends qemu-system-x86 >/dev/null
 }
-need qemu-system-x86_64 qemu-system-x86
-[ -x /bin/busybox ] && ! grep -q ld-linux /bin/busybox 2>/dev/null || {
-    if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
-    apt-get install -y -qq --no-install-recommends busybox-static >/dev/null
+{ [ -x /bin/busybox ] && ! grep -q ld-linux /bin/busybox; } || {
+    apt_update; "${apt[@]}" install -y --no-install-recommends busybox-static >/dev/null
 }
 
 package_for() {  # the linux-image package name for VERSION
@@ -57,12 +61,26 @@ package_for() {  # the linux-image package name for VERSION
         6.12) pattern='^linux-image-6\.12\.[0-9]+\+deb12-amd64$' ;;
         *) pattern="^linux-image-$(printf '%s' "$1" | sed 's/[.+]/\\&/g')\$" ;;
     esac
-    apt-cache search --names-only "$pattern" | cut -d' ' -f1 | sort -V | tail -n 1
+    # (apt-cache fails while another apt rebuilds its cache: then the kernel cache decides)
+    { apt-cache search --names-only "$pattern" 2>/dev/null || true; } | cut -d' ' -f1 \
+        | sort -V | tail -n 1
+}
+
+cached_for() {  # the newest kernel already unpacked in the cache for VERSION
+    local name
+    for name in $(ls "$cache" 2>/dev/null | sort -V); do
+        case "$1:$name" in
+            6.1:6.1.0-*-amd64|6.12:6.12.*+deb12-amd64|"$1:$1") echo "linux-image-$name" ;;
+        esac
+    done | tail -n 1
 }
 
 package="$(package_for "$version")"
-if [ -z "$package" ] && [ -z "$apt_updated" ]; then
-    apt-get update -qq; apt_updated=1
+if [ -z "$package" ]; then
+    package="$(cached_for "$version")"  # apt busy or offline: what was fetched before
+fi
+if [ -z "$package" ]; then
+    apt_update
     package="$(package_for "$version")"
 fi
 if [ -z "$package" ]; then
@@ -74,10 +92,14 @@ dir="$cache/$release"
 if [ ! -d "$dir/lib/modules/$release" ]; then
     mkdir -p "$cache"
     tmp="$(mktemp -d "$cache/.download.XXXXXX")"
-    (cd "$tmp" && apt-get download -qq "$package")
+    (cd "$tmp" && "${apt[@]}" download "$package")
     rm -rf "$dir.part"
     dpkg -x "$tmp"/"$package"_*.deb "$dir.part"
     rm -rf "$tmp"
     mv "$dir.part" "$dir"
+fi
+if [ -n "$fetch_only" ]; then
+    echo "$dir"
+    exit 0
 fi
 exec python3 "$here/kernel_vm.py" "${vm_opts[@]+"${vm_opts[@]}"}" "$dir" -- "$@"

@@ -201,3 +201,16 @@ def test_probe_refused_by_the_kernel_is_named_and_the_rest_traced(root, robust, 
 def test_every_probe_refused_is_one_line(root, files, conflicting_probe):
     done = run_cli(["-p", files["lib"], "--functions", "cudaMemcpy"], timeout=30)
     assert_one_line(done, AttachError.exit_code, "cudaMemcpy", "EINVAL")
+
+
+@pytest.mark.kernel
+def test_root_that_may_not_inspect_the_process_is_told_why(root):
+    """Root without CAP_SYS_PTRACE may not read another process's maps: "run as root" would
+    be no help."""
+    from ebpf_cuda.errors import ProcessError
+
+    done = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace",
+                           sys.executable, "-m", "ebpf_cuda", "-d", "1"], capture_output=True,
+                          text=True, timeout=30, env=cli_env(), stdin=subprocess.DEVNULL)
+    line = assert_one_line(done, ProcessError.exit_code, "process 1", "CAP_SYS_PTRACE")
+    assert "run as root" not in line

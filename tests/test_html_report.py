@@ -168,3 +168,23 @@ def test_both_layers_count_once_as_in_the_summary_and_the_leak_report():
     assert "double frees: 0" in page.texts and "allocations: 1" in page.texts
     assert "frees: 1" in page.texts
     assert row(page, "100")[2:] == ["4000", "0", "0"]  # peak, live at end, leaks
+
+
+def test_the_page_says_what_the_trace_lost():
+    import io
+
+    from ebpf_cuda.losses import Losses
+    from ebpf_cuda.output.html_report import HtmlReport
+
+    class Keep(io.StringIO):
+        def close(self):
+            self.text = self.getvalue()
+            super().close()
+
+    out = Keep()
+    report = HtmlReport(out)
+    report.header()
+    report.note_losses(Losses(ring_full=1200))
+    report.close()
+    assert ("<strong>Not counted:</strong> 1200 events lost: 1200 with the ring buffer full "
+            "(try --ring-size)") in out.text

@@ -44,3 +44,15 @@ def test_deeper_calls_are_counted_not_lost_silently(root, nesting):
     stats = tracer.stats_at_end
     assert stats["too_deep"] > 0
     assert len(exits) + stats["too_deep"] == depth * TIMES  # each missing call is counted
+
+
+def test_the_cli_says_how_many_calls_were_nested_too_deep(root, nesting):
+    from helpers import run_cli
+
+    lib, prog = nesting
+    depth = record.TASK_DEPTH + 2
+    done = run_cli("-o", "/dev/null", "-p", lib, "--functions", "cudaMemcpy", "--", prog,
+                   depth, TIMES)
+    assert done.returncode == 0, done.stderr
+    assert ("%d events lost: %d calls nested deeper than %d on one thread"
+            % ((depth - 2) * TIMES, (depth - 2) * TIMES, record.TASK_DEPTH)) in done.stderr

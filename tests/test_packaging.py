@@ -30,7 +30,7 @@ def test_setup_cfg_declares_the_package():
     assert config["options"]["python_requires"].strip() == ">=3.8"
     assert _lines(config["options.packages.find"]["include"]) == ["ebpf_cuda", "ebpf_cuda.*"]
     assert _lines(config["options.entry_points"]["console_scripts"]) == [
-        "ebpf-cuda = ebpf_cuda.cli:main"]
+        "ebpf-cuda = ebpf_cuda.__main__:run"]
     assert _lines(config["options.extras_require"]["test"]) == [
         "pytest", "hypothesis", "vermin", "nvidia-cuda-runtime-cu12", "opentelemetry-proto"]
 

@@ -89,10 +89,12 @@ def test_yes_head_through_the_tracer_exits_141_as_the_shell(root, robust):
 # Python itself starts (its site-packages, finding the package) before any line of
 # ebpf-cuda runs: the points are counted from the moment `python -m ebpf_cuda` runs its own
 # first line (ebpf_cuda/__main__.py's run()).
-# (The wrapper blocks the stop signals, as run() does first, before it says so.)
-_WRAPPER = ("import os, signal, sys, ebpf_cuda.__main__ as command\n"
-            "signal.pthread_sigmask(signal.SIG_BLOCK, command._STOP_SIGNALS)\n"
-            "os.write(2, b'up\\n'); sys.argv[0] = 'ebpf-cuda'; command.run()")
+# (The wrapper blocks the stop signals, as run() does first, before it says so, and gives the
+# mask it had to the commands, as run() would.)
+_WRAPPER = ("import os, signal, sys, ebpf_cuda.__main__ as main\n"
+            "mask = signal.pthread_sigmask(signal.SIG_BLOCK, main._STOP_SIGNALS)\n"
+            "import ebpf_cuda.command as command; command.give_commands_mask(mask)\n"
+            "os.write(2, b'up\\n'); sys.argv[0] = 'ebpf-cuda'; main.run()")
 
 
 def _interrupt_at(lib, marker: Path, delay: float, group: bool):

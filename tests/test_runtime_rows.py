@@ -27,7 +27,7 @@ RET_NAMES = {0: "cudaSuccess", 1: "cudaErrorInvalidValue", 9: "cudaErrorInvalidC
 
 # Every runtime row, successes and documented failures, and every exported variant.
 OPS = (
-    "getkernel", "cudagetkernel",
+    "register:_Z14vec_add_kernelPKfS0_Pfi", "getkernel", "cudagetkernel",
     "malloc:4000", "mallocmanaged:8192:2", "mallocmanaged:64:3", "mallocasync:256:0x5005",
     "mallocpitch:1000:8", "mallochost:512", "hostalloc:1024:4", "hostalloc:8:16",
     "streamcreate", "streamcreateflags:1", "streamcreateprio:1:-3", "streamcreateprio:0:4",
@@ -155,6 +155,7 @@ ARGS.update({
                                                        **_n("node", graphExec="exec")(c)),
     "cudaGraphExecUpdate": _n("graph", graphExec="exec"), "cudaGraphDestroy": _n("graph"),
     "cudaGraphExecDestroy": _n(graphExec="exec"),
+    "__cudaRegisterFunction": _n("stub"),
 })
 
 OUT_NAMES = {"cudaMalloc": "ptr", "cudaMallocManaged": "ptr", "cudaMallocAsync": "ptr",
@@ -190,6 +191,8 @@ def expected_outs(call: Call) -> Dict[str, Any]:
         outs["pitch"] = call.number("pitch")
     if fn == "cudaMemGetInfo":
         outs["total"] = call.number("total")
+    if fn == "__cudaRegisterFunction":  # what the probe read of the name it registers
+        outs["kernel_name"] = call.fields["name"]
     return outs
 
 

@@ -103,9 +103,14 @@ class HtmlReport:
         self.events = 0
         self.first_ns: Optional[int] = None
         self.last_ns = 0
+        self.lost = ""  # what the report did not see, in words (note_losses)
 
     def header(self) -> None:
         """Nothing is written before the end."""
+
+    def note_losses(self, losses) -> None:
+        """Told before the end what the trace lost (losses.Losses): shown at the top."""
+        self.lost = losses.read().sentence()
 
     def write(self, events: Iterable[Event]) -> None:
         for ev in events:
@@ -248,7 +253,9 @@ def _num(value: float) -> str:
 
 def render(report: HtmlReport) -> str:
     """The whole page."""
-    parts = [_overview(report), _function_table(report), _time_plots(report),
+    warning = ('<p class="lost"><strong>Not counted:</strong> %s</p>' % _esc(report.lost)
+               if report.lost else "")
+    parts = [warning, _overview(report), _function_table(report), _time_plots(report),
              _histograms(report), _copy_table(report), _memory_table(report),
              _kernel_section(report), _error_table(report)]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
