@@ -188,7 +188,8 @@ class KernelNamer:
                 self._learn_from_caller(pid, func, caller)
                 name = self.name_for(pid, api, func)
             unknown = name is None or name.startswith(HINT_START)
-            if unknown and i not in inner:  # (a nested one is its outer launch again)
+            # (a nested one is its outer launch again; a NULL func names no kernel at all)
+            if unknown and func and i not in inner:
                 key = (pid, func, "hint" if name else self._takes_handle(api))
                 self.unnamed[key] = self.unnamed.get(key, 0) + 1
             named.append((pid, func, name))

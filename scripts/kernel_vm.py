@@ -32,10 +32,12 @@ import re
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 WANTED_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 BOOT_MARK = "started"
@@ -165,14 +167,27 @@ def cpio_newc(entries) -> bytes:
     return out.getvalue()
 
 
-def find_busybox() -> str:
+def is_static_elf(path: str) -> bool:
+    """A 64-bit little-endian ELF file without a program interpreter (PT_INTERP)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:5] != b"\x7fELF\x02" or head[5] != 1:
+                return False
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError:
+        return False
+    return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
+
+
+def find_busybox() -> Optional[str]:
     for path in (os.environ.get("BUSYBOX"), "/bin/busybox", "/usr/bin/busybox"):
-        if path and os.path.isfile(path):
-            with open(path, "rb") as f:
-                head = f.read(1 << 16)
-            if b"/ld-linux" not in head:  # static: no program interpreter
-                return path
-    sys.exit("kernel_vm: needs a static busybox (apt-get install busybox-static)")
+        if path and os.path.isfile(path) and is_static_elf(path):
+            return path
+    return None
 
 
 def build_initramfs(kernel_dir: str, release: str, outdir: str) -> str:
@@ -180,6 +195,8 @@ def build_initramfs(kernel_dir: str, release: str, outdir: str) -> str:
     moddir = os.path.join(kernel_dir, "lib", "modules", release)
     cached = os.path.join(kernel_dir, "ebpf-cuda-initrd.cpio.gz")
     busybox = find_busybox()
+    if busybox is None:
+        sys.exit("kernel_vm: needs a static busybox (apt-get install busybox-static)")
     stamp = "%s %d" % (busybox, os.stat(busybox).st_mtime_ns)
     if not (os.path.exists(cached) and _read(cached + ".stamp") == stamp + INIT):
         mods = modules_for(moddir)
@@ -344,6 +361,8 @@ def log(message: str) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--has-static-busybox"]:  # (for kernels.sh)
+        return 0 if find_busybox() else 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("kernel_dir")
     parser.add_argument("--cpus", type=int, default=min(os.cpu_count() or 2, 4))

@@ -50,7 +50,7 @@ apt_update() { [ -n "$apt_updated" ] || { "${apt[@]}" update; apt_updated=1; }; 
 command -v qemu-system-x86_64 >/dev/null 2>&1 || {
     apt_update; "${apt[@]}" install -y --no-install-recommends qemu-system-x86 >/dev/null
 }
-{ [ -x /bin/busybox ] && ! grep -q ld-linux /bin/busybox; } || {
+python3 "$here/kernel_vm.py" --has-static-busybox || {
     apt_update; "${apt[@]}" install -y --no-install-recommends busybox-static >/dev/null
 }
 
