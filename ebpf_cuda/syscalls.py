@@ -579,14 +579,22 @@ def uprobe_pmu(sysfs_dir: Optional[str] = None) -> UprobePmu:
     """Read the uprobe PMU from sysfs (`sysfs_dir`, else $EBPF_CUDA_SYSFS_UPROBE, else
     /sys/bus/event_source/devices/uprobe); UnsupportedKernelError if it is missing."""
     root = sysfs_dir or os.environ.get(UPROBE_PMU_ENV) or UPROBE_PMU_DIR
+    if root in _pmus:
+        return _pmus[root]
     type_text = _read_text(os.path.join(root, "type"))
     if type_text is None or not type_text.isdigit():
         raise UnsupportedKernelError(
             "this kernel has no uprobe perf PMU (%s/type is missing): uprobes need Linux 4.17 "
-            "or newer built with CONFIG_UPROBE_EVENTS" % root, errnos.ENOENT)
+            "or newer built with CONFIG_UPROBE_EVENTS (the tracefs uprobe_events interface "
+            "of older kernels is not used)" % root, errnos.ENOENT)
     fmt = os.path.join(root, "format")
-    return UprobePmu(int(type_text), _config_bit(_read_text(os.path.join(fmt, "retprobe"))),
-                     _config_bit(_read_text(os.path.join(fmt, "ref_ctr_offset"))))
+    pmu = UprobePmu(int(type_text), _config_bit(_read_text(os.path.join(fmt, "retprobe"))),
+                    _config_bit(_read_text(os.path.join(fmt, "ref_ctr_offset"))))
+    _pmus[root] = pmu  # read once: it does not change while the kernel runs
+    return pmu
+
+
+_pmus: dict = {}
 
 
 def uprobe_attr(pmu: UprobePmu, path: ctypes.Array, offset: int, retprobe: bool,

@@ -407,3 +407,28 @@ def test_uprobe_multi_program_attaches_per_offset(root, target, monkeypatch, per
             with pytest.raises(UnsupportedKernelError, match="cookies"):
                 uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick"), cookie=5)
     assert not copy.loaded
+
+
+def test_perf_uprobes_past_the_open_file_limit(root, target, monkeypatch):
+    # Perf-event uprobes take two descriptors each: with a soft limit lower than what they
+    # need, attaching raises it (EMFILE is not the end), here from a small one.
+    import resource
+
+    lib, exe = target
+    tick = file_offset(lib, "pt_tick")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 16, hard))
+    links = []
+    try:
+        with maps.ArrayMap(8, 1, value_struct=U64) as counts, \
+                counting_program(counts) as prog:
+            for _ in range(40):  # 80 descriptors
+                links.append(uprobe.attach_uprobe(prog, lib, tick))
+            run_caller(exe, 2)
+            assert counts[0] == 2 * 40
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > in_use + 80
+    finally:
+        for link in links:
+            link.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
