@@ -3,7 +3,6 @@ began, so their names cannot be learned from the calls that made them. The runti
 around each driver launch names it (a code address: the stub's symbol), and the driver's
 handle takes that name; what stays unnamed is counted, with the reason, in one line."""
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -48,11 +47,9 @@ def test_a_warmed_up_process_attached_later_has_its_launches_named(root, layered
     assert "not named" not in stderr
 
 
-def test_a_kernel_handle_made_before_the_attach_is_named_by_its_stub(root, fake, tmp_path):
-    """CUDA 13: nvcc's stub fetches the cudaKernel_t once (__cudaGetKernel), before the trace
-    began, and launches with it: the launch's caller, __device_stub__<kernel>, names it."""
-    lib, prog = fake
-    ops = ["getkernel"] + ["stublaunch:2:64", "sleep:10"] * 150
+def _attach_later(lib, prog, ops, tmp_path):
+    """Start `prog OPS`, attach `ebpf-cuda --json -p LIB -d PID` 0.4 s later, until it ends:
+    (the tracer's exit status, its stderr, the exit events of cudaLaunchKernel)."""
     target = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
     out = tmp_path / "t.jsonl"
     try:
@@ -64,9 +61,18 @@ def test_a_kernel_handle_made_before_the_attach_is_named_by_its_stub(root, fake,
     finally:
         target.kill()
         target.wait()
-    assert tracer.returncode == 0, stderr
     events = [json.loads(line) for line in out.read_text().splitlines()]
-    launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
+    return tracer.returncode, stderr, [e for e in events if e["api"] == "cudaLaunchKernel"
+                                       and e["phase"] == "exit"]
+
+
+def test_a_kernel_handle_made_before_the_attach_is_named_by_its_stub(root, fake, tmp_path):
+    """CUDA 13: nvcc's stub fetches the cudaKernel_t once (__cudaGetKernel), before the trace
+    began, and launches with it: the launch's caller, __device_stub__<kernel>, names it."""
+    lib, prog = fake
+    status, stderr, launches = _attach_later(
+        lib, prog, ["getkernel"] + ["stublaunch:2:64", "sleep:10"] * 150, tmp_path)
+    assert status == 0, stderr
     assert len(launches) > 20 and all(e["args"]["func"] >= 0x9000 for e in launches)
     assert {e.get("kernel") for e in launches} == {
         "vec_add_kernel(float const*, float const*, float*, int)"}
@@ -78,20 +84,9 @@ def test_a_launch_site_without_a_stub_is_shown_as_a_hint_and_counted(root, fake,
     known and the kernel is not: the launch shows the calling function, and the end line
     counts it as not named."""
     lib, prog = fake
-    ops = ["getkernel"] + ["launchhandle:2:64", "sleep:10"] * 300
-    target = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
-    out = tmp_path / "t.jsonl"
-    try:
-        time.sleep(0.4)
-        tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
-                                   "-p", str(lib), "-d", str(target.pid)],
-                                  stderr=subprocess.PIPE, text=True, env=cli_env())
-        _, stderr = tracer.communicate(timeout=60)
-    finally:
-        target.kill()
-        target.wait()
-    events = [json.loads(line) for line in out.read_text().splitlines()]
-    launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
+    status, stderr, launches = _attach_later(
+        lib, prog, ["getkernel"] + ["launchhandle:2:64", "sleep:10"] * 300, tmp_path)
+    assert status == 0, stderr
     assert len(launches) > 20
     assert {e.get("kernel") for e in launches} == {"[kernel launched from do_launch]"}
     assert ("not named: %d launches of 1 kernels made before the trace began, shown by the "

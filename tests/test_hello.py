@@ -1,6 +1,7 @@
 """Hello records: a thread's first traced call sends one (record.PHASE_HELLO), which wakes
 the reader so that it reads the process's mappings while the process lives. They are no
-events: the decoder, the outputs and every count leave them out."""
+events: the decoder, the outputs and every count leave them out. (That each process is
+snapshotted once, at its first batch, is tests/test_names.py's.)"""
 import json
 import signal
 import subprocess
@@ -10,7 +11,6 @@ import time
 import pytest
 
 from ebpf_cuda import record
-from ebpf_cuda.names import KernelNamer
 from ebpf_cuda.tracer import Tracer
 from helpers import cli_env
 
@@ -60,27 +60,3 @@ def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake,
     events = [json.loads(line) for line in out.read_text().splitlines()]
     launches = [e for e in events if e["api"] == "cudaLaunchKernel" and e["phase"] == "exit"]
     assert [e.get("kernel") for e in launches] == ["vec_add_kernel"]
-
-
-def _frames_of(pids) -> bytes:
-    return b"".join(b"\0" * 8 + record.LAYOUT.pack(0, 0, pid, pid, record.HELLO_FN,
-                                                    record.PHASE_HELLO, 0, 0, b"p",
-                                                    *[0] * record.ARG_CELLS, 0,
-                                                    *[0] * record.OUT_CELLS) for pid in pids)
-
-
-def test_the_reader_snapshots_each_process_once():
-    """Every batch read goes by `KernelNamer.observe_frames` (hello records included): each
-    process's mappings are read once, at the first batch it appears in."""
-    class Resolver:
-        def __init__(self):
-            self.observed = []
-
-        def observe(self, pid):
-            self.observed.append(pid)
-
-    resolver = Resolver()
-    namer = KernelNamer(resolver=resolver)
-    for batch in ([10, 11, 10], [11, 12], [10, 11, 12]):
-        namer.observe_frames(_frames_of(batch))
-    assert sorted(resolver.observed[:2]) == [10, 11] and resolver.observed[2:] == [12]
