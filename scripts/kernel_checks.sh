@@ -16,6 +16,10 @@ step() { echo "kernel-checks: $release: $*"; }
 features="$(python3 -c 'from ebpf_cuda import features; print(features.report())' 2>&1)" \
     || failed=1
 step "$features"
+step "$(python3 -c 'from ebpf_cuda import features as f
+print("uretprobe system call: %s; seen by seccomp filters: %s" % (
+    "yes" if f._uretprobe_call_kills(False) else "no",
+    "yes" if f.uretprobe_syscall_filtered() else "no"))' 2>&1)"
 
 quick() {  # quick NAME EXPECTED_PATTERN ebpf-cuda-args...
     local name="$1" pattern="$2" out status start
