@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import record
-from .apis import NCCL, TABLE, Api, Kind, arg_cells
+from .apis import TABLE, Api, Kind, arg_cells
 from .cuda_enums import error_name
 from .errors import DecodeError
 # How values are decoded and shown lives in values.py; these names stay importable from here.
@@ -73,7 +73,6 @@ class _RowDecoder:
         self._out_values = compile_tuple(outs)
         self._out_names = [f.name for f in outs]
         self.learns = any((api.learn_name, api.learn_func, api.learn_alias))
-        self.nccl = api.library == NCCL  # its events get their communicator (nccl.py)
         self._ret_names: Dict[int, str] = {}
 
     def decode_outs(self, fields: Sequence[int], flags: int) -> Tuple[dict, tuple]:
@@ -106,7 +105,6 @@ class Decoder:
         self.clock_offset_ns = clock_offset_ns
         self.table = list(table)
         self.rows = [_RowDecoder(api) for api in table]
-        self.communicators = None  # NCCL's, made on the first NCCL record (nccl.py)
         self._func_cells: Dict[int, Set[int]] = {}  # cell of `func` → launch rows with it
         for fn_id, api in enumerate(table):
             for arg, cell in arg_cells(api):
@@ -197,7 +195,7 @@ class Decoder:
         enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
                       args)
         if phase == record.PHASE_ENTER:
-            return self._communicator([enter]) if row.nccl else [enter]
+            return [enter]
         if phase != record.PHASE_CALL:
             raise DecodeError("record with unknown phase %d" % phase)
         ret = fields[_RET_AT] & 0xFFFFFFFF
@@ -205,15 +203,4 @@ class Decoder:
         done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id)
         # With --entries the enter event already came from its own record.
-        events = [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]
-        return self._communicator(events) if row.nccl else events
-
-    def _communicator(self, events: List[Event]) -> List[Event]:
-        """An NCCL call's events (one record's) with its communicator's rank, size, id and
-        sequence number, from the communicators this decoder's records made (nccl.py)."""
-        if self.communicators is None:
-            from .nccl import Communicators
-
-            self.communicators = Communicators()
-        self.communicators.annotate(events)
-        return events
+        return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]

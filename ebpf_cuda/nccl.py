@@ -14,16 +14,19 @@ told it) among its arguments, and each collective (the table's category "collect
 entry whatever the call returns; the k-th collective of one rank is the k-th of every other
 rank, which is how NCCL itself pairs them.
 
-`Communicators.annotate` takes the events of one record, in the order of the trace (the
-decoder calls it: events.py). Failed calls make nothing; calls on a communicator made before
-the trace began show only their `seq` (counted from the trace's start).
+`Communicators.annotate_batch` takes decoded events in the order of the trace (whoever
+decodes them for the outputs calls it: the live stream, stream.py, and the saved-trace reader,
+savefile.py; the decoder itself stays pure). Failed calls make nothing; calls on a
+communicator made before the trace began show only their `seq` (counted from the trace's
+start).
 """
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from .apis import BY_NAME, NCCL, Api
+from .apis import BY_NAME, NCCL, TABLE, Api
 from .events import EXIT, Event
 from .values import unique_id_hash
 
+_NCCL_NAMES = frozenset(api.name for api in TABLE if api.library == NCCL)
 COLLECTIVE = "collective"  # the category of the rows that are collectives (apis.py)
 INIT_RANK = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable")
 FREES = ("ncclCommDestroy", "ncclCommAbort")
@@ -78,6 +81,22 @@ class Communicators:
 
     def get(self, pid: int, handle: int) -> Optional[Communicator]:
         return self.comms.get((pid, handle))
+
+    def annotate_batch(self, events: List[Event]) -> None:
+        """Decoded events of any calls, in order: those of NCCL calls get their
+        communicator. The two events of one record (an entry and its exit) share one
+        arguments dict, which is how they are told from an entry record and the exit record
+        that follows it."""
+        i, count = 0, len(events)
+        while i < count:
+            event = events[i]
+            if event.api not in _NCCL_NAMES:
+                i += 1
+                continue
+            pair = (i + 1 < count and event.phase != EXIT
+                     and events[i + 1].args is event.args)
+            self.annotate(events[i:i + 2] if pair else [event])
+            i += 2 if pair else 1
 
     def annotate(self, events: List[Event]) -> None:
         """The events of one NCCL record: an entry and its exit (one arguments dict), an

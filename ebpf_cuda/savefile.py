@@ -39,6 +39,7 @@ from .apis import Api
 from .errors import DecodeError, UsageError
 from .events import Decoder, Event
 from .losses import Losses
+from .nccl import Communicators
 
 MAGIC = b"EBPFCUDA"
 FORMAT_VERSION = 2  # 2: frames may hold hello records (record.PHASE_HELLO)
@@ -187,6 +188,7 @@ class SavedTrace:
             self.kernels = self._read_trailer(f)
         self.table = _table(path, self.function_names)
         self.decoder = Decoder(self.table, self.clock_offset_ns)
+        self.communicators = Communicators()
 
     @property
     def complete(self) -> bool:
@@ -301,14 +303,17 @@ class SavedTrace:
 
     def _decode(self, decoder: Decoder, frames: bytes) -> List[Event]:
         try:
-            return list(decoder.decode_frames(frames))
+            events = decoder.decode_batch(frames)
         except DecodeError as err:  # the file is named: a damaged record is the file's
             raise DecodeError("%s has a damaged record: %s" % (self.path, err)) from None
+        self.communicators.annotate_batch(events)  # as the live stream does
+        return events
 
     def _new_pass(self) -> Decoder:
-        """The decoder of a pass over the frames: a new one each time, as what it knows of
-        the trace so far (NCCL communicators, sequence numbers) starts again from the top."""
+        """The decoder of a pass over the frames. What a pass knows of the trace so far
+        (NCCL communicators, sequence numbers) starts again from the top each time."""
         self.decoder = Decoder(self.table, self.clock_offset_ns)
+        self.communicators = Communicators()
         return self.decoder
 
 

@@ -22,6 +22,7 @@ from .events import Decoder, Event
 from .graphs import GraphTracker
 from .losses import Losses
 from .names import KernelNamer
+from .nccl import Communicators
 from .session import Session
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
@@ -45,6 +46,7 @@ class Stream:
         self.session = session
         self.names = names
         self.graphs = GraphTracker(names)  # each graph from its calls (graphs.py)
+        self.communicators = Communicators()  # NCCL calls' rank, size, id, seq (nccl.py)
         self.decoder = decoder
         self.teaching = {i for i, api in enumerate(decoder.table)
                          if api.learn_name or api.learn_func or api.learn_alias}
@@ -107,11 +109,13 @@ class Stream:
 
     def annotate(self, events: List[Event]) -> None:
         """What decoded events get besides their record: the names teaching calls taught,
-        what graph launches ran and which launches a capture recorded (graphs.py). Events
-        are annotated once, in order, by whoever decodes them for the outputs (this
-        thread, or the lines thread behind a spool)."""
+        what graph launches ran and which launches a capture recorded (graphs.py), the
+        communicator of NCCL calls (nccl.py). Events are annotated once, in order, by
+        whoever decodes them for the outputs (this thread, or the lines thread behind a
+        spool)."""
         self.names.annotate(events)
         self.graphs.annotate(events)
+        self.communicators.annotate_batch(events)
 
     def _target_gone(self) -> bool:
         command = self.session.command
