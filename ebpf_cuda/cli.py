@@ -3,99 +3,22 @@ exits or installs signal handlers."""
 import errno
 import os
 import signal
-import stat
 import sys
 import threading
-from typing import IO, List, Optional, Sequence, Set, Tuple
+from typing import List, Optional, Sequence, Set, Tuple
 
 import click
 
-from . import apis
+from . import apis, plan
 from .errors import Interrupted, KernelError, TracerError, UsageError, VerifierError
 from .losses import Losses
-from .names import KernelNamer
-from .output import Sink
-from .output.text import TextWriter
-from .stream import Outputs, lines_only
 from .tracer import DEFAULT_RING_SIZE, Tracer
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def format_size(size: int) -> str:
-    """8388608 → `8M` (the largest unit that divides it)."""
-    for unit in ("G", "M", "K"):
-        if size and size % _UNITS[unit] == 0:
-            return "%d%s" % (size // _UNITS[unit], unit)
-    return str(size)
-
-
-def parse_size(text: str) -> int:
-    """`8M` → 8388608; plain numbers are bytes."""
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = text[:-1] if unit else text
-    if not number.isdigit():
-        raise UsageError("bad size %r (examples: 65536, 256K, 8M)" % text)
-    return int(number) * _UNITS[unit]
-
-
-SUMMARY_RING_SIZE = 1 << 20  # --summary alone: only calls that teach kernel names travel
-
-
-MAX_RING_SIZE = 1 << 31  # the kernel's ring buffer sizes are 32-bit; 2G is the largest here
-
-
-def _ring_size(text: Optional[str], in_kernel: bool) -> int:
-    if text is not None:
-        size = parse_size(text)
-        if size > MAX_RING_SIZE:
-            raise UsageError("the ring buffer size must be at most %s, not %s"
-                             % (format_size(MAX_RING_SIZE), text))
-        return size
-    return SUMMARY_RING_SIZE if in_kernel else DEFAULT_RING_SIZE
 
 
 def _split_functions(value: Optional[str]) -> Optional[List[str]]:
     if not value:
         return None
     return [name.strip() for name in value.split(",") if name.strip()]
-
-
-def _open_output(path: Optional[str]) -> IO[str]:
-    """The file to write (created with the user's umask); a symbolic link is followed only
-    when it belongs to us or to root, so that root cannot be tricked into overwriting a file
-    through another user's link (the /tmp symlink attack)."""
-    if path is None:
-        if 1 in _CLOSED_AT_START:
-            raise UsageError("stdout is closed: give the events a file with -o FILE")
-        return sys.stdout
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        if not _trusted_symlink(path):
-            flags |= os.O_NOFOLLOW  # not a link, and one swapped in meanwhile fails (ELOOP)
-        return os.fdopen(os.open(path, flags, 0o666), "w", buffering=1 << 16)
-    except OSError as err:
-        raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    """A file to write bytes to, opened as `_open_output` opens one (the same link rule)."""
-    return _open_output(path).detach()
-
-
-def _trusted_symlink(path: str) -> bool:
-    """True if `path` is a symbolic link owned by us or root; UsageError if another user's."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISLNK(st.st_mode):
-        return False
-    if st.st_uid not in (os.geteuid(), 0):
-        raise UsageError("refusing to write %s: it is a symbolic link owned by another user "
-                         "(uid %d)" % (path, st.st_uid))
-    return True
 
 
 def _log(verbose: int):
@@ -219,59 +142,42 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         if not _print("\n".join(rows)):
             sys.exit(1)
         return
-    # --summary alone: the kernel sums the calls up, no record per call.
-    in_kernel = (_summary_only(summary, leaks, as_json, output, save, trace_out, report_html,
-                               pprof_out) and not no_returns)
+    request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
+                           trace_out, report_html, pprof_out, spool_size, no_returns,
+                           1 in _CLOSED_AT_START)
+    in_kernel = request.summary_only() and not no_returns  # the kernel sums the calls up
     _stopper.checkpoint()
     if pid is not None:
         _check_process_id(pid)
     tracer = Tracer(functions=_split_functions(functions), library=list(paths), pid=pid,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=_ring_size(ring_size, in_kernel), stacks=stacks,
-                    aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
+                    ring_size=plan.ring_size(ring_size, in_kernel, DEFAULT_RING_SIZE),
+                    stacks=stacks, aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
     _stopper.tracer = tracer
     _stopper.checkpoint()
     # Nothing is opened for writing before every output is known to be a file of its own.
-    _refuse_same_files([("-o", output), ("--save", save), ("--trace-out", trace_out),
-                        ("--report", report_html), ("--pprof-out", pprof_out)],
-                       _trace_inputs(paths, command))
-    namer = tracer.names
-    analyses = _analyses(namer, summary, leaks)
-    reports_err = as_json and output is None  # after JSON Lines on stdout, reports: stderr
-    if analyses and not reports_err and 1 in _CLOSED_AT_START:
-        raise UsageError("stdout is closed: the reports would go there")
-    sinks = analyses + _event_sinks(output, as_json, no_timestamps, namer,
-                                    events_wanted=not analyses and not (
-                                        trace_out or report_html or save or pprof_out))
-    sinks += _file_sinks(trace_out, report_html, namer)
-    if pprof_out:  # (only when asked for)
-        from .pprof import PprofWriter
-
-        sinks.append(_named(PprofWriter(_open_binary(pprof_out), tracer.stack, namer.resolver,
-                                        namer, calls_at_entry=no_returns), pprof_out))
-    spool = (_spool(spool_size, output) if lines_only(sinks) is not None and not save
-             else None)
-    _stopper.spool = spool
-    saver = _saver(save, tracer, namer)
+    plan.refuse_same_files(request.files(), plan.trace_inputs(paths, command))
+    outputs = plan.for_trace(request, tracer, warn=_say)
+    _stopper.spool = outputs.spool
     with tracer:
         _stopper.checkpoint()  # (from here on a stop signal cancels a command held)
         _report_start(tracer, verbose)
-        tracer.trace_into(sinks, save=saver, spool=spool, reader_nice=READER_NICE,
-                          notice=_say)
+        tracer.trace_into(outputs.sinks, save=outputs.saver, spool=outputs.spool,
+                          reader_nice=READER_NICE, notice=_say)
         _stopper.checkpoint()  # a command cancelled before it ran
-        reports = _final_reports(analyses, tracer, namer, stacks)
+        reports = outputs.reports(tracer)
         losses = tracer.stream.losses()
         left = _children_left(tracer)
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
-    if spool is not None:
-        losses.spool_limit = "%s bytes" % format_size(spool.limit)
+    if outputs.spool is not None:
+        losses.spool_limit = "%s bytes" % plan.format_size(outputs.spool.limit)
     if left:
         _say("the command ended; %d process%s it started still run%s (%s), not traced from "
              "here on" % (len(left), "es" if len(left) > 1 else "", "" if len(left) > 1
                           else "s", ", ".join("pid %d" % p for p in left[:5])
                           + (", ..." if len(left) > 5 else "")))
-    _finish(tracer, reports, reports_err, losses, summary)
+    _finish(tracer, reports, request.reports_to_stderr(), losses, summary)
 
 
 def _children_left(tracer: Tracer) -> List[int]:
@@ -295,7 +201,7 @@ def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losse
     """The end of a live trace: reports, the loss line, why the command could not run, and
     the exit code (the command's when it ran; 1 when an output failed without one)."""
     if reports and summary and losses.read().total:  # the summary says what it did not see
-        reports[0] += "\n\n" + _summary_losses(losses.read())
+        reports[0] += "\n\n" + plan.summary_losses(losses.read())
     printed = _print("\n\n".join(reports), err=reports_err) if reports else True
     if losses.total:
         _say(losses.sentence())
@@ -314,115 +220,8 @@ def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losse
         sys.exit(1)
 
 
-def _summary_losses(losses: Losses) -> str:
-    """The summary's last line when events were lost: its tables count only those seen."""
-    return (" ** Not counted: %s (the tables above count only the events seen)"
-            % losses.sentence())
-
-
 READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight): a program
 # with more busy threads than cores cannot starve the reader (the lines thread inherits it)
-
-
-def _summary_only(summary: bool, *other_outputs) -> bool:
-    """--summary and nothing that needs every event: then the kernel aggregates the calls
-    and writes records only for the calls that teach kernel names (see Tracer's `emit`)."""
-    return summary and not any(other_outputs)
-
-
-def _event_sinks(output: Optional[str], as_json: bool, no_timestamps: bool,
-                 namer: Optional[KernelNamer] = None, events_wanted: bool = True) -> List[Sink]:
-    """Where decoded events go: text or JSON lines. Analyses and files add sinks here.
-    With only end-of-run reports asked for (`events_wanted` False) and neither --json nor -o,
-    no per-event writer at all."""
-    if not events_wanted and not as_json and output is None:
-        return []
-    stream = _open_output(output)
-    if as_json:
-        from .output.jsonl import JsonWriter
-
-        return [_named(JsonWriter(stream, namer=namer), output)]
-    return [_named(TextWriter(stream, timestamps=not no_timestamps, namer=namer), output)]
-
-
-def _named(sink, path: Optional[str]):
-    """The output as its write errors name it: the path given, or stdout."""
-    sink.output_name = path or "stdout"
-    return sink
-
-
-def _analyses(namer: KernelNamer, summary: bool, leaks: bool) -> List[Sink]:
-    """Sinks that build end-of-run reports; leak warnings are printed as they happen."""
-    from .analysis import LeakTracker, Summary
-
-    def warn(warning) -> None:
-        _say("warning: %s" % warning)
-
-    analyses: List[Sink] = []
-    if summary:
-        analyses.append(Summary(namer=namer))
-    if leaks:
-        analyses.append(LeakTracker(on_warning=warn))
-    return analyses
-
-
-def _final_reports(analyses: List[Sink], tracer: Tracer, namer: KernelNamer,
-                   stacks: bool) -> List[str]:
-    """The reports of the analyses, rendered while the tracer (its stack map) is still open."""
-    from .analysis import LeakTracker, Summary, format_leaks
-
-    reports = []
-    for analysis in analyses:
-        if isinstance(analysis, Summary):
-            reports.append(analysis.report(None if tracer.emit else tracer.aggregates()))
-        elif isinstance(analysis, LeakTracker):
-            reports.append(format_leaks(analysis, tracer.stack if stacks else None,
-                                        namer.resolver))
-    return reports
-
-
-def _file_sinks(trace_out: Optional[str], report_html: Optional[str], namer) -> List[Sink]:
-    """The timeline (--trace-out) and HTML report (--report) writers."""
-    sinks: List[Sink] = []
-    if trace_out:
-        from .output.chrome_trace import ChromeTraceWriter  # only when asked for
-
-        sinks.append(_named(ChromeTraceWriter(_open_output(trace_out), namer=namer), trace_out))
-    if report_html:
-        from .output.html_report import HtmlReport  # only when asked for
-
-        sinks.append(_named(HtmlReport(_open_output(report_html), namer=namer), report_html))
-    return sinks
-
-
-def _saver(path: Optional[str], tracer: Tracer, namer: KernelNamer):
-    """With --save: the raw-trace writer (it learns kernel names for its trailer)."""
-    if not path:
-        return None
-    from . import savefile
-
-    _trusted_symlink(path)  # another user's symbolic link is refused, as for -o
-    return savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
-
-
-def _spool(size: Optional[str], output: Optional[str]):
-    """The spool between the ring reader and the lines (None with --spool-size 0)."""
-    from .spool import DEFAULT_LIMIT, Spool
-
-    limit = DEFAULT_LIMIT if size is None else parse_size(size)
-    if limit == 0:
-        return None
-    # Beside the output file (its disk has room for what is written there anyway); not
-    # beside /dev/null or a FIFO, nor in /dev for -o /dev/stdout: in $TMPDIR then.
-    directory = None
-    real = os.path.realpath(output) if output else None
-    if real and os.path.isfile(real) and not real.startswith(("/dev/", "/proc/")):
-        directory = os.path.dirname(real)
-    try:
-        return Spool(directory, limit)
-    except OSError as err:
-        raise UsageError("cannot create a spool file in %s: %s (--spool-size 0 does without)"
-                         % (directory or "$TMPDIR", err.strerror)) from None
 
 
 def _report_start(tracer: Tracer, verbose: int) -> None:
@@ -577,7 +376,6 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
     FILEs (the ranks of one job), their NCCL collectives merged. Needs no privileges; kernel
     names are those known when tracing."""
     from . import savefile
-    from .analysis import Summary, format_leaks
 
     if collectives or len(paths) > 1:
         return _collectives_report(paths, [("-t", no_timestamps), ("--json", as_json),
@@ -586,46 +384,24 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
                                            ("--report", report_html)])
     path = paths[0]
 
-    _refuse_same_files([("-o", output), ("--trace-out", trace_out), ("--report", report_html)],
-                       [("the input trace", path)])
+    request = plan.Request(output, as_json, not no_timestamps, summary, leaks,
+                           trace_out=trace_out, report_html=report_html,
+                           stdout_closed=1 in _CLOSED_AT_START)
+    plan.refuse_same_files(request.files(), [("the input trace", path)])
     saved = savefile.load(path)
-    from .graphs import GraphTracker
     from .flight import describe, read_trigger  # a flight-recorder dump names its trigger
 
     trigger = read_trigger(path)
     if trigger is not None:
         _say("flight-recorder dump: %s; the %gs before it" % (describe(trigger),
                                                              trigger.get("window_s", 0)))
-    reports_err = as_json and output is None
-    analyses = _analyses(saved.namer, summary, leaks)
-    if analyses and not reports_err and 1 in _CLOSED_AT_START:
-        raise UsageError("stdout is closed: the reports would go there")
-    sinks = analyses + _event_sinks(output, as_json, no_timestamps, saved.namer,
-                                    events_wanted=not analyses and not (trace_out or report_html))
-    sinks += _file_sinks(trace_out, report_html, saved.namer)
-    outputs = Outputs(sinks, notice=_say, goes_on=False)
-    graphs = GraphTracker(saved.namer)  # what the graph launches ran, as live
-    outputs.header()
-    try:
-        for events in saved.batches():
-            graphs.annotate(events)
-            for sink in sinks:
-                if outputs.alive(sink):
-                    outputs.call(sink, sink.write, events)
-            outputs.flush()
-            if outputs.nothing_left:
-                break
-        losses = saved.losses  # (a killed tracer's: its last loss note, now that all is read)
-        for sink in sinks:  # the HTML report shows the losses too
-            tell = getattr(sink, "note_losses", None)
-            if tell is not None and outputs.alive(sink):
-                outputs.call(sink, tell, losses)
-    finally:
-        outputs.close()
-    reports = [a.report() if isinstance(a, Summary) else format_leaks(a) for a in analyses]
+    made = plan.for_replay(request, saved, warn=_say)
+    outputs, losses, graphs = plan.replay(saved, made.sinks, notice=_say)
+    reports = made.reports()
     if reports and summary and losses.total:
-        reports[0] += "\n\n" + _summary_losses(losses)
-    printed = _print("\n\n".join(reports), err=reports_err) if reports else True  # as live
+        reports[0] += "\n\n" + plan.summary_losses(losses)
+    printed = _print("\n\n".join(reports), err=request.reports_to_stderr()) if reports \
+        else True  # as live
     if graphs.unknown_summary():
         _say(graphs.unknown_summary())
     incomplete = saved.incomplete()
@@ -635,52 +411,6 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
         _say(losses.sentence())
     if outputs.failures or not printed:
         sys.exit(1)
-
-
-def _identity(path: str) -> Tuple[str, Optional[Tuple[int, int]], bool]:
-    """(real path, (device, inode) when it exists, True for a character device)."""
-    real = os.path.realpath(path)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return real, None, False
-    return real, (st.st_dev, st.st_ino), stat.S_ISCHR(st.st_mode)
-
-
-def _refuse_same_files(outputs: Sequence[Tuple[str, Optional[str]]],
-                       inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
-    """UsageError when two outputs, or an output and an input, are one file, by path or by
-    device and inode (a link, a bind mount), before anything is opened for writing (opening
-    truncates). Character devices (/dev/null, a terminal) may take several outputs."""
-    known = []
-    for what, path in inputs:
-        if path:
-            known.append((what, path, True) + _identity(path)[:2])
-    for what, path in outputs:
-        if not path:
-            continue
-        real, node, chardev = _identity(path)
-        if chardev:
-            continue
-        for other, other_path, is_input, other_real, other_node in known:
-            if real == other_real or (node is not None and node == other_node):
-                if is_input:
-                    raise UsageError("%s %s is the same file as %s %s: it would be "
-                                     "overwritten before it is read"
-                                     % (what, path, other, other_path))
-                raise UsageError("%s %s and %s %s are the same file: give each output a "
-                                 "file of its own" % (other, other_path, what, path))
-        known.append((what, path, False, real, node))
-
-
-def _trace_inputs(paths: Sequence[str], command: Sequence[str]) -> List[Tuple[str, str]]:
-    """The files a live trace reads: the probed libraries, the command's executable."""
-    import shutil
-
-    inputs = [("-p", path) for path in paths]
-    if command:
-        inputs.append(("the command", shutil.which(command[0]) or command[0]))
-    return inputs
 
 
 def _check_process_id(pid: int) -> None:
@@ -838,12 +568,12 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                              _positive_seconds(trigger_latency, "--trigger-latency"))
     options = MonitorOptions(tuple(paths), tuple(_split_functions(functions) or ()) or None,
                              api, everything, kernel_labels,
-                             parse_size(ring_size) if ring_size else None, flight)
+                             plan.parse_size(ring_size) if ring_size else None, flight)
     monitor = signals.monitor = Monitor(options, log=_say if verbose else None, notice=_say)
     # What can fail does before the probes go on: the port is bound, the URL and the
     # profile's file checked.
     exporters = _monitor_exporters(monitor, address, otlp, interval)
-    profile = _open_binary(pprof_out) if pprof_out else None
+    profile = plan.open_binary(pprof_out) if pprof_out else None
     written = True
     try:
         monitor.start()
@@ -881,7 +611,7 @@ def _monitor_flight(seconds: Optional[float], directory: str, size: str, errors:
         raise UsageError("--flight-dir %s is not a folder" % directory)
     return FlightOptions(seconds, directory, parse_trigger_errors(errors),
                          int(latency * 1e9) if latency is not None else None,
-                         parse_size(size))
+                         plan.parse_size(size))
 
 
 def _monitor_exporters(monitor, address, otlp: Optional[str], interval: float) -> List:
