@@ -124,3 +124,35 @@ def test_saved_trace_through_the_api(stand_in, tmp_path):
                 live += tracer.decoder.decode_frames(frames)
     replayed = list(ebpf_cuda.load(path))
     assert replayed == live and len(live) == 2 * len(OPS)
+
+
+@pytest.mark.kernel
+def test_every_command_line_output_from_a_request(stand_in, tmp_path):
+    """docs/api.md's example: the outputs of `-o FILE --summary --leaks --save FILE` made
+    from a plan.Request, live, then the same sinks fed again from the saved trace."""
+    from ebpf_cuda import plan, savefile
+
+    lib, prog = stand_in
+    request = plan.Request(output=str(tmp_path / "calls.txt"), summary=True, leaks=True,
+                           save=str(tmp_path / "run.ebpfcuda"))
+    with ebpf_cuda.Tracer(command=[str(prog), *OPS], functions=FUNCTIONS,
+                          library=[str(lib)]) as tracer:
+        outputs = plan.for_trace(request, tracer)
+        assert outputs.spool is None  # (--save: no spool, the events are decoded once)
+        tracer.trace_into(outputs.sinks, save=outputs.saver, spool=outputs.spool)
+        summary, leaks = outputs.reports(tracer)
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    assert len([line for line in lines if "[EXIT]" in line]) == len(OPS)
+    api_table = summary.split(" ** ")[1]  # (time %, total, calls, ..., name)
+    calls = {row.split()[-1]: int(row.split()[2].replace(",", ""))
+             for row in api_table.splitlines() if row.split()[-1:] in ([f] for f in FUNCTIONS)}
+    assert calls == {"cudaMalloc": 2, "cudaFree": 2, "cudaMemcpy": 1, "cudaLaunchKernel": 1,
+                     "cudaSetDevice": 1}
+    assert "64 bytes" in leaks or "64 B" in leaks
+    again = plan.Request(output=str(tmp_path / "again.txt"), summary=True)
+    saved = savefile.load(request.save)
+    made = plan.for_replay(again, saved)
+    outputs_again, losses, _ = plan.replay(saved, made.sinks)
+    assert not outputs_again.failures and losses.total == 0
+    assert (tmp_path / "again.txt").read_text().splitlines() == lines
+    assert made.reports()[0] == summary
