@@ -17,21 +17,17 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 BUILD = Path(os.environ.get("EBPF_CUDA_BENCH_BUILD", "/tmp/ebpf-cuda-bench")) / "monitor"
 
+from churn import churn, growth_line  # noqa: E402
 from conftest import Builder  # noqa: E402
 from fakecuda import build_fake_cuda  # noqa: E402
-
-
-def rss_kib(pid: int) -> int:
-    with open("/proc/%d/status" % pid) as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
 
 def main() -> None:
@@ -66,37 +62,15 @@ def main() -> None:
     scraper.start()
     ops = ["setdevice:0", "sleep:20", "loop:20:malloc:64"] + [
         "launch:%d,1,1:32,1,1" % (k + 1) for k in range(args.kernels)]
-    started = time.monotonic()
-    samples = [(0, rss_kib(monitor.pid))]
-    print("processes=0 rss_kib=%d" % samples[0][1], flush=True)
-    running = []
-    count = 0
     try:
-        while count < args.procs:
-            running = [p for p in running if p.poll() is None]
-            while len(running) < args.parallel and count < args.procs:
-                running.append(subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL))
-                count += 1
-                if count % args.report == 0:
-                    samples.append((count, rss_kib(monitor.pid)))
-                    print("processes=%d rss_kib=%d elapsed_s=%.0f page_bytes=%d"
-                          % (count, samples[-1][1], time.monotonic() - started,
-                             pages[-1] if pages else 0), flush=True)
-            time.sleep(0.002)
-        for p in running:
-            p.wait()
-        time.sleep(3)  # the last ones scraped and dropped
-        samples.append((count, rss_kib(monitor.pid)))
+        samples = churn(monitor.pid, [str(prog), *ops], args.procs, args.parallel, args.report,
+                        note=lambda line: print("%s page_bytes=%d" % (
+                            line, pages[-1] if pages else 0), flush=True))
     finally:
         done.set()
         monitor.terminate()
         monitor.wait(30)
-    half = [s for s in samples if s[0] >= args.procs // 2]
-    growth = (half[-1][1] - half[0][1]) / max(half[-1][0] - half[0][0], 1) * 1000
-    print("end: processes=%d rss_kib=%d elapsed_s=%.0f growth_kib_per_1000=%.1f "
-          "rss_at_10000_kib=%.0f" % (count, samples[-1][1], time.monotonic() - started, growth,
-                                     samples[-1][1] + growth * max(10000 - count, 0) / 1000))
-
+    print(growth_line(samples, args.procs))
 
 if __name__ == "__main__":
     main()
