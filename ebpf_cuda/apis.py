@@ -400,6 +400,10 @@ TABLE: Tuple[Api, ...] = (
     Api("cuCtxSynchronize", D, (), (), "sync"),
     Api("cuDevicePrimaryCtxRetain", D, (_hidden("pCtx", 0), _a("device", K.INT, 1)),
         (Out("ctx", K.HANDLE, 0),), "context"),
+    # The thread's current context (each event's device: devices.py).
+    Api("cuCtxSetCurrent", D, (_a("ctx", K.HANDLE, 0),), (), "context"),
+    Api("cuCtxPushCurrent_v2", D, (_a("ctx", K.HANDLE, 0),), (), "context"),
+    Api("cuCtxPopCurrent_v2", D, (_hidden("pCtx", 0),), (Out("ctx", K.HANDLE, 0),), "context"),
     Api("cuMemAlloc_v2", D, (_hidden("pPtr", 0), _a("size", K.SIZE, 1)),
         (Out("ptr", K.PTR, 0),), "memory", **_alloc(DEVICE)),
     Api("cuMemFree_v2", D, (_a("ptr", K.PTR, 0),), (), "memory", **_free(DEVICE)),

@@ -108,6 +108,9 @@ def _drop_stdout_buffer() -> None:
               help="At the end, print summary tables (nsys stats style): time per function, "
                    "memory operations, copy bandwidth, errors, kernels. Without --json or -o, "
                    "no per-event lines.")
+@click.option("--by-device", is_flag=True,
+              help="With --summary: the tables once per GPU, each call under the device it "
+                   "targets (its thread's current device; JSON events carry it as `device`).")
 @click.option("--leaks", is_flag=True,
               help="Flag double frees and frees of unknown pointers as they happen; at the "
                    "end, list the allocations never freed.")
@@ -129,7 +132,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: Optional[str], spool_size: Optional[str], entries: bool,
-          list_functions: bool, summary: bool, leaks: bool, stacks: bool, save: Optional[str], trace_out: Optional[str],
+          list_functions: bool, summary: bool, by_device: bool, leaks: bool, stacks: bool,
+          save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
           command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
@@ -142,9 +146,11 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         if not _print("\n".join(rows)):
             sys.exit(1)
         return
+    if by_device and not summary:
+        raise UsageError("--by-device splits the summary by GPU: give --summary too")
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
-                           1 in _CLOSED_AT_START)
+                           1 in _CLOSED_AT_START, by_device)
     in_kernel = request.summary_only() and not no_returns  # the kernel sums the calls up
     _stopper.checkpoint()
     if pid is not None:
@@ -366,12 +372,13 @@ def _signal_name(signum: int) -> str:
 @click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
 @click.option("--summary", is_flag=True, help="Print the summary tables.")
+@click.option("--by-device", is_flag=True, help="With --summary: the tables once per GPU.")
 @click.option("--leaks", is_flag=True, help="Flag double frees; list allocations never freed.")
 @click.option("--trace-out", metavar="FILE.json", help="Write a Chrome trace timeline.")
 @click.option("--report", "report_html", metavar="FILE.html", help="Write an HTML report.")
 def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, as_json: bool,
-               output: Optional[str], summary: bool, leaks: bool, trace_out: Optional[str],
-               report_html: Optional[str]) -> None:
+               output: Optional[str], summary: bool, by_device: bool, leaks: bool,
+               trace_out: Optional[str], report_html: Optional[str]) -> None:
     """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]; with several
     FILEs (the ranks of one job), their NCCL collectives merged. Needs no privileges; kernel
     names are those known when tracing."""
@@ -381,12 +388,15 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
         return _collectives_report(paths, [("-t", no_timestamps), ("--json", as_json),
                                            ("-o", output), ("--summary", summary),
                                            ("--leaks", leaks), ("--trace-out", trace_out),
-                                           ("--report", report_html)])
+                                           ("--report", report_html),
+                                           ("--by-device", by_device)])
+    if by_device and not summary:
+        raise UsageError("--by-device splits the summary by GPU: give --summary too")
     path = paths[0]
 
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks,
                            trace_out=trace_out, report_html=report_html,
-                           stdout_closed=1 in _CLOSED_AT_START)
+                           stdout_closed=1 in _CLOSED_AT_START, by_device=by_device)
     plan.refuse_same_files(request.files(), [("the input trace", path)])
     saved = savefile.load(path)
     from .flight import describe, read_trigger  # a flight-recorder dump names its trigger

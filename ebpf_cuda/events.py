@@ -46,11 +46,17 @@ class Event:
     outs: Dict[str, Any] = field(default_factory=dict)
     faults: Tuple[str, ...] = ()  # out-parameters whose read failed (bad or NULL pointer)
     stack_id: int = 0  # with --stacks: 1 + the id of the caller's user stack, else 0
+    container: Optional[str] = None  # the process's container id (containers.py), if any
+    device: Optional[int] = None  # the GPU the call targets (devices.py), when known
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""
-        obj = {"ts": self.ts, "pid": self.pid, "tid": self.tid, "comm": self.comm,
-               "api": self.api, "phase": self.phase, "args": jsonable(self.args)}
+        obj = {"ts": self.ts, "pid": self.pid, "tid": self.tid, "comm": self.comm}
+        if self.container:
+            obj["container"] = self.container
+        if self.device is not None:
+            obj["device"] = self.device
+        obj.update(api=self.api, phase=self.phase, args=jsonable(self.args))
         if self.phase == EXIT:
             obj.update(ret=self.ret, ret_name=self.ret_name, duration_ns=self.duration_ns)
             obj.update(jsonable(self.outs))

@@ -15,12 +15,13 @@ and `report()`, the one-line summary that `-v` prints.
 | task storage from uprobe programs + kernel BTF | calls in flight per thread | an LRU hash map |
 | uprobe sessions (6.13) | not used (reported) | |
 | uretprobe system call seen by seccomp (6.11 until the Feb 2025 fix) | hazard check | return probes refused for seccomp-filtered targets |
+| bpf_get_ns_current_pid_tgid (5.7: every kernel with ring buffers) | pids as a PID namespace numbers them, when the tracer runs in one | none needed |
 """
 import ctypes
 import errno as errnos
 import os
 import struct
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 from . import syscalls
 from .errors import KernelError
@@ -29,6 +30,7 @@ BPF_TRACE_UPROBE_SESSION = 57
 KERNEL_BTF = "/sys/kernel/btf/vmlinux"
 NR_URETPROBE_X86_64 = 335  # the uretprobe trampoline's system call (x86-64 only, 6.11+)
 NR_SECCOMP_X86_64 = 317
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial PID namespace's inode (include/linux/proc_ns.h)
 
 _cache: Dict[str, object] = {}
 
@@ -176,6 +178,52 @@ def uprobe_pmu() -> bool:
         return False
 
 
+# -- the PID namespace -------------------------------------------------------------------
+
+
+class PidNamespace(NamedTuple):
+    """A PID namespace as bpf_get_ns_current_pid_tgid takes it: the device of its nsfs file
+    in the kernel's own dev_t encoding (MKDEV: major << 20 | minor, which stat's st_dev
+    encodes differently once the minor number passes 255) and its inode."""
+
+    dev: int
+    ino: int
+
+
+def pid_namespace() -> Optional[PidNamespace]:
+    """The PID namespace this process runs in when it is not the initial one (a container,
+    `unshare --pid`): the kernel's pids are then not this process's, and the probes ask for
+    pids as this namespace numbers them. None in the initial namespace (or when
+    /proc/self/ns/pid cannot be read: the kernel's pids are used, as before)."""
+    try:
+        info = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return None
+    if info.st_ino == PROC_PID_INIT_INO:
+        return None
+    return PidNamespace(os.major(info.st_dev) << 20 | os.minor(info.st_dev), info.st_ino)
+
+
+def proc_of_another_namespace() -> bool:
+    """True when /proc was mounted for another PID namespace than this process's (`unshare
+    --pid --fork` without --mount-proc): its /proc/PID directories are then other
+    processes than the pids this process and the probes use."""
+    try:
+        return int(os.readlink("/proc/self")) != os.getpid()
+    except (OSError, ValueError):
+        return True
+
+
+def proc_warning() -> Optional[str]:
+    """In a PID namespace whose /proc is another's: what goes wrong, in words (else None)."""
+    if pid_namespace() is None or not proc_of_another_namespace():
+        return None
+    return ("/proc is another PID namespace's than this tracer's (mount its own, e.g. "
+            "unshare --pid --fork --mount-proc): the traced processes' mappings and "
+            "containers are read from other processes, so kernel names can be missing or "
+            "wrong")
+
+
 # -- the seccomp hazard ------------------------------------------------------------------
 
 
@@ -303,5 +351,13 @@ def report() -> str:
         "perf-event links %s" % yes(uprobe.perf_links_supported()),
         "cookies %s" % yes(attach_cookies()),
         "uprobe sessions %s (unused)" % yes(uprobe_sessions()),
+        _pid_namespace_report(),
     ]
     return "kernel %s: %s" % (os.uname().release, ", ".join(parts))
+
+
+def _pid_namespace_report() -> str:
+    ns = pid_namespace()
+    if ns is None:
+        return "PID namespace: the initial one"
+    return "PID namespace %d: pids as it numbers them (bpf_get_ns_current_pid_tgid)" % ns.ino

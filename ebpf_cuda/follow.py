@@ -9,8 +9,20 @@ then forgotten early). Which one is read from the tracepoint's format. The uprob
 programs return at once in any process not in the map (see probes.ProbeOptions.follow), so
 children are traced from their first call, however short they live, and other processes
 using the same library cost only the uprobe trap.
+
+In a PID namespace of the tracer's own (a container, `unshare --pid`), `followed` holds pids
+as that namespace numbers them (the command's pid as the tracer forked it, the pids the
+probes read with bpf_get_ns_current_pid_tgid), but the fork tracepoint's `child_pid` is the
+kernel's (global) pid, and the parent cannot learn its child's pid in the namespace. So the
+fork program puts the child's kernel pid in the `forked` map (when the parent is followed by
+its namespace pid, or is itself still in `forked`); the child's first probe hit finds its
+kernel pid there and moves it to `followed` under its namespace pid (probes._adopt_forked).
+The exit program removes the exiting thread's kernel id from `forked` (threads are forked
+too; a child may exit before any call) and, at the process's end, its namespace pid from
+`followed`. A process outside the namespace, or in one nested in it, is not traced (the
+helper only answers for the tracer's own namespace).
 """
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from . import asm, layout, syscalls, tracepoints
 from .asm import FP, R0, R1, R2, R3, R4, R6, W, Helper
@@ -20,6 +32,8 @@ from .programs import Program
 from .workers import close_all
 
 FOLLOWED_MAP = layout.FOLLOWED
+FORKED_MAP = layout.FORKED
+PidNs = Optional[Tuple[int, int]]  # features.PidNamespace (nsfs device, inode), or None
 
 
 def on_fork(child_pid_offset: int) -> list:
@@ -69,12 +83,71 @@ def on_leader_exit() -> list:
     ]
 
 
+def _ns_pid_tgid(pid_ns: Tuple[int, int], fail: str) -> list:
+    """fp-24 = the current thread's (tid, tgid) in the namespace; jump to `fail` when the
+    thread is not in it."""
+    dev, ino = pid_ns
+    return [
+        asm.ld_imm64(R1, dev), asm.ld_imm64(R2, ino),
+        asm.mov(R3, FP), asm.add(R3, layout.TP_NS_AT), asm.mov(R4, 8),
+        asm.call(Helper.GET_NS_CURRENT_PID_TGID),
+        asm.jne(R0, 0, fail),
+    ]
+
+
+def on_fork_in_namespace(child_pid_offset: int, pid_ns: Tuple[int, int]) -> list:
+    """sched_process_fork (runs in the parent), the tracer in a PID namespace:
+    forked[child's kernel pid] = 1 if the parent is followed (by its pid in the namespace)
+    or still in `forked` (a child that made no traced call yet)."""
+    return [asm.mov(R6, R1)] + _ns_pid_tgid(pid_ns, "out") + [
+        asm.ldx(W, R1, FP, layout.TP_NS_AT + 4), asm.stx(W, FP, layout.TP_PID_AT, R1),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jne(R0, 0, "add"),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
+        asm.stx(W, FP, layout.TP_PID_AT, R0),
+        asm.ld_map(R1, FORKED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "out"),
+        asm.Label("add"),
+        asm.ldx(W, R1, R6, child_pid_offset), asm.stx(W, FP, layout.TP_CHILD_AT, R1),
+        asm.st(W, FP, layout.TP_ONE_AT, 1),
+        asm.ld_map(R1, FORKED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_CHILD_AT),
+        asm.mov(R3, FP), asm.add(R3, layout.TP_ONE_AT), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+def on_exit_in_namespace(group_dead_offset: Optional[int], pid_ns: Tuple[int, int]) -> list:
+    """sched_process_exit, the tracer in a PID namespace: the exiting thread's kernel id
+    leaves `forked`; once the process ends (`group_dead`, or without that field its leader
+    thread exits) its namespace pid leaves `followed`."""
+    prog = [
+        asm.mov(R6, R1),
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(W, FP, layout.TP_PID_AT, R0),  # tid
+        asm.ld_map(R1, FORKED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_DELETE_ELEM),
+    ]
+    if group_dead_offset is not None:
+        prog += [asm.ldx(asm.B, R1, R6, group_dead_offset), asm.jeq(R1, 0, "out")]
+    prog += _ns_pid_tgid(pid_ns, "out") + [asm.ldx(W, R1, FP, layout.TP_NS_AT + 4)]
+    if group_dead_offset is None:
+        prog += [asm.ldx(W, R2, FP, layout.TP_NS_AT), asm.jne(R1, R2, "out")]
+    return prog + [
+        asm.stx(W, FP, layout.TP_PID_AT, R1),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_DELETE_ELEM),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
 GROUP_DEAD, LEADER_EXIT = "group_dead", "leader_exit"
 
 
-def followed_map() -> HashMap:
-    """A new `followed` map: pid -> 1 for each process traced."""
-    return HashMap(4, 4, layout.MAX_PROCESSES, name=FOLLOWED_MAP, key_struct=layout.PID,
+def followed_map(name: str = FOLLOWED_MAP) -> HashMap:
+    """A new `followed` map: pid -> 1 for each process traced (or a `forked` one)."""
+    return HashMap(4, 4, layout.MAX_PROCESSES, name=name, key_struct=layout.PID,
                    value_struct=layout.PID)
 
 
@@ -82,30 +155,47 @@ class ProcessFollower:
     """The two tracepoint programs that keep a `followed` map up to date (`followed_map`;
     a new one unless given: then the caller closes it). Raises UnsupportedKernelError when
     the tracepoints cannot be found. `exit_rule` says how exits are told: GROUP_DEAD or
-    LEADER_EXIT (see the module's docstring)."""
+    LEADER_EXIT (see the module's docstring). With `pid_ns` (the tracer's PID namespace,
+    when not the initial one) pids are the namespace's and children go through a `forked`
+    map (likewise a new one unless given)."""
 
-    def __init__(self, followed: Optional[HashMap] = None) -> None:
+    def __init__(self, followed: Optional[HashMap] = None, forked: Optional[HashMap] = None,
+                 pid_ns: PidNs = None) -> None:
         fork, exit_ = tracepoints.find_all([("sched", "sched_process_fork"),
                                             ("sched", "sched_process_exit")])
-        self._own_map = followed is None
+        self.pid_ns = pid_ns
         self.exit_rule = ""
         self.map = followed_map() if followed is None else followed
+        self._own: List[HashMap] = [self.map] if followed is None else []
+        self.forked: Optional[HashMap] = None
         self._fds: List[syscalls.Fd] = []
         self._programs: List[Program] = []
         try:
-            self._attach(fork, on_fork(fork.offset("child_pid")), "follow_fork")
-            if "group_dead" in exit_.fields:
-                self.exit_rule = GROUP_DEAD
-                self._attach(exit_, on_exit(exit_.offset("group_dead")), "follow_exit")
+            if pid_ns is not None:
+                self.forked = followed_map(FORKED_MAP) if forked is None else forked
+                self._own += [self.forked] if forked is None else []
+            group_dead = exit_.offset("group_dead") if "group_dead" in exit_.fields else None
+            self.exit_rule = GROUP_DEAD if group_dead is not None else LEADER_EXIT
+            if pid_ns is not None:
+                fork_code = on_fork_in_namespace(fork.offset("child_pid"), pid_ns)
+                exit_code = on_exit_in_namespace(group_dead, pid_ns)
             else:
-                self.exit_rule = LEADER_EXIT
-                self._attach(exit_, on_leader_exit(), "follow_exit")
+                fork_code = on_fork(fork.offset("child_pid"))
+                exit_code = on_exit(group_dead) if group_dead is not None else on_leader_exit()
+            self._attach(fork, fork_code, "follow_fork")
+            self._attach(exit_, exit_code, "follow_exit")
         except KernelError:
             self.close()
             raise
 
+    def _maps(self) -> Dict[str, HashMap]:
+        maps = {FOLLOWED_MAP: self.map}
+        if self.forked is not None:
+            maps[FORKED_MAP] = self.forked
+        return maps
+
     def _attach(self, tracepoint: tracepoints.Tracepoint, code: list, name: str) -> None:
-        program = Program(code, {FOLLOWED_MAP: self.map}, name=name,
+        program = Program(code, self._maps(), name=name,
                           prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT).load()
         self._programs.append(program)
         event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
@@ -124,6 +214,6 @@ class ProcessFollower:
         close_all(self._fds)  # each detach waits for a grace period: in parallel
         for program in self._programs:
             program.close()
-        if self._own_map:
-            self.map.close()
-        self._fds, self._programs = [], []
+        for own in self._own:
+            own.close()
+        self._fds, self._programs, self._own = [], [], []

@@ -390,7 +390,7 @@ class GraphTracker:
             return
         expanded = self._expanded.get(key)
         if expanded is None:
-            expanded, named = self._expand(event.pid, graph.nodes)
+            expanded, named = self._expand(event.pid, graph.nodes, event.ts_ns)
             if named:  # (names found later are asked again)
                 self._expanded[key] = expanded
         event.outs["nodes"] = expanded
@@ -409,15 +409,17 @@ class GraphTracker:
         if graph.reason:
             event.outs["nodes"], event.outs["nodes_reason"] = None, graph.reason
         else:
-            event.outs["nodes"] = self._expand(event.pid, graph.nodes)[0]
+            event.outs["nodes"] = self._expand(event.pid, graph.nodes, event.ts_ns)[0]
 
-    def _expand(self, pid: int, nodes: Iterable[Node]) -> Tuple[List[dict], bool]:
-        """The JSON-ready dicts of nodes, kernels named; and whether every kernel was."""
+    def _expand(self, pid: int, nodes: Iterable[Node],
+                when: Optional[int] = None) -> Tuple[List[dict], bool]:
+        """The JSON-ready dicts of nodes, kernels named (as process `pid`'s program at
+        kernel time `when` names them); and whether every kernel was."""
         out: List[dict] = []
         named = True
         for node in nodes:
             if node.type == KERNEL:
-                name = self._name(pid, node.api, node.func)
+                name = self._name(pid, node.api, node.func, when)
                 named = named and name is not None
                 out.append({"type": KERNEL, "kernel": name, "func": node.func,
                             "grid": _dims(node.grid), "block": _dims(node.block),
@@ -429,18 +431,18 @@ class GraphTracker:
             elif node.child is None:
                 out.append({"type": GRAPH, "nodes": None})
             else:
-                inner, inner_named = self._expand(pid, node.child)
+                inner, inner_named = self._expand(pid, node.child, when)
                 named = named and inner_named
                 out.append({"type": GRAPH, "nodes": inner})
         return out, named
 
-    def _name(self, pid: int, api: str, func: int) -> Optional[str]:
+    def _name(self, pid: int, api: str, func: int, when: Optional[int]) -> Optional[str]:
         namer = self.namer
         if namer is None or not func:
             return None
         name_for = getattr(namer, "name_for", None)
         if name_for is not None:
-            return name_for(pid, api, func)
+            return name_for(pid, api, func, when)
         return namer(_Caller(pid, api), func)
 
     # -- the end ---------------------------------------------------------------------------

@@ -16,23 +16,26 @@ STATS = "stats"  # per-CPU u64 counters (record.STAT_*)
 TASKS = "tasks"  # task storage: each thread's calls in flight (record.TASK_*)
 INFLIGHT = "inflight"  # without task storage: calls in flight by (pid_tgid, entry sp)
 STACKS = "stacks"  # user stacks of memory calls (--stacks)
-NAMES = "names"  # (pid, handle) -> NUL-terminated name, for cuModuleGetFunction & co.
+NAMES = "names"  # (pid, handle, call time) -> NUL-terminated name (cuModuleGetFunction &c.)
 SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stack)
 AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
 ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
 FOLLOWED = "followed"  # tgids traced with a command and its children (follow.py)
+# In a PID namespace: children of followed processes by their kernel pid, until they are
+# known by their pid in the namespace (follow.py)
+FORKED = "forked"
 
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms at 500k/s
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
 NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 MAX_PROCESSES = 1 << 16  # followed processes
-NAME_KEY_SIZE = 16  # (u64 pid, u64 handle)
+NAME_KEY_SIZE = 24  # (u64 pid, u64 handle, u64 exit time of the call)
 NAME_SIZE = 256  # bytes of one chunk of a learned name, NUL included
 NAME_CHUNK = NAME_SIZE - 1  # characters per chunk: chunk k holds characters 255k...
 NAME_CHUNKS = 32  # chunks of one name at most: 8,160 characters
-NAME_KEY = struct.Struct("<QQ")  # (pid | chunk << 32, handle)
+NAME_KEY = struct.Struct("<QQQ")  # (pid | chunk << 32, handle, exit time)
 
 # In-kernel aggregates (aggregates.py writes them, reads them back).
 KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
@@ -61,8 +64,9 @@ class MapSpec(NamedTuple):
 
 
 def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
-              follow: bool) -> List[MapSpec]:
-    """The maps of one session, calls in flight in task storage (see `inflight_fallback`)."""
+              follow: bool, pid_ns: bool = False) -> List[MapSpec]:
+    """The maps of one session, calls in flight in task storage (see `inflight_fallback`);
+    `pid_ns`: the tracer runs in a PID namespace of its own (see follow.py)."""
     specs = [
         MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
         MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
@@ -81,6 +85,8 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
         ]
     if follow:
         specs.append(MapSpec(FOLLOWED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
+        if pid_ns:
+            specs.append(MapSpec(FORKED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
     return specs
 
 
@@ -105,10 +111,14 @@ ERROR_KEY_AT = LAUNCH_VALUE_AT - 8  # fp-256
 ERROR_VALUE_AT = ERROR_KEY_AT - 8  # fp-264
 FN_ID_AT = ERROR_VALUE_AT - 8  # the function id read from the attach cookie: fp-272
 NAME_LEN_AT = FN_ID_AT - 8  # the length of the name chunk just read: fp-280
+# In a PID namespace: the thread's (tid, tgid) as the namespace numbers them, written by
+# bpf_get_ns_current_pid_tgid at the start of every program (its struct bpf_pidns_info
+# {u32 pid; u32 tgid} read as one u64 is pid_tgid's layout): fp-288.
+NS_PID_TGID_AT = NAME_LEN_AT - 8
 # Tracepoint programs (follow.py) have their own small frame:
-TP_PID_AT, TP_CHILD_AT, TP_ONE_AT = -4, -8, -12
+TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -272 and NAME_LEN_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -272 and NS_PID_TGID_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

@@ -24,7 +24,6 @@ import ctypes
 import errno
 import fnmatch
 import os
-import re
 import struct
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 
 from . import apis, discovery, layout, record, syscalls
 from .apis import TABLE, Api, Kind, Role
+from .containers import container_of
 from .cuda_enums import error_name, memcpy_kind_name
 from .errors import TracerError
 from .maps import possible_cpus
@@ -48,7 +48,6 @@ GRAPH_LAUNCHES = ("cudaGraphLaunch", "cuGraphLaunch")  # the rows that launch a 
 # (the kernel's log2 buckets merged below and above; buckets are cumulative).
 HISTOGRAM_BOUNDS_LOG2 = tuple(range(8, 36))
 _CUDA_FILES = ("libcudart.so*", "libcuda.so*")  # the runtime and the driver
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")  # docker, containerd, CRI-O container ids
 Log = Callable[[str], None]
 Labels = Tuple[Tuple[str, str], ...]
 
@@ -163,17 +162,6 @@ class Process:
     def label_set(self) -> Labels:
         labels = (("pid", str(self.pid)), ("comm", self.comm))
         return labels + ((("container", self.container),) if self.container else ())
-
-
-def container_of(pid: int) -> str:
-    """The container id (12 characters, as `docker ps` shows it) in the process's cgroup
-    path, or "" when it is in none."""
-    try:
-        with open("/proc/%d/cgroup" % pid) as f:
-            found = _CONTAINER_ID.search(f.read())
-    except OSError:
-        return ""
-    return found.group(0)[:12] if found else ""
 
 
 def _start_time(pid: int) -> Optional[int]:

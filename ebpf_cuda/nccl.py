@@ -82,6 +82,12 @@ class Communicators:
     def get(self, pid: int, handle: int) -> Optional[Communicator]:
         return self.comms.get((pid, handle))
 
+    def forget(self, pid: int) -> None:
+        """Drop the communicators and pending entries of a process that exited."""
+        for table in (self.comms, self._entered):  # (list(): a copy taken at once)
+            for key in [key for key in list(table) if key[0] == pid]:
+                table.pop(key, None)
+
     def annotate_batch(self, events: List[Event]) -> None:
         """Decoded events of any calls, in order: those of NCCL calls get their
         communicator. The two events of one record (an entry and its exit) share one

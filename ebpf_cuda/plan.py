@@ -74,11 +74,14 @@ class Request:
     spool_size: Optional[str] = None  # None: the default limit; "0": no spool
     calls_at_entry: bool = False  # no return probes: the profile counts calls at entry
     stdout_closed: bool = False  # the standard output was closed when the run began
+    by_device: bool = False  # the summary's tables once per device
+
 
     def summary_only(self) -> bool:
         """--summary and nothing that needs every event: the kernel can sum the calls up."""
         return self.summary and not any((self.leaks, self.as_json, self.output, self.save,
-                                         self.trace_out, self.report_html, self.pprof_out))
+                                         self.trace_out, self.report_html, self.pprof_out,
+                                         self.by_device))  # (devices come with the events)
 
     def reports_to_stderr(self) -> bool:
         """After JSON Lines on stdout, the reports go to stderr."""
@@ -104,14 +107,14 @@ class Plan:
     def reports(self, tracer=None) -> List[str]:
         """The reports of the analyses; live, rendered while `tracer` is still open (its
         in-kernel sums and its stack map)."""
-        from .analysis import LeakTracker, Summary, format_leaks
+        from .analysis import LeakTracker, format_leaks
 
         reports = []
         for analysis in self.analyses:
-            if isinstance(analysis, Summary):
+            if not isinstance(analysis, LeakTracker):  # a Summary, or DeviceSummaries
                 in_kernel = tracer is not None and not tracer.emit
                 reports.append(analysis.report(tracer.aggregates() if in_kernel else None))
-            elif isinstance(analysis, LeakTracker):
+            else:
                 stack = tracer.stack if tracer is not None and self.stacks else None
                 resolver = self.namer.resolver if tracer is not None else None
                 reports.append(format_leaks(analysis, stack, resolver) if resolver
@@ -194,7 +197,11 @@ def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
     from .analysis import LeakTracker, Summary
 
     analyses: List[Sink] = []
-    if request.summary:
+    if request.summary and request.by_device:
+        from .analysis.summary import DeviceSummaries
+
+        analyses.append(DeviceSummaries(namer=namer))
+    elif request.summary:
         analyses.append(Summary(namer=namer))
     if request.leaks:
         analyses.append(LeakTracker(on_warning=lambda w: warn("warning: %s" % w) if warn
@@ -245,7 +252,9 @@ def _saver(path: Optional[str], tracer, namer):
     from . import savefile
 
     trusted_symlink(path)  # another user's symbolic link is refused, as for -o
-    return savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
+    saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
+    saver.from_start = bool(tracer.session.options.command)  # (each event's device: devices.py)
+    return saver
 
 
 def _spool(size: Optional[str], output: Optional[str]):

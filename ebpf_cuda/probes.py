@@ -11,7 +11,7 @@ For each traced function, with return probes on (the default):
 With return probes off, or `emit_entry=True`, the entry program writes a record itself.
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
-from typing import Hashable, List, NamedTuple, Tuple
+from typing import Hashable, List, NamedTuple, Optional, Tuple
 
 from . import aggregates, asm, layout, record
 from .apis import Api, Kind, arg_cells
@@ -77,28 +77,33 @@ class ProbeOptions(NamedTuple):
     # rather than the `inflight` hash map: no hashing, no deletes, nothing left by dead threads.
     task_storage: bool = False
     aggregate: bool = False  # the return probe adds the call to in-kernel aggregates
+    # The tracer's PID namespace (features.PidNamespace: nsfs device, inode) when it is not
+    # the initial one: pids as that namespace numbers them (bpf_get_ns_current_pid_tgid,
+    # once per program run), threads outside it not traced, children followed through the
+    # `forked` map (follow.py). None: the kernel's pids (bpf_get_current_pid_tgid).
+    pid_ns: Optional[Tuple[int, int]] = None
 
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
-    prog: Items = [asm.mov(R6, R1)]
+    prog: Items = [asm.mov(R6, R1)] + _in_namespace(options)
     # Storage is created only for followed processes: a thread that has it needs no lookup
     # in the `followed` map (when nothing is written before the stash).
     by_storage = (options.follow and options.task_storage and options.stash
                   and not options.emit_entry)
     if options.follow and not by_storage:
-        prog += _only_followed()
+        prog += _only_followed(options)
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)
     if options.stash and options.task_storage:
         if by_storage:
             prog += _task_storage(create=False) + [asm.jne(R0, 0, "have_storage")]
-            prog += _only_followed()
+            prog += _only_followed(options)
         prog += _task_storage(create=True) + [asm.Label("have_storage")]
-        prog += _stash_in_task(api, arch)
+        prog += _stash_in_task(api, arch, options)
     elif options.stash:
-        prog += _stash_entry(api, arch)
+        prog += _stash_entry(api, arch, options)
     return prog + [asm.mov(R0, 0), asm.exit()]
 
 
@@ -109,9 +114,10 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     # With task storage the followed-process check is the entry's alone: a thread of another
     # process has no storage of ours, and its returns end at the lookup.
     followed_check = options.follow and not options.task_storage
-    prog: Items = [asm.mov(R6, R1)] + (_only_followed() if followed_check else [])
+    prog: Items = [asm.mov(R6, R1)] + _in_namespace(options)
+    prog += _only_followed(options) if followed_check else []
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
-    prog += _inflight_key(arch, arch.stack_args_start)
+    prog += _inflight_key(arch, arch.stack_args_start, options)
     prog += _find_in_task() if options.task_storage else _find_in_map()
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
@@ -151,14 +157,62 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     return prog + [asm.Label("emitted")]
 
 
-def _only_followed() -> Items:
-    """Return at once unless this process is in the `followed` map."""
+def _in_namespace(options: ProbeOptions) -> Items:
+    """In a PID namespace: fp-288 = this thread's (tid, tgid) as the namespace numbers them;
+    a thread outside it (the host's, a nested namespace's) returns at once: the tracer can
+    neither name nor follow it."""
+    if options.pid_ns is None:
+        return []
+    dev, ino = options.pid_ns
     return [
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
+        asm.ld_imm64(R1, dev), asm.ld_imm64(R2, ino),
+        asm.mov(R3, FP), asm.add(R3, layout.NS_PID_TGID_AT), asm.mov(R4, 8),
+        asm.call(Helper.GET_NS_CURRENT_PID_TGID),
+        asm.jeq(R0, 0, "in_namespace"), asm.mov(R0, 0), asm.exit(),
+        asm.Label("in_namespace"),
+    ]
+
+
+def _pid_tgid(options: ProbeOptions) -> Items:
+    """R0 = this thread's pid_tgid (tgid << 32 | tid): the kernel's, or in a PID namespace
+    the one `_in_namespace` saved."""
+    if options.pid_ns is None:
+        return [asm.call(Helper.GET_CURRENT_PID_TGID)]
+    return [asm.ldx(DW, R0, FP, layout.NS_PID_TGID_AT)]
+
+
+def _only_followed(options: ProbeOptions) -> Items:
+    """Return at once unless this process is in the `followed` map."""
+    prog = _pid_tgid(options) + [
+        asm.rsh(R0, 32),
         asm.stx(W, FP, layout.STAT_KEY_AT, R0),
         asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
-        asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(), asm.Label("followed"),
+    ]
+    if options.pid_ns is None:
+        return prog + [asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(),
+                       asm.Label("followed")]
+    return prog + [asm.jne(R0, 0, "followed")] + _adopt_forked() + [asm.Label("followed")]
+
+
+def _adopt_forked() -> Items:
+    """In a PID namespace, a process not followed by its pid there may be a child of a
+    followed one, which the fork tracepoint knows only by its kernel pid (`forked`, see
+    follow.py): if so it is followed from now on by its pid here (fp-128) and dropped from
+    `forked`; else return at once. The inflight key's slot (fp-16), written only after
+    this check, holds the kernel tgid (key) and 1 (value) meanwhile."""
+    key, one = layout.INFLIGHT_KEY_AT, layout.INFLIGHT_KEY_AT + 4
+    return [
+        asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32), asm.stx(W, FP, key, R0),
+        asm.ld_map(R1, layout.FORKED), asm.mov(R2, FP), asm.add(R2, key),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jne(R0, 0, "adopt"), asm.mov(R0, 0), asm.exit(), asm.Label("adopt"),
+        asm.st(W, FP, one, 1),
+        asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
+        asm.mov(R3, FP), asm.add(R3, one), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.ld_map(R1, layout.FORKED), asm.mov(R2, FP), asm.add(R2, key),
+        asm.call(Helper.MAP_DELETE_ELEM),
     ]
 
 
@@ -182,7 +236,7 @@ def _task_storage(create: bool) -> Items:
     ]
 
 
-def _stash_in_task(api: Api, arch: Arch) -> Items:
+def _stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
     """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
     on this thread's stack of calls in flight (R0: its task storage, or NULL). A full stack
     (entries whose return never came: longjmp, exceptions) is emptied, and counted."""
@@ -209,19 +263,19 @@ def _stash_in_task(api: Api, arch: Arch) -> Items:
     return prog + [
         asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
         asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
-    ] + _hello_once() + [
+    ] + _hello_once(options) + [
         asm.ja("stashed"), asm.Label("stash_lost"),
     ] + _count(record.STAT_INFLIGHT_FULL, "lost") + [asm.Label("stashed")]
 
 
-def _hello_once() -> Items:
+def _hello_once(options: ProbeOptions) -> Items:
     """A thread's first stash (R9: its task storage) sends a hello record and wakes the
     reader (record.PHASE_HELLO). A full ring drops it: it is no event, so it is not counted."""
     prog = [
         asm.ldx(DW, R1, R9, record.TASK_GREETED),
         asm.jne(R1, 0, "greeted"),
         asm.st(DW, R9, record.TASK_GREETED, 1),
-    ] + _reserve("greeted") + _entry_head(record.HELLO_FN, record.PHASE_HELLO)
+    ] + _reserve("greeted") + _entry_head(record.HELLO_FN, record.PHASE_HELLO, options)
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
     return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
                    asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
@@ -257,17 +311,16 @@ def _build_find_in_task() -> Items:
 _FIND_IN_TASK = tuple(_build_find_in_task())
 
 
-def _inflight_key(arch: Arch, sp_adjust: int) -> Items:
+def _inflight_key(arch: Arch, sp_adjust: int, options: ProbeOptions) -> Items:
     """fp-16 = pid_tgid, fp-8 = the stack pointer as it was at function entry."""
-    prog: Items = [asm.call(Helper.GET_CURRENT_PID_TGID),
-                   asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0),
-                   asm.ldx(DW, R1, R6, arch.sp)]
+    prog: Items = _pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0),
+                                        asm.ldx(DW, R1, R6, arch.sp)]
     if sp_adjust:
         prog.append(asm.sub(R1, sp_adjust))
     return prog + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT + 8, R1)]
 
 
-def _stash_entry(api: Api, arch: Arch) -> Items:
+def _stash_entry(api: Api, arch: Arch, options: ProbeOptions) -> Items:
     """Save entry time, argument cells and out-parameter pointers in the inflight map."""
     prog: Items = [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.INFLIGHT_VALUE_AT, R0)]
     prog += _load_args(api, arch, R6, FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_ARGS)
@@ -277,7 +330,7 @@ def _stash_entry(api: Api, arch: Arch) -> Items:
             prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, FP, where, R1)]
         else:
             prog.append(asm.st(DW, FP, where, 0))
-    prog += _inflight_key(arch, 0)
+    prog += _inflight_key(arch, 0, options)
     return prog + [
         asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
         asm.mov(R3, FP), asm.add(R3, layout.INFLIGHT_VALUE_AT), asm.mov(R4, 0),
@@ -287,7 +340,7 @@ def _stash_entry(api: Api, arch: Arch) -> Items:
 
 def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Write an enter record straight into the ring buffer."""
-    prog = _reserve("enter_lost") + _entry_head(fn_id, record.PHASE_ENTER)
+    prog = _reserve("enter_lost") + _entry_head(fn_id, record.PHASE_ENTER, options)
     prog += _load_args(api, arch, R6, R8, record.ARGS)
     prog += [asm.st(DW, R8, record.RET, 0)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
@@ -297,13 +350,14 @@ def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions)
     return prog + [asm.Label("enter_done")]
 
 
-def _entry_head(fn_id: FnId, phase: int) -> Items:
+def _entry_head(fn_id: FnId, phase: int, options: ProbeOptions) -> Items:
     """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
     function id and phase, no stack, comm."""
     return [
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),
-        asm.call(Helper.GET_CURRENT_PID_TGID), asm.stx(DW, R8, record.PID_TGID, R0),
+    ] + _pid_tgid(options) + [
+        asm.stx(DW, R8, record.PID_TGID, R0),
     ] + _store_fn_and_phase(fn_id, phase) + [asm.st(W, R8, record.STACK_ID, 0)] + _comm()
 
 
@@ -414,9 +468,12 @@ def _field_offset(api: Api, name: str) -> int:
 
 def _learn_name(api: Api, arch: Arch) -> Items:
     """On success, the string the name field points to goes to the `names` map in chunks of
-    NAME_CHUNK characters: names[(pid | k << 32, handle)] = chunk k, NUL-terminated, for
-    k = 0, 1, ... until the string ends (at most NAME_CHUNKS chunks): names of any length
-    are kept whole, read while the call's memory is still there."""
+    NAME_CHUNK characters: names[(pid | k << 32, handle, exit time)] = chunk k,
+    NUL-terminated, for k = 0, 1, ... until the string ends (at most NAME_CHUNKS chunks):
+    names of any length are kept whole, read while the call's memory is still there. The
+    call's time in the key keeps each call's name apart: a handle made again (a program
+    exec'd in the same process, laid out the same way) does not overwrite the name of the
+    one before, which the reader may not have read yet (execs.py)."""
     assert api.learn_name is not None
     handle, string = (_field_offset(api, f) for f in api.learn_name)
     prog = layout.ret_into(R1, api.returns_value, arch.ret) + [
@@ -427,6 +484,7 @@ def _learn_name(api: Api, arch: Arch) -> Items:
         asm.jeq(R0, 0, "name_done"),
         asm.mov(R9, R0),
         asm.ldx(DW, R1, R8, handle), asm.stx(DW, R9, 8, R1),
+        asm.ldx(DW, R1, R8, record.TS_EXIT), asm.stx(DW, R9, 16, R1),
     ]
     for k in range(layout.NAME_CHUNKS):
         prog += [

@@ -36,6 +36,7 @@ from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional,
 
 from . import apis, record
 from .apis import Api
+from .devices import DeviceTracker
 from .errors import DecodeError, UsageError
 from .events import Decoder, Event
 from .losses import Losses
@@ -67,6 +68,9 @@ class SaveWriter:
         self.namer = namer
         self.kernels: Dict[Tuple[int, int], Optional[str]] = {}
         self.losses: Optional[Losses] = None  # for the trailer (note_losses)
+        # True: the processes were traced from their start (a command's), so a thread
+        # that set no device was on device 0 (devices.py); for the trailer
+        self.from_start: Optional[bool] = None
         self._frame_bytes = 0
         self._lost_noted = 0
         names = "\n".join(api.name for api in table).encode()
@@ -116,6 +120,8 @@ class SaveWriter:
         trailer: dict = {"kernels": names}
         if self.losses is not None:
             trailer["lost"] = self.losses.to_json()
+        if self.from_start is not None:
+            trailer["from_start"] = self.from_start
         self.stream.write(json.dumps(trailer).encode())
         if self.stream.seekable():
             self.stream.seek(_FBYTES_AT)
@@ -174,6 +180,7 @@ class SavedTrace:
         self.truncated = False
         self.lost_noted: Optional[int] = None  # the last loss note's count, once read
         self._trailer_losses: Optional[Losses] = None
+        self.from_start = False  # (the trailer says; a killed writer's file has none)
         with self._open() as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(_HEADER.size)
@@ -189,6 +196,7 @@ class SavedTrace:
         self.table = _table(path, self.function_names)
         self.decoder = Decoder(self.table, self.clock_offset_ns)
         self.communicators = Communicators()
+        self.devices = DeviceTracker(self.from_start)
 
     @property
     def complete(self) -> bool:
@@ -215,6 +223,7 @@ class SavedTrace:
                 names[(entry[0], entry[1])] = entry[2]
             if "lost" in trailer:
                 self._trailer_losses = Losses.from_json(trailer["lost"])
+            self.from_start = trailer.get("from_start") is True
             return names
         except (ValueError, TypeError, RecursionError) as err:
             raise DecodeError("%s has a damaged trailer: %s" % (self.path, err)) from None
@@ -307,6 +316,7 @@ class SavedTrace:
         except DecodeError as err:  # the file is named: a damaged record is the file's
             raise DecodeError("%s has a damaged record: %s" % (self.path, err)) from None
         self.communicators.annotate_batch(events)  # as the live stream does
+        self.devices.annotate(events)
         return events
 
     def _new_pass(self) -> Decoder:
@@ -314,6 +324,7 @@ class SavedTrace:
         (NCCL communicators, sequence numbers) starts again from the top each time."""
         self.decoder = Decoder(self.table, self.clock_offset_ns)
         self.communicators = Communicators()
+        self.devices = DeviceTracker(self.from_start)
         return self.decoder
 
 

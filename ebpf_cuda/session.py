@@ -9,17 +9,20 @@ fails half-way. Reading the ring and naming kernels is stream.py's job.
 """
 import errno as errnos
 import os
-from typing import Callable, Dict, Hashable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+import threading
+from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
+                    Sequence, Set, Tuple)
 
-from . import aggregates, apis, discovery, features, layout, maps, probes, record
+from . import aggregates, apis, discovery, features, layout, loader_watch, maps, probes, record
 from .apis import Api
 from .arch import current as current_arch
 from .command import HeldCommand
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
+from .execs import ExecWatcher
 from .follow import GROUP_DEAD, ProcessFollower
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
-from .targets import Target, find_targets, launch_at_driver_only
+from .targets import Target, check_proc_is_ours, find_targets, launch_at_driver_only
 from .uprobe import (PATHS, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                      attach_uprobe_multi)
 from .workers import Workers, close_all
@@ -93,7 +96,18 @@ class Session:
         self.ring: Optional[RingBuffer] = None
         self._links: List[Link] = []
         self._follower: Optional[ProcessFollower] = None
+        self._execs: Optional[ExecWatcher] = None  # when each process exec'd (names.py)
         self._started = False
+        self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
+        # Libraries mapped after the start (loader_watch.py); the lock keeps the reader's
+        # late attaches and close() apart.
+        self.late: Optional[loader_watch.LateLoads] = None
+        self.late_probed: List[Tuple[str, int, float]] = []  # (path, pid, ms): LateLoads.late
+        self._runtime_launches = True  # False: the driver's launch probes replace them
+        self._lock = threading.RLock()
+        self._closed = False
+        # Not the initial PID namespace: the probes use pids as this one numbers them.
+        self.pid_ns = features.pid_namespace()
 
     def start(self) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is
@@ -104,11 +118,15 @@ class Session:
         o = self.options
         try:
             if o.pid is not None:
+                check_proc_is_ours(o.pid)  # UsageError: /proc numbers another namespace's
                 discovery.process_mappings(o.pid)  # ProcessError for a dead PID
             self.targets = find_targets(self.selected, o.library, o.pid, o.command, self.log)
+            if features.proc_warning() is not None:  # (a PID namespace with another's /proc)
+                self.failures.append(features.proc_warning())
             # A running process (-d) made its driver handles before the trace began: its
             # runtime launches name them (names.py pairs the two); else the driver alone.
             if o.functions is None and not o.everything and o.pid is None:
+                self._runtime_launches = not _driver_launches(self.targets)
                 self.targets = launch_at_driver_only(self.targets, self.log)
             self._create_maps()
             self._log_targets()
@@ -122,6 +140,7 @@ class Session:
                 self._attach_all(self.command.pid if self.command else None)
             if not self._links:
                 raise AttachError("no probe could be attached: %s" % "; ".join(self.failures))
+            self._start_late_loads()
             self.ring = RingBuffer(self.maps[layout.EVENTS].fd, o.ring_size)
         except BaseException:
             self.close()
@@ -133,7 +152,7 @@ class Session:
     def _create_maps(self) -> None:
         o = self.options
         for spec in layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
-                                     o.follows):
+                                     o.follows, self.pid_ns is not None):
             try:
                 self.maps[spec.name] = create_map(spec)
             except KernelError as err:
@@ -154,6 +173,7 @@ class Session:
         period: it overlaps the verifier too)."""
         if layout.FOLLOWED in self.maps:
             self._follower = self._start_follower()
+        self._execs = self._start_exec_watcher()
         with Workers(min(os.cpu_count() or 2, 16)) as pool:
             loads = [(program, pool.submit(Program.load, program))
                      for program in self._generate_programs()]
@@ -182,6 +202,13 @@ class Session:
                 raise UnsupportedKernelError(hazard)
             if hazard is not None:
                 self.failures.append(hazard)
+        return self._programs_for({api.name for target in self.targets
+                                   for api, _, _ in target.functions})
+
+    def _programs_for(self, wanted: Set[str]) -> Iterator[Program]:
+        """Fill `self.programs` for the functions named `wanted`; yield each new program
+        (also for a library mapped after the start, whose functions may be new)."""
+        path = attach_path()
         # Programs for perf-event attachment are loaded with expected_attach_type 0, those
         # for uprobe_multi links with 48 (kernels differ in taking one for the other).
         attach_type = EXPECTED_UPROBE_MULTI if path == UPROBE_MULTI else 0
@@ -189,8 +216,7 @@ class Session:
         # functions of one shape share their programs: fewer programs to verify at start.
         shared = attach_type == EXPECTED_UPROBE_MULTI
         arch = current_arch()
-        wanted = {api.name for target in self.targets for api, _, _ in target.functions}
-        loaded: Dict[Hashable, Program] = {}
+        loaded = self._loaded
         for fn_id, api in enumerate(apis.TABLE):
             if api.name not in wanted:
                 continue
@@ -214,6 +240,7 @@ class Session:
         options = probes.ProbeOptions(
             stash=o.return_probes, emit_entry=o.entries, emit=o.emit, aggregate=o.aggregate,
             follow=layout.FOLLOWED in self.maps, task_storage=layout.TASKS in self.maps,
+            pid_ns=self.pid_ns,
             wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
             stacks=o.stacks and api.captures_stack)
         if api.teaches_names:
@@ -225,18 +252,20 @@ class Session:
             options = options._replace(emit=True)
         return options
 
-    def _log_targets(self) -> None:
-        for target in self.targets:
+    def _log_targets(self, targets: Optional[Sequence[Target]] = None) -> None:
+        for target in self.targets if targets is None else targets:
             self.log("probing %s (%d functions%s)" % (
                 target.path, len({a.name for a, _, _ in target.functions}),
                 ", %d not in it: %s" % (len(target.missing), " ".join(target.missing))
                 if target.missing else ""))
 
-    def _link_groups(self) -> List[Tuple[Program, str, List[Tuple[str, str, int]], bool]]:
-        """(program, file, sites, retprobe) per program and file: one link each, a shared
-        program taking all its functions' (function, symbol, offset) sites."""
+    def _link_groups(self, targets: Optional[Sequence[Target]] = None
+                     ) -> List[Tuple[Program, str, List[Tuple[str, str, int]], bool]]:
+        """(program, file, sites, retprobe) per program and file (of `targets`, else of the
+        session's): one link each, a shared program taking all its functions' (function,
+        symbol, offset) sites."""
         groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
-        for target in self.targets:
+        for target in self.targets if targets is None else targets:
             for (api_name, retprobe), program in self.programs.items():
                 sites = [(api.name, symbol, offset) for api, symbol, offset in target.functions
                          if api.name == api_name]
@@ -285,15 +314,86 @@ class Session:
             self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
                                            offset))
 
+    # -- libraries mapped later ------------------------------------------------------------
+
+    def _start_late_loads(self) -> None:
+        """Probe the CUDA libraries a traced process (-d PID, the command's) maps from now on,
+        told by its dynamic loader (loader_watch.py). Not for files named with -p, nor
+        system-wide (there the start-up search is the whole story)."""
+        o = self.options
+        if o.library or (o.pid is None and self.command is None):
+            return
+        pid = o.pid if o.pid is not None else (
+            None if layout.FOLLOWED in self.maps else self.command.pid)
+        try:
+            self.late = loader_watch.LateLoads(
+                self.maps, pid, self.selected, self.targets, self._probe_late,
+                self._traced_pids, self.log, self.pid_ns)
+        except TracerError as err:
+            self.failures.append("libraries mapped later are not probed: %s" % err)
+            return
+        self.late_probed = self.late.late  # (kept after close)
+        self.late.watch_loaders(loader_watch.loaders_for(o.pid, o.command))
+        if o.pid is not None:  # what it maps already that the start-up search missed
+            self.late.scan(o.pid)
+
+    def note_loads(self, frames: bytes) -> None:
+        """The reader's hook for each batch: probe the files that loader notices announce."""
+        with self._lock:
+            if self.late is not None and not self._closed:
+                self.late.note(frames)
+
+    def _probe_late(self, target: Target, pid: Optional[int]) -> bool:
+        """The session's probes on a file mapped after the start (programs loaded for the
+        functions that no file of the start defined); False once closed, or when the file
+        has none of the functions left. From the reader or loader_watch's checker thread."""
+        with self._lock:
+            if self._closed:
+                return False
+            if not self._runtime_launches:
+                target.functions = [f for f in target.functions
+                                    if not apis.driver_replaces(f[0])]
+            if not target.functions:
+                return False
+            for program in self._programs_for({api.name for api, _, _ in target.functions}):
+                program.load()
+            self.targets.append(target)
+            self._log_targets([target])
+            for group in self._link_groups([target]):
+                self._attach(*group, pid=pid)
+            return True
+
+    def _traced_pids(self) -> Iterable[int]:
+        followed = self.maps.get(layout.FOLLOWED)
+        if followed is not None:
+            return [int(pid) for pid in followed.keys()]
+        return [self.options.pid if self.options.pid is not None else self.command.pid]
+
     def _start_follower(self) -> Optional[ProcessFollower]:
         """Follow the command's processes in the kernel; None (then only the command's own
         process is traced, and a warning says so) when the kernel's fork and exit
         tracepoints cannot be used."""
         try:
-            return ProcessFollower(self.maps[layout.FOLLOWED])
+            return ProcessFollower(self.maps[layout.FOLLOWED], self.maps.get(layout.FORKED),
+                                   self.pid_ns)
         except TracerError as err:
             self.failures.append("the processes the command starts are not traced: %s" % err)
             return None
+
+    def _start_exec_watcher(self) -> Optional[ExecWatcher]:
+        """Keep the time of each exec (execs.py): launches are named from the program that
+        made them. None (names may then come from the program a process exec'd before or
+        after) when the exec tracepoint cannot be used."""
+        try:
+            return ExecWatcher(self.pid_ns, self.maps)
+        except TracerError as err:
+            self.failures.append("execs are not seen (kernel names may be those of the "
+                                 "program a process ran before an exec): %s" % err)
+            return None
+
+    def exec_times(self, pid: int, known: int = 0) -> List[int]:
+        """The kernel times of process `pid`'s execs after the first `known` (execs.py)."""
+        return self._execs.times(pid, known) if self._execs is not None else []
 
     def _fork_command(self) -> None:
         self.command = HeldCommand(self.options.command)
@@ -316,14 +416,17 @@ class Session:
         return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
                 "too_deep": total(record.STAT_INFLIGHT_FULL)}
 
-    def probe_name(self, pid: int, handle: int) -> Optional[str]:
-        """The name the probes stored for (pid, handle), e.g. cuModuleGetFunction's."""
+    def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
+        """The name the probes stored for (pid, handle) at the call that returned at kernel
+        time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
+        probes._learn_name; the least recently used go when the map is full)."""
         names = self.maps.get(layout.NAMES)
         if names is None:
             return None
         chunks = []
         for k in range(layout.NAME_CHUNKS):  # chunk by chunk, until one ends the string
-            raw = names.get(layout.NAME_KEY.pack(pid | k << 32, handle))
+            key = layout.NAME_KEY.pack(pid | k << 32, handle, when)
+            raw = names.get(key)
             if raw is None:
                 break
             chunk = raw.split(b"\0", 1)[0]
@@ -363,10 +466,14 @@ class Session:
         self._close_now()
 
     def _close_now(self) -> None:
+        with self._lock:  # (after a late attach the reader is making, if any)
+            self._closed = True
         # The links and the follower's tracepoints detach in parallel: each waits for a
         # grace period of the kernel's.
-        close_all(self._links + ([self._follower] if self._follower is not None else []))
-        self._links, self._follower = [], None
+        close_all(self._links + [o for o in (self._follower, self._execs, self.late)
+                                 if o is not None])
+        self._links, self._follower, self._execs, self.late = [], None, None, None
+        self._loaded = {}
         if self.ring is not None:
             self.ring.close(drain=False)
             self.ring = None
@@ -378,6 +485,13 @@ class Session:
         self.maps = {}
         if self.command is not None:
             self.command.close()  # a held command that never ran: let it go
+
+
+def _driver_launches(targets: Sequence[Target]) -> bool:
+    """Whether the driver's launch functions are among the targets' (then the runtime's
+    are not probed: targets.launch_at_driver_only)."""
+    return any(api.library == apis.DRIVER and api.category == "launch"
+               for target in targets for api, _, _ in target.functions)
 
 
 def _forked_closer() -> bool:

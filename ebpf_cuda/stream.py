@@ -18,11 +18,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import record
 from .command import alive
+from .containers import Containers
+from .devices import DeviceTracker
 from .events import Decoder, Event
 from .graphs import GraphTracker
 from .losses import Losses
 from .names import KernelNamer
 from .nccl import Communicators
+from .reaper import Reaper
 from .session import Session
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
@@ -46,7 +49,12 @@ class Stream:
         self.session = session
         self.names = names
         self.graphs = GraphTracker(names)  # each graph from its calls (graphs.py)
+        self.containers = Containers()  # each process's container (containers.py)
+        self.devices = DeviceTracker()  # each call's device (devices.py)
         self.communicators = Communicators()  # NCCL calls' rank, size, id, seq (nccl.py)
+        self.reaper = Reaper(names.seen_pids, self._forget)  # exited processes (reaper.py)
+        self._read_bytes = 0  # frames read so far, and (behind a spool) written as lines
+        self._lines_bytes = 0
         self.decoder = decoder
         self.teaching = {i for i, api in enumerate(decoder.table)
                          if api.learn_name or api.learn_func or api.learn_alias}
@@ -70,6 +78,8 @@ class Stream:
 
     def _batches(self, timeout: Optional[float] = None) -> Iterator[Tuple[bytes, Named]]:
         """(frames, the (pid, func, kernel name) of their launches) until the end."""
+        # (a command's processes are traced from their start: device 0 until they set one)
+        self.devices.from_start = bool(self.session.options.command)
         if self.session.command is not None:
             self.session.command.release()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -82,6 +92,10 @@ class Stream:
                 # of the ring waits, so what a slow program wrote is read at least this often.
                 waiter.wait(wait)
                 yield from self._drain()
+                # (every batch read so far has been handed over; behind a spool, the
+                # lines thread says how far it has written)
+                self.reaper.tick(self._read_bytes, self._read_bytes if self._spool is None
+                                 else self._lines_bytes)
         yield from self._drain()
 
     def _drain(self) -> Iterator[Tuple[bytes, Named]]:
@@ -91,7 +105,10 @@ class Stream:
             frames = ring.drain_frames(record.SIZE, BATCH_RECORDS)
             if not frames:
                 return
+            self._read_bytes += len(frames)
+            self.session.note_loads(frames)  # libraries just mapped: probed first
             self.names.observe_frames(frames)
+            self.containers.observe(record.frame_pids(frames))  # (while they live)
             self.names.learn(self.decoder.decode_batch(frames, self.teaching))
             yield frames, self.names.name_launches(self.decoder.launches(frames),
                                                    self.decoder.table)
@@ -116,6 +133,19 @@ class Stream:
         self.names.annotate(events)
         self.graphs.annotate(events)
         self.communicators.annotate_batch(events)
+        self.containers.annotate(events)
+        self.devices.annotate(events)  # (after the communicators: an NCCL call's device)
+
+    def _forget(self, pid: int) -> None:
+        """Drop what is kept of a process that exited (the Reaper says when)."""
+        self.names.forget(pid)
+        self.communicators.forget(pid)
+        self.containers.forget(pid)
+        self.devices.forget(pid)
+
+    def _lines_wrote(self, frames: bytes) -> None:
+        """The lines thread has written a batch (the only writer of this counter)."""
+        self._lines_bytes += len(frames)
 
     def _target_gone(self) -> bool:
         command = self.session.command
@@ -140,6 +170,10 @@ class Stream:
         its end (its records counted as not written), so that its exit status is known;
         without a command the reading stops."""
         sinks = list(sinks)
+        for sink in sinks:  # text and JSON lines name containers, JSON devices (lines.py)
+            if hasattr(sink, "containers"):
+                sink.containers = self.containers
+                sink.devices = self.devices
         lines = lines_only(sinks)
         if lines is not None:
             lines.annotate = self.annotate
@@ -243,7 +277,8 @@ class Stream:
         failed: List[BaseException] = []  # the lines thread's error, for this thread
         outputs.header()  # before the command runs: the header comes first
         thread = threading.Thread(target=_write_spooled,
-                                  args=(spool, writer, behind, failed, outputs),
+                                  args=(spool, writer, behind, failed, outputs,
+                                        self._lines_wrote),
                                   name="ebpf-cuda lines", daemon=True)
         switch = _switch_interval(SWITCH_INTERVAL_S)
         if outputs.alive(writer):
@@ -276,7 +311,7 @@ class Stream:
 
 
 def _write_spooled(spool, writer, decoder: Decoder, failed: List[BaseException],
-                   outputs: "Outputs") -> None:
+                   outputs: "Outputs", wrote: Callable[[bytes], None]) -> None:
     """The lines thread: every batch of the spool, in order. A write error drops the
     output (the backlog left is counted as not written); any other error stops the
     reader."""
@@ -286,6 +321,7 @@ def _write_spooled(spool, writer, decoder: Decoder, failed: List[BaseException],
                 outputs.call(writer, writer.write_frames, frames, decoder)
                 outputs.flush()
             outputs.count(frames)
+            wrote(frames)
     except BaseException as err:  # handed to the reader's thread, which raises it
         failed.append(err)
         spool.abandon()

@@ -562,10 +562,14 @@ class UprobePmu(NamedTuple):
 
 
 def _read_text(path: str) -> Optional[str]:
+    """A sysfs file's text; None when it cannot be read. Out of file descriptors is no
+    missing file: that is said as it is (a PMU taken for absent sent users to their kernel)."""
     try:
         with open(path) as f:
             return f.read().strip()
-    except OSError:
+    except OSError as err:
+        if err.errno in (errnos.EMFILE, errnos.ENFILE):
+            raise KernelError("cannot read %s: %s" % (path, err.strerror), err.errno) from None
         return None
 
 

@@ -2,10 +2,10 @@
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from . import apis, discovery
+from . import apis, discovery, features
 from .apis import Api
 from .elf import open_elf
-from .errors import NoCudaSymbolsError, TracerError
+from .errors import NoCudaSymbolsError, TracerError, UsageError
 
 Log = Callable[[str], None]
 
@@ -26,6 +26,8 @@ def find_targets(selected: Sequence[Api], library: Sequence[str], pid: Optional[
                  command: Sequence[str], log: Log) -> List[Target]:
     """The files to probe (`library`, else found for the pid, the command or the machine)
     with the selected functions each defines; NoCudaSymbolsError when none defines any."""
+    if pid is not None:
+        check_proc_is_ours(pid)
     paths = list(library) or _library_paths(selected, pid, command, log)
     targets = []
     seen = {}  # (device, inode) -> the path probed: a file is probed once, however reached
@@ -44,6 +46,16 @@ def find_targets(selected: Sequence[Api], library: Sequence[str], pid: Optional[
         raise NoCudaSymbolsError("none of the %d selected functions is defined in %s"
                                  % (len(selected), ", ".join(paths)))
     return targets
+
+
+def check_proc_is_ours(pid: int) -> None:
+    """UsageError when /proc numbers processes for another PID namespace than the tracer's
+    (`unshare --pid --fork` without --mount-proc): PID, a pid of the tracer's namespace
+    (the one the probes' pid filter takes), names another process there."""
+    if features.pid_namespace() is not None and features.proc_of_another_namespace():
+        raise UsageError("cannot trace process %d: /proc is another PID namespace's than this "
+                         "tracer's (mount its own /proc, e.g. unshare --pid --fork "
+                         "--mount-proc)" % pid)
 
 
 def _identity(path: str) -> Tuple[int, int]:

@@ -42,6 +42,10 @@ class Tracer:
     `aggregate=True` sums calls up in the kernel (see `aggregates()`), and with `emit=False`
     no per-call records are written at all (the cheapest way to get a summary; the calls
     that teach kernel names still write theirs, while their process lives).
+
+    With a pid or a command (and no `library`), the CUDA libraries its processes map later
+    are probed as their dynamic loader maps them (loader_watch.py; `late_loads` lists them):
+    calls made in the milliseconds before their probes are on are not seen.
     """
 
     def __init__(self, functions: Optional[Sequence[str]] = None,
@@ -56,7 +60,8 @@ class Tracer:
                           tuple(command or ()), api, everything, follow_children,
                           return_probes, entries, ring_size, stacks, aggregate, emit)
         self.session = Session(options, log)
-        self.names = KernelNamer(probe_names=self.session.probe_name)
+        self.names = KernelNamer(probe_names=self.session.probe_name,
+                                 exec_times=self.session.exec_times)
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
         self.stream = Stream(self.session, self.names, self.decoder)
 
@@ -98,6 +103,13 @@ class Tracer:
     @property
     def failures(self) -> List[str]:
         return self.session.failures
+
+    @property
+    def late_loads(self) -> List[Tuple[str, int, float]]:
+        """Files probed after the start because a traced process mapped them (see
+        loader_watch.py): (path, pid, milliseconds from its loader's notice to the probes
+        being on)."""
+        return list(self.session.late_probed)
 
     @property
     def programs(self) -> Dict[Tuple[str, bool], Program]:

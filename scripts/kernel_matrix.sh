@@ -32,13 +32,27 @@ timeout="${KERNEL_TIMEOUT:-1800}"
 jobs="${KERNEL_JOBS:-$(( $(nproc) >= 2 ? 2 : 1 ))}"
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT
+# A stop (SIGTERM from CI's timeout, SIGHUP, Ctrl-C) reaches each guest's runner, which
+# takes its QEMU down: no guest outlives the matrix.
+runners=()
+stop_all() {
+    trap - TERM INT HUP
+    [ "${#runners[@]}" -eq 0 ] || kill -TERM "${runners[@]}" 2>/dev/null
+    wait
+    exit 143
+}
+trap stop_all TERM INT HUP
 
 run_one() {  # run_one VERSION: boots it, runs the checks; its log in $results/VERSION.log
-    local version="$1" start status
+    local version="$1" start status vm
     start=$(date +%s)
+    # (in the background, and waited for: the TERM trap can then pass the stop on)
     # shellcheck disable=SC2086  # $tests: several pytest arguments
     scripts/kernels.sh --timeout "$timeout" "$version" -- scripts/kernel_checks.sh $tests \
-        > "$results/$version.log" 2>&1
+        > "$results/$version.log" 2>&1 &
+    vm=$!
+    trap 'kill -TERM "$vm" 2>/dev/null; wait "$vm"; exit 143' TERM
+    wait "$vm"
     status=$?
     echo "$version $status $(( $(date +%s) - start ))" > "$results/$version.status"
     echo "=== kernel $version: exit $status after $(( $(date +%s) - start )) s"
@@ -51,6 +65,7 @@ for version in $kernels; do
     scripts/kernels.sh --fetch "$version" >/dev/null || echo "=== kernel $version: no package"
     echo "=== kernel $version: started"
     run_one "$version" &
+    runners+=($!)
     running=$((running + 1))
     if [ "$running" -ge "$jobs" ]; then
         wait -n

@@ -59,13 +59,13 @@ mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=512000 out "/newro
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
-chroot /newroot /bin/sh "$out/guest.sh"
-sync
-reboot -f
+# The host's root becomes the root (not a chroot: /proc/PID/root, mount namespaces and
+# paths seen through them must look as on a real machine); guest.sh, now PID 1, reboots.
+exec switch_root /newroot /bin/sh "$out/guest.sh"
 """
 
 GUEST = r"""#!/bin/sh
-# Runs in the guest, chrooted into the host's root (see kernel_vm.py).
+# Runs in the guest as PID 1, the host's root its root (see kernel_vm.py).
 out=%(out)s
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts 2>/dev/null
@@ -93,6 +93,9 @@ uname -r > "$out/uname"
 echo started > "$out/%(mark)s"
 sh -c %(cmd)s > "$out/output" 2>&1 < /dev/null
 echo $? > "$out/rc"
+sync
+echo b > /proc/sysrq-trigger  # reboot at once: QEMU (-no-reboot) exits
+sleep 60  # (PID 1 must not exit first: that is a panic, which panic=-1 also ends)
 """
 
 
@@ -287,17 +290,19 @@ class Tail:
 def boot_once(args, image: str, release: str, command: str, attempt: int) -> tuple:
     """-> (status or None when the boot did not reach the command, boot seconds, run seconds)"""
     outdir = tempfile.mkdtemp(prefix="ebpf-cuda-vm-", dir=args.workdir)
+    proc = None
     try:
         initrd = build_initramfs(args.kernel_dir, release, outdir)
         write_guest_script(outdir, command, dict(e.split("=", 1) for e in args.env))
         qemu = qemu_command(image, initrd, outdir, args.cpus, args.memory, args.append)
         start = time.monotonic()
         proc = subprocess.Popen(qemu, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
         _running.append(proc)
         tail = Tail(os.path.join(outdir, "output"), sys.stdout.buffer)
         mark = os.path.join(outdir, BOOT_MARK)
-        booted_at = None
+        booted_at = done_at = None
         status = None
         while True:
             time.sleep(0.5)
@@ -309,6 +314,11 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
                                                            .strip() or release,
                                                            now - start, attempt))
             if proc.poll() is not None:
+                break
+            if done_at is None and os.path.exists(os.path.join(outdir, "rc")):
+                done_at = now
+            if done_at is not None and now - done_at > SHUTDOWN_GRACE:
+                log("the guest did not power off after the command: stopped")
                 break
             if booted_at is None and now - start > args.boot_timeout:
                 log("no boot within %d s (attempt %d)" % (args.boot_timeout, attempt))
@@ -341,10 +351,22 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
                 log("kernel log tail:\n" + "\n".join(console.splitlines()[-40:]))
         return status, booted_at - start, end - booted_at
     finally:
+        if proc is not None and proc.poll() is None:  # (an error here: no guest left behind)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         shutil.rmtree(outdir, ignore_errors=True)
 
 
 _running: list = []  # the QEMU of the boot under way (its own session: killed by name here)
+SHUTDOWN_GRACE = 30  # seconds from the command's end to QEMU's exit (a sysrq reboot: ~1 s)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """(In QEMU's child, before exec) SIGKILL when this script dies, even by SIGKILL: no
+    guest outlives its runner."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _stop(signum, frame) -> None:

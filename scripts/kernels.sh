@@ -7,11 +7,14 @@
 #   scripts/kernels.sh 6.1.0-57-amd64 -- uname -r      (an exact package version)
 #   scripts/kernels.sh --list                          (the versions apt knows)
 #   scripts/kernels.sh --fetch 6.12                    (download and unpack only)
+#   scripts/kernels.sh --refresh 6.12 -- CMD           (ask apt for a newer package first)
 #
 # VERSION: 6.1 (Debian 12's linux-image-6.1.0-*-amd64, the newest) or 6.12
 # (linux-image-6.12.*+deb12-amd64, the newest), or an exact suffix of linux-image-*.
 # The package is fetched with `apt-get download` and unpacked with `dpkg -x` into
-# $EBPF_CUDA_KERNELS (default /var/cache/ebpf-cuda-kernels), once. Needs root (QEMU exports
+# $EBPF_CUDA_KERNELS (default /var/cache/ebpf-cuda-kernels), once: a kernel found there is
+# used without apt or network (--refresh: apt is asked for a newer one). apt's locks, held
+# by another apt, are waited for (~5 minutes), not failed on. Needs root (QEMU exports
 # / as root), qemu-system-x86 and busybox-static (installed with apt-get when missing).
 # Options before VERSION go to scripts/kernel_vm.py: --timeout S, --boot-timeout S,
 # --attempts N, --cpus N, --memory M, --console FILE, --times FILE, --env NAME=VALUE.
@@ -23,6 +26,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 vm_opts=()
 fetch_only=
+refresh=
 while [ $# -gt 0 ]; do
     case "$1" in
         --list) apt-cache search --names-only '^linux-image-6\.(1\.0-[0-9]+|12\.[0-9]+\+deb12)-amd64$' \
@@ -30,7 +34,8 @@ while [ $# -gt 0 ]; do
         --timeout|--boot-timeout|--attempts|--cpus|--memory|--console|--times|--env|--append)
             vm_opts+=("$1" "$2"); shift 2 ;;
         --fetch) fetch_only=1; shift ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --refresh) refresh=1; shift ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) break ;;
     esac
 done
@@ -44,14 +49,30 @@ fi
 version="$1"
 shift 2
 
-apt=(apt-get -qq -o DPkg::Lock::Timeout=300)  # wait for another apt rather than fail
+retry_s="${EBPF_CUDA_APT_RETRY_S:-10}"
+apt_retry() {  # apt-get ARGS...: waits out another apt's locks (up to ~5 minutes), not fails
+    local try err status
+    err="$(mktemp)"
+    for try in $(seq 1 30); do
+        # (DPkg::Lock::Timeout covers the dpkg lock only; update's lists lock fails at once)
+        apt-get -qq -o DPkg::Lock::Timeout=300 "$@" 2>"$err" && { rm -f "$err"; return 0; }
+        status=$?
+        grep -qiE 'could not get lock|unable to lock|is another process using it' "$err" \
+            || break
+        echo "$0: apt is busy (another apt holds its lock): retrying in ${retry_s} s" >&2
+        sleep "$retry_s"
+    done
+    cat "$err" >&2
+    rm -f "$err"
+    return "$status"
+}
 apt_updated=
-apt_update() { [ -n "$apt_updated" ] || { "${apt[@]}" update; apt_updated=1; }; }
+apt_update() { [ -n "$apt_updated" ] || { apt_retry update; apt_updated=1; }; }
 command -v qemu-system-x86_64 >/dev/null 2>&1 || {
-    apt_update; "${apt[@]}" install -y --no-install-recommends qemu-system-x86 >/dev/null
+    apt_update; apt_retry install -y --no-install-recommends qemu-system-x86 >/dev/null
 }
 python3 "$here/kernel_vm.py" --has-static-busybox || {
-    apt_update; "${apt[@]}" install -y --no-install-recommends busybox-static >/dev/null
+    apt_update; apt_retry install -y --no-install-recommends busybox-static >/dev/null
 }
 
 package_for() {  # the linux-image package name for VERSION
@@ -66,22 +87,29 @@ package_for() {  # the linux-image package name for VERSION
         | sort -V | tail -n 1
 }
 
-cached_for() {  # the newest kernel already unpacked in the cache for VERSION
+cached_for() {  # the newest kernel already unpacked (completely) in the cache for VERSION
     local name
     for name in $(ls "$cache" 2>/dev/null | sort -V); do
+        [ -d "$cache/$name/lib/modules/$name" ] || continue  # (.part: an unpacking cut off)
         case "$1:$name" in
             6.1:6.1.0-*-amd64|6.12:6.12.*+deb12-amd64|"$1:$1") echo "linux-image-$name" ;;
         esac
     done | tail -n 1
 }
 
-package="$(package_for "$version")"
+# A kernel unpacked before is used as it is: no apt, no network (--refresh asks apt for a
+# newer one).
+package=
+[ -n "$refresh" ] || package="$(cached_for "$version")"
 if [ -z "$package" ]; then
-    package="$(cached_for "$version")"  # apt busy or offline: what was fetched before
+    package="$(package_for "$version")"
 fi
 if [ -z "$package" ]; then
     apt_update
     package="$(package_for "$version")"
+fi
+if [ -z "$package" ]; then
+    package="$(cached_for "$version")"  # (--refresh, apt offline: what was fetched before)
 fi
 if [ -z "$package" ]; then
     echo "$0: apt knows no kernel package for $version (try --list)" >&2
@@ -92,11 +120,15 @@ dir="$cache/$release"
 if [ ! -d "$dir/lib/modules/$release" ]; then
     mkdir -p "$cache"
     tmp="$(mktemp -d "$cache/.download.XXXXXX")"
-    (cd "$tmp" && "${apt[@]}" download "$package")
+    trap 'rm -rf "$tmp" "$dir.part"' EXIT
+    # (stale package lists name a file the mirror no longer has: update them once, retry)
+    (cd "$tmp" && apt_retry download "$package") \
+        || { apt_updated=; apt_update; (cd "$tmp" && apt_retry download "$package"); }
     rm -rf "$dir.part"
     dpkg -x "$tmp"/"$package"_*.deb "$dir.part"
     rm -rf "$tmp"
     mv "$dir.part" "$dir"
+    trap - EXIT
 fi
 if [ -n "$fetch_only" ]; then
     echo "$dir"

@@ -74,11 +74,20 @@ def running_monitor(**options) -> Iterator:
         monitor.close()
 
 
-def settle(monitor, ticks: int = 2) -> None:
-    """Let the reader publish what the kernel has counted (a tick after the last call)."""
+def settle(monitor, ticks: int = 2, timeout: float = 300) -> None:
+    """Let the reader publish what the kernel has counted: `ticks` series published from
+    now on (the first may have begun before the last call; the second began after it). A
+    tick takes ~TICK_S on a real machine, but naming a full launches map takes seconds
+    under emulation (the kernel matrix's guests): a fixed sleep read a series made before."""
     from ebpf_cuda.monitor import TICK_S
 
-    time.sleep(TICK_S * (ticks + 0.5))
+    deadline = time.monotonic() + timeout
+    for _ in range(ticks):
+        before = monitor._series
+        while monitor._series is before:
+            if time.monotonic() > deadline:
+                raise AssertionError("the monitor published no series in %d s" % timeout)
+            time.sleep(TICK_S / 10)
 
 
 class MonitorCli:

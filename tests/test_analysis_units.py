@@ -337,7 +337,7 @@ def test_local_symbols_resolve_through_the_load_bias(kernels_lib):
 
 
 def test_driver_launches_are_named_by_their_handle():
-    namer = KernelNamer(probe_names=lambda pid, handle: "k%x" % handle)
+    namer = KernelNamer(probe_names=lambda pid, handle, when: "k%x" % handle)
     namer.learn([ev("cuModuleGetFunction", ret=0, outs={"function": 0x55})])
     launch = ev("cuLaunchKernel", {"func": 0x55})
     assert namer(launch, 0x55) == "k55"

@@ -119,11 +119,13 @@ def test_saved_trace_through_the_api(stand_in, tmp_path):
         live = []
         with ebpf_cuda.open_save(path, tracer.apis_table,
                                  tracer.decoder.clock_offset_ns) as saver:
+            saver.from_start = True  # (a command's: its threads begin on device 0)
             for frames in tracer.frames(timeout=30):
                 saver.write_frames(frames)
-                live += tracer.decoder.decode_frames(frames)
+                live += tracer.stream.decode(frames)  # (annotated: names, devices)
     replayed = list(ebpf_cuda.load(path))
     assert replayed == live and len(live) == 2 * len(OPS)
+    assert [e.device for e in live if e.api == "cudaMalloc"] == [0, 0, 0, 0]
 
 
 @pytest.mark.kernel

@@ -30,7 +30,8 @@ LONG = 180  # a C++-mangled kernel name longer than 100 characters
 
 OPS = (
     "malloc:64", "init:1", "init", "ctxsync", "ctxcreate:0:0", "ctxcreate:0:5", "ctxcreate4:4:1",
-    "primaryctx:1", "ctxsync",
+    "primaryctx:1", "ctxsync", "setctx:@0", "pushctx:@1", "pushctx:0", "popctx", "popctx",
+    "popctx", "setctx:0",
     "malloc:4096", "malloc:%d" % HUGE, "malloc:0", "mallocasync:256:0x51",
     "mallocasyncptsz:128:0x52", "mallocmanaged:8192:1", "mallocmanaged:8:3", "hostalloc:1024:2",
     "allochost:256", "mallocpitch:100:4", "mallocpitch:100:4:3", "freehost",
@@ -81,6 +82,7 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
     "cuInit": _n("flags"), "cuCtxCreate_v2": _n("flags", "device"),
     "cuCtxCreate_v4": lambda c: dict(_n("flags", "device")(c), params=0),
     "cuDevicePrimaryCtxRetain": _n("device"), "cuCtxDestroy_v2": _n("ctx"),
+    "cuCtxSetCurrent": _n("ctx"), "cuCtxPushCurrent_v2": _n("ctx"), "cuCtxPopCurrent_v2": _n(),
     "cuMemAlloc_v2": _n("size"), "cuMemAllocAsync": _n("size", "stream"),
     "cuMemAllocManaged": _n("size", "flags"), "cuMemHostAlloc": _n("size", "flags"),
     "cuMemFree_v2": _n("ptr"), "cuMemFreeAsync": _n("ptr", "stream"),
@@ -141,6 +143,7 @@ ARGS.update({
 })
 
 OUT_NAMES = {"cuCtxCreate_v2": "ctx", "cuCtxCreate_v4": "ctx", "cuDevicePrimaryCtxRetain": "ctx",
+             "cuCtxPopCurrent_v2": "ctx",
              "cuMemAlloc_v2": "ptr", "cuMemAllocAsync": "ptr", "cuMemAllocManaged": "ptr",
              "cuMemHostAlloc": "ptr", "cuMemCreate": "handle", "cuMemAddressReserve": "ptr",
              "cuMemAllocHost_v2": "ptr", "cuMemAllocPitch_v2": "ptr",

@@ -377,9 +377,11 @@ def runtime(fake, tmp_path_factory):
     got["spooled"] = _cli("--json", "-o", out / "spooled.jsonl", *command)
     got["text"] = _cli("-t", "-o", out / "lines.txt", *command)
     got["decoded"] = _cli("--json", "-o", out / "decoded.jsonl", "--summary", "--trace-out",
-                          out / "trace.json", "--save", out / "run.bin", *command)
+                          out / "trace.json", "--report", out / "report.html", "--save",
+                          out / "run.bin", *command)
     got["report"] = _cli("report", out / "run.bin", "--json", "-o", out / "report.jsonl")
     got["report_summary"] = _cli("report", out / "run.bin", "--summary")
+    got["alone"] = _cli("--summary", *command)  # in-kernel aggregates
     return got
 
 
@@ -462,6 +464,38 @@ def test_the_kernel_table_counts_graph_kernels_and_captured_launches_apart(runti
     # and the 2 eager launches; captured (not run then): the captures' 4 + 3 + 1 launches
     assert [sum(counts[i] for counts in table.values()) for i in range(3)] == [
         50 * 4 + 3 + 2 * 3 + 1 + 2, 50 * 4 + 3 + 2 * 3 + 1, 4 + 3 + 1]
+
+
+@pytest.mark.kernel
+def test_the_summary_alone_does_not_follow_graphs_as_the_readme_says(runtime):
+    """--summary alone (in-kernel aggregates, README "Limitations"): its kernel table counts
+    the 8 launches captures recorded as launches that ran, with the 2 eager ones, and none
+    of the 210 kernels graph launches ran; each graph launch is one call of the API table."""
+    text = runtime["alone"].stdout
+    part = text.split(" ** Kernel Launches:", 1)[1].split("\n\n")[1]
+    lines = part.splitlines()
+    assert lines[0].split() == ["Launches", "Grid", "Block", "Smem", "(bytes)", "Kernel"]
+    assert sum(int(line.split()[0]) for line in lines[2:]) == 2 + 8
+    api_table = text.split(" ** CUDA API Summary", 1)[1].split(" ** ", 1)[0]
+    calls = {line.split()[-1]: int(line.split()[2].replace(",", ""))
+             for line in api_table.splitlines()
+             if line.strip().endswith((" cudaGraphLaunch", " cudaLaunchKernel"))}
+    assert calls == {"cudaGraphLaunch": 57, "cudaLaunchKernel": 10}
+
+
+@pytest.mark.kernel
+def test_the_html_report_counts_kernels_as_the_kernel_table_does(runtime):
+    """--report: the kernels graph launches ran count as launches (and in graphs), those a
+    capture recorded as captured, not as run: the kernel table's sums, kernel by kernel."""
+    from test_html_report import Page
+
+    table = _kernel_table(runtime["decoded"].stdout)
+    sums = [sum(counts[i] for counts in table.values()) for i in range(3)]
+    text = (runtime["dir"] / "report.html").read_text()
+    kernels = Page(text.split("<h2>Top kernels</h2>", 1)[1].split("</table>", 1)[0]).rows
+    assert kernels == [["kernel", "launches", "in graphs", "captured", "launch calls total (ms)"],
+                       ["vec_add_kernel"] + [str(n) for n in sums] + kernels[1][4:]]
+    assert sums == [212, 210, 8]
 
 
 @pytest.mark.kernel

@@ -188,3 +188,47 @@ def test_the_page_says_what_the_trace_lost():
     report.close()
     assert ("<strong>Not counted:</strong> 1200 events lost: 1200 with the ring buffer full "
             "(try --ring-size)") in out.text
+
+
+def _graph_launch(ts_ns, nodes):
+    """cudaGraphLaunch and the cuGraphLaunch inside it, both annotated with the nodes run."""
+    return _layered(("cudaGraphLaunch", {"graphExec": 0x7000, "stream": 0}),
+                    ("cuGraphLaunch", {"hGraphExec": 0x7000, "hStream": 0}), ts_ns,
+                    outs={"nodes": nodes})
+
+
+def test_kernels_count_as_run_by_graph_launches_and_captured_apart_as_in_the_summary():
+    """Formerly a launch recorded into a graph by a stream capture counted as a launch that
+    ran, and the kernels graph launches ran counted nowhere."""
+    from ebpf_cuda.analysis.summary import Summary
+
+    kernel = {"type": "kernel", "func": 0x4010, "kernel": "vec_add", "grid": [1, 1, 1],
+              "block": [32, 1, 1], "smem": 0}
+    other = dict(kernel, func=0x5000, kernel="k2")
+    nodes = [kernel, other, {"type": "memcpy", "size": 8, "kind": "HostToDevice"},
+             {"type": "graph", "nodes": [kernel]}]
+    launch = {"func": 0x4010, "grid": (1, 1, 1), "block": (32, 1, 1), "smem": 0, "stream": 5}
+    events = []
+    for i in range(2):  # recorded into the graph, not run then
+        events += call("cudaLaunchKernel", launch, 1_000_000 + i * 1000, outs={"captured": True})
+    for i in range(3):
+        events += _graph_launch(2_000_000 + i * 10_000, nodes)
+    events += call("cudaLaunchKernel", launch, 3_000_000)  # eager
+    page = Page(render(events))
+    assert page.rows[[r[:1] for r in page.rows].index(["kernel"])][:4] == [
+        "kernel", "launches", "in graphs", "captured"]
+    assert row(page, "vec_add")[:4] == ["vec_add", "7", "6", "2"]
+    assert row(page, "k2")[:4] == ["k2", "3", "3", "0"]
+    summary = Summary(NAMER)
+    summary.add(events)
+    by_name = {}
+    names = summary.kernel_names()
+    for column, counts in enumerate((summary.launches, summary.in_graphs, summary.captured)):
+        for (pid, func, *_), count in counts.items():
+            by_name.setdefault(names[(pid, func)], [0, 0, 0])[column] += count
+    assert by_name == {"vec_add": [7, 6, 2], "k2": [3, 3, 0]}
+
+
+def test_without_graphs_the_kernel_table_is_as_it_was(page):
+    header = page.rows[[r[:1] for r in page.rows].index(["kernel"])]
+    assert header == ["kernel", "launches", "launch calls total (ms)"]

@@ -20,7 +20,7 @@ RETS = [0, 0, 0, 1, 35, 500, 999, -1]
 class FakeNamer:
     """Names every third address."""
 
-    def name_for(self, pid, api, address):
+    def name_for(self, pid, api, address, when=None):
         return "kernel<%s,%x>" % (api, address) if address % 3 == 0 else None
 
     def __call__(self, event, address):

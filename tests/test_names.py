@@ -16,7 +16,7 @@ def _frames_of(pids) -> bytes:
 
 def test_a_teaching_call_names_its_handle_from_what_the_probe_stored():
     stored = {(7, 0x51): "_Z6vecAddPfS_"}
-    names = KernelNamer(probe_names=lambda pid, handle: stored.get((pid, handle)))
+    names = KernelNamer(probe_names=lambda pid, handle, when: stored.get((pid, handle)))
     get = event("cuModuleGetFunction", pid=7, ret=0, outs={"function": 0x51})
     names.learn([get])
     assert get.outs["kernel_name"] == "_Z6vecAddPfS_"  # as the probe read it
@@ -26,7 +26,7 @@ def test_a_teaching_call_names_its_handle_from_what_the_probe_stored():
 
 
 def test_failed_and_entry_events_teach_nothing():
-    names = KernelNamer(probe_names=lambda pid, handle: "k")
+    names = KernelNamer(probe_names=lambda pid, handle, when: "k")
     failed = event("cuModuleGetFunction", ret=500, outs={"function": 0x51})
     entry = event("cuModuleGetFunction", phase=ENTER)
     names.learn([failed, entry])
@@ -34,7 +34,8 @@ def test_failed_and_entry_events_teach_nothing():
 
 
 def test_an_alias_handle_runs_the_same_kernel():
-    names = KernelNamer(probe_names=lambda pid, handle: "lib_kernel" if handle == 0x90 else None)
+    names = KernelNamer(probe_names=lambda pid, handle, when: "lib_kernel" if handle == 0x90
+                        else None)
     names.learn([event("cuLibraryGetKernel", ret=0, outs={"kernel": 0x90}),
                  event("cuKernelGetFunction", ret=0, args={"kernel": 0x90},
                        outs={"function": 0x91})])
@@ -55,7 +56,7 @@ def test_a_cuda13_kernel_handle_is_named_by_its_stub():
 
 
 def test_annotate_shows_a_learned_name_on_events_decoded_again():
-    names = KernelNamer(probe_names=lambda pid, handle: "vec_add")
+    names = KernelNamer(probe_names=lambda pid, handle, when: "vec_add")
     names.learn([event("cuModuleGetFunction", ret=0, outs={"function": 0x51})])
     again = event("cuModuleGetFunction", ret=0, outs={"function": 0x51})
     names.annotate([again])
@@ -63,7 +64,7 @@ def test_annotate_shows_a_learned_name_on_events_decoded_again():
 
 
 def test_found_names_are_a_read_only_view_that_sees_later_names():
-    names = KernelNamer(probe_names=lambda pid, handle: "late")
+    names = KernelNamer(probe_names=lambda pid, handle, when: "late")
     view = names.found_names()
     assert view.name_for(4242, "cuLaunchKernel", 0x51) is None
     names.learn([event("cuModuleGetFunction", ret=0, outs={"function": 0x51})])
@@ -85,3 +86,59 @@ def test_each_process_is_snapshotted_once_at_its_first_batch():
     for batch in ([10, 11, 10], [11, 12], [10, 11, 12]):
         names.observe_frames(_frames_of(batch))
     assert sorted(resolver.observed[:2]) == [10, 11] and resolver.observed[2:] == [12]
+
+
+def test_an_exec_starts_another_image_named_by_record_time():
+    """Names learned before an exec name the launches before it; those after, the launches
+    after (the store asks the probes for each call's own name, by its time)."""
+    execs = {7: [5000]}  # process 7 exec'd at kernel time 5000
+    asked = []
+
+    def probe_names(pid, handle, when):
+        asked.append((pid, handle, when))
+        return "old_k" if when < 5000 else "new_k"
+
+    names = KernelNamer(probe_names=probe_names,
+                        exec_times=lambda pid, known: execs.get(pid, [])[known:])
+    names.observe_pids([7])
+    names.learn([event("cuModuleGetFunction", pid=7, ts_ns=4000, ret=0,
+                       outs={"function": 0x51}),
+                 event("cuModuleGetFunction", pid=7, ts_ns=6000, ret=0,
+                       outs={"function": 0x51})])
+    assert asked == [(7, 0x51, 4000), (7, 0x51, 6000)]
+    assert names.name_for(7, "cuLaunchKernel", 0x51, 4500) == "old_k"
+    assert names.name_for(7, "cuLaunchKernel", 0x51, 7000) == "new_k"
+    assert names.name_for(7, "cuLaunchKernel", 0x51) == "new_k"  # now: the new program
+    assert names.image(7, 4500) == 7 and names.image(7, 7000) == 7 | 1 << 32
+    view = names.found_names()  # the lines thread's view tells them apart the same way
+    assert view.name_for(7, "cuLaunchKernel", 0x51, 4500) == "old_k"
+    assert view(event("cuLaunchKernel", pid=7, ts_ns=8000), 0x51) == "new_k"
+    names.forget(7)
+    assert names.name_for(7, "cuLaunchKernel", 0x51, 4500) is None and not names.execs
+
+
+def test_execs_seen_later_retire_the_mappings_of_the_program_before():
+    class Resolver:
+        def __init__(self):
+            self.observed, self.forgotten, self.maps = [], [], {}
+
+        def observe(self, pid):
+            self.observed.append(pid)
+            self.maps[pid] = object()
+
+        def snapshot(self, pid):
+            return None  # (nothing to freeze: the old program's launches stay unnamed)
+
+        def forget(self, pid):
+            self.forgotten.append(pid)
+
+    execs = {9: []}
+    resolver = Resolver()
+    names = KernelNamer(resolver=resolver,
+                        exec_times=lambda pid, known: execs.get(pid, [])[known:])
+    names.observe_frames(_frames_of([9]))
+    execs[9].append(100)
+    names.observe_frames(_frames_of([9]))  # the exec is noted: the new program is read
+    assert resolver.observed == [9, 9] and resolver.forgotten == [9]
+    assert names._resolver(names.image(9, 50)) is None  # the old program's: gone
+    assert names._resolver(names.image(9, 150)) is resolver

@@ -18,7 +18,8 @@ import pytest
 
 from ebpf_cuda import savefile
 from helpers import cli_env
-from test_robust_support import CLI, exits, json_events, read_line, run_cli, start_cli
+from test_robust_support import (CLI, exits, json_events, read_line, run_cli, start_cli,
+                                 wait_for)
 
 pytestmark = pytest.mark.kernel
 
@@ -97,15 +98,35 @@ _WRAPPER = ("import os, signal, sys, ebpf_cuda.__main__ as main\n"
             "os.write(2, b'up\\n'); sys.argv[0] = 'ebpf-cuda'; main.run()")
 
 
-def _interrupt_at(lib, marker: Path, delay: float, group: bool):
-    """SIGINT `delay` s after the tracer's code began, to it alone or (a terminal's Ctrl-C)
-    to its whole process group; (exit code, stderr, pid of the command if it ran)."""
+def _start_held(lib, marker: Path) -> subprocess.Popen:
+    """The tracer (through the wrapper) with a command that writes its pid to `marker`, once
+    its code began ("up")."""
     proc = subprocess.Popen(
         [sys.executable, "-c", _WRAPPER, "-p", str(lib), "-o", str(marker) + ".out", "--",
          "sh", "-c", "echo $$ > %s; exec sleep 30" % marker],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
         start_new_session=True, preexec_fn=default_signals)
     assert read_line(proc.stderr, 30) == "up\n"
+    return proc
+
+
+def _release_time(lib, marker: Path) -> float:
+    """Seconds from the tracer's first line to the command running, here: on an emulated
+    machine (the kernel matrix's guests) start-up takes several times a real one's."""
+    proc = _start_held(lib, marker)
+    start = time.monotonic()
+    wait_for(lambda: marker.exists() and marker.read_text().strip(), timeout=60,
+             what="the command to start")
+    took = time.monotonic() - start
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    return took
+
+
+def _interrupt_at(lib, marker: Path, delay: float, group: bool):
+    """SIGINT `delay` s after the tracer's code began, to it alone or (a terminal's Ctrl-C)
+    to its whole process group; (exit code, stderr, pid of the command if it ran)."""
+    proc = _start_held(lib, marker)
     time.sleep(delay)
     if group:
         os.killpg(proc.pid, signal.SIGINT)
@@ -141,9 +162,13 @@ def test_ctrl_c_at_20_points_of_start_up(root, robust, tmp_path, group):
     """Each point either never starts the command (one line) or stops it (its status,
     130): never a traceback, a hang, or a command left running."""
     lib, _ = robust
+    # The points span 0 to 2.5 times this machine's start-up (measured: 0.4-0.65 s on a busy
+    # 2-core VM, ~4 s in an emulated guest), so that some fall before the release and some
+    # after even when one start-up takes twice another.
+    step = max(0.03, 2.5 * _release_time(lib, tmp_path / "calibrate") / 19)
     outcomes = set()
     for point in range(20):
-        delay = point * 0.03
+        delay = point * step
         code, err, ran = _interrupt_at(lib, tmp_path / ("m%d" % point), delay, group)
         outcomes.add(_check_interrupted(code, err, ran, delay))
     assert outcomes == {True, False}  # the points cover both sides of the release

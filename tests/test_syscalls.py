@@ -189,6 +189,27 @@ def test_uprobe_pmu_reads_type_and_bits_from_sysfs(tmp_path):
     assert struct.unpack_from("<Q", attr, 40)[0] == 0  # not disabled, no inherit
 
 
+def test_out_of_file_descriptors_is_no_missing_pmu(tmp_path):
+    """With no descriptor left (a low `ulimit -n`) the PMU is unreadable, not absent: a
+    KernelError with EMFILE (the CLI's "too many open files" line), never the "no uprobe PMU"
+    of exit 7 that sent 6.1's users to their kernel (perf-event uprobes read sysfs there)."""
+    code = ("import os, resource, sys\n"
+            "from ebpf_cuda import syscalls\n"
+            "from ebpf_cuda.errors import KernelError, UnsupportedKernelError\n"
+            "fds = len(os.listdir('/proc/self/fd'))\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (fds - 1, fds - 1))\n"
+            "try:\n"
+            "    syscalls.uprobe_pmu(sys.argv[1])\n"
+            "except UnsupportedKernelError as err:\n"
+            "    print('unsupported', err)\n"
+            "except KernelError as err:\n"
+            "    print('kernel', err.errno, err)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(fake_pmu(tmp_path))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.split()[:2] == ["kernel", str(errno.EMFILE)], done.stdout + done.stderr
+    assert "Too many open files" in done.stdout
+
+
 def test_real_uprobe_pmu():
     if not os.path.exists(syscalls.UPROBE_PMU_DIR):
         pytest.skip("no uprobe PMU")

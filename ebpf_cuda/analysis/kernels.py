@@ -15,6 +15,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 from ..discovery import Mapping, parse_maps_line, process_file_path, process_mappings
 from ..elf import ElfFile, demangle, open_elf
 from ..errors import TracerError
+from ..registrations import registered_kernels
 
 
 class Frame(NamedTuple):
@@ -61,8 +62,8 @@ class ProcessMaps:
 
 
 def _elf(path: str) -> Optional[ElfFile]:
-    try:
-        return open_elf(path)
+    try:  # (a stripped file still maps addresses; its kernels may be registered)
+        return open_elf(path, allow_stripped=True)
     except (TracerError, OSError):
         return None
 
@@ -90,6 +91,10 @@ class AddressResolver:
         """Snapshot `pid`'s mappings unless already done (cheap after the first call)."""
         if pid not in self._maps:
             self._maps[pid] = ProcessMaps.read(pid)
+
+    def snapshot(self, pid: int) -> Optional[ProcessMaps]:
+        """The snapshot kept of process `pid` (None before the first)."""
+        return self._maps.get(pid)
 
     def use(self, maps: ProcessMaps) -> None:
         """Take `maps` as the snapshot of its process (a saved maps file, a test's mappings)."""
@@ -126,6 +131,10 @@ class AddressResolver:
 
 
 def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
+    if not return_address:  # a kernel's host function: the device name it registers
+        registered = registered_kernels(path).get(vaddr)
+        if registered is not None:
+            return Frame(demangle(registered), 0, path)
     elf = _elf(path)
     lookup = vaddr - 1 if return_address else vaddr  # a call may be a function's last bytes
     name = None

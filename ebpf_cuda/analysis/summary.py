@@ -128,7 +128,11 @@ class Summary:
         names every kernel, cuBLAS's and Triton's too). `captured`: recorded into a graph
         by a stream capture, not run; `in_graph`: run by a graph launch, its kernel `name`
         as the graph's node has it."""
-        key = (pid, func)
+        # (a process that exec'd runs another program: its launches are another kernel's,
+        # at the same address perhaps; names.py's image tells them apart)
+        image = getattr(self.namer, "image", None)
+        key = (image(pid, event.ts_ns) if image is not None and event is not None else pid,
+               func)
         if key not in self._names:  # (asked once: the process may be gone later)
             self._names[key] = name if in_graph else self._name(pid, api, func, event)
         elif name and not self._names[key]:
@@ -152,6 +156,8 @@ class Summary:
         """The kernel name: by (pid, api, func) when the namer can (KernelNamer.name_for),
         else from the launch event."""
         name_for = getattr(self.namer, "name_for", None)
+        if name_for is not None and hasattr(self.namer, "image") and event is not None:
+            return name_for(pid, api, func, event.ts_ns)  # (KernelNamer: that program's)
         if name_for is not None:
             return name_for(pid, api, func)
         if self.namer is None or event is None:
@@ -316,3 +322,41 @@ def _dim3(value) -> Optional[Tuple[int, int, int]]:
 
 def _dims(value) -> str:
     return "(%d,%d,%d)" % tuple(value) if value is not None else "-"
+
+
+class DeviceSummaries:
+    """`--summary --by-device`: the summary tables once per device (devices.py), a call
+    counted under the device it targets; calls whose device is not known (attached to a
+    running process that never set one) under "device unknown"."""
+
+    def __init__(self, namer: Optional[Namer] = None) -> None:
+        self.namer = namer
+        self.devices: Dict[Optional[int], Summary] = {}
+
+    def add(self, events: Iterable[Event]) -> None:
+        by_device: Dict[Optional[int], List[Event]] = defaultdict(list)
+        for event in events:
+            by_device[event.device].append(event)
+        for device, batch in by_device.items():
+            summary = self.devices.get(device)
+            if summary is None:
+                summary = self.devices[device] = Summary(namer=self.namer)
+            summary.add(batch)
+
+    def report(self, aggregates=None) -> str:
+        """Each device's tables under its own title, devices in order, unknown last."""
+        if not self.devices:
+            return " ** (no completed calls)"
+        order = sorted(self.devices, key=lambda d: (d is None, d if d is not None else 0))
+        return "\n\n".join(
+            " ==== %s ====\n\n%s" % ("Device %d" % d if d is not None else "Device unknown",
+                                     self.devices[d].report()) for d in order)
+
+    def header(self) -> None:
+        """Nothing is written before the end."""
+
+    def write(self, events: Iterable[Event]) -> None:
+        self.add(events)
+
+    def close(self) -> None:
+        """Nothing to close."""

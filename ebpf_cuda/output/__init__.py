@@ -51,6 +51,8 @@ class LineWriter:
         # what graphs.py adds); `detour` says which records must be decoded for that.
         self.annotate: Optional[Callable[[List[Event]], None]] = None
         self.detour = None  # graphs.GraphTracker: see output/lines.py
+        self.containers = None  # containers.Containers, set by the stream: lines name them
+        self.devices = None  # devices.DeviceTracker, set by the stream: JSON lines show them
         self._from_frames = None
         self._fd: Optional[int] = None  # the stream's file descriptor (-1: none, use write)
         self._chunk = FILE_WRITE
@@ -82,6 +84,8 @@ class LineWriter:
 
             self._from_frames = self._frame_lines(decoder)
             self._from_frames.detour = self.detour
+            self._from_frames.containers = self.containers
+            self._from_frames.devices = self.devices
 
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
@@ -91,6 +95,8 @@ class LineWriter:
         if self._from_frames is None:
             self._from_frames = self._frame_lines(decoder)
             self._from_frames.detour = self.detour
+            self._from_frames.containers = self.containers
+            self._from_frames.devices = self.devices
         for chunk in frame_chunks(frames):
             self._emit(self._from_frames.lines(chunk))
 

@@ -5,6 +5,9 @@ buckets that widen as the trace grows; memory grows only with the pointers alloc
 page is written at `close()`. Copies, launches and memory are counted by the same analyses
 as `--summary` and `--leaks` (analysis/): with both layers traced each operation counts
 once, and the memory section is the leak tracker's (its allocations, frees, double frees).
+Kernels are counted as the summary's kernel table counts them (graphs.py): a launch a stream
+capture recorded into a graph did not run then (it is counted as captured), and each graph
+launch runs the kernels of its nodes (counted as launches, and as run in graphs).
 """
 import html
 from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -12,6 +15,7 @@ from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import LeakTracker
 from ..analysis.operations import copy_bytes, copy_label, copy_operation, is_launch
+from ..apis import BY_NAME, Role
 from ..events import EXIT, Event
 from . import finish
 
@@ -91,7 +95,8 @@ class HtmlReport:
         self.namer = namer
         self.title = title
         self.functions: Dict[str, FunctionStats] = {}
-        self.kernels: Dict[str, List[int]] = {}  # name -> [launches, total ns]
+        # name -> [launches run, launch calls' total ns, of the launches: in graphs, captured]
+        self.kernels: Dict[str, List[int]] = {}
         self.copies: Dict[str, List[int]] = {}  # direction -> [calls, bytes, total ns]
         self.errors: Dict[Tuple[str, str], int] = {}
         self.processes: Dict[int, str] = {}
@@ -100,6 +105,7 @@ class HtmlReport:
         self._live: Dict[int, int] = {}  # pid -> live bytes
         self._copy_layers = LayerFilter()  # a copy counts as its runtime call
         self._launch_layers = LayerFilter()  # a launch as its driver call
+        self._graph_layers = LayerFilter()  # cudaGraphLaunch's cuGraphLaunch: one launch
         self.events = 0
         self.first_ns: Optional[int] = None
         self.last_ns = 0
@@ -132,6 +138,9 @@ class HtmlReport:
         elif is_launch(ev):
             if self._launch_layers.inner(ev):
                 self._kernel(ev)
+        elif ev.outs.get("nodes") and _is_graph_launch(ev):
+            if self._graph_layers.inner(ev):
+                self._graph_ran(ev.outs["nodes"])
         elif copy_operation(ev) is not None:
             for copy in self._copy_layers.outer(ev):
                 self._copy(copy)
@@ -154,9 +163,23 @@ class HtmlReport:
     def _kernel(self, ev: Event) -> None:
         address = ev.args["func"]
         name = self.namer(ev, address) if self.namer is not None else None
-        row = self.kernels.setdefault(name or "0x%x" % address, [0, 0])
+        row = self.kernels.setdefault(name or "0x%x" % address, [0, 0, 0, 0])
+        if ev.outs.get("captured"):  # recorded into a graph: it runs at the graph's launches
+            row[3] += 1
+            return
         row[0] += 1
         row[1] += ev.duration_ns or 0
+
+    def _graph_ran(self, nodes: List[dict]) -> None:
+        """Count the kernels a graph launch ran (its nodes', child graphs' too)."""
+        for node in nodes:
+            if node.get("type") == "kernel":
+                name = node.get("kernel") or "0x%x" % (node.get("func") or 0)
+                row = self.kernels.setdefault(name, [0, 0, 0, 0])
+                row[0] += 1
+                row[2] += 1
+            elif node.get("type") == "graph" and node.get("nodes"):
+                self._graph_ran(node["nodes"])
 
     def close(self) -> None:
         for copy in self._copy_layers.flush():  # direct driver copies still held back
@@ -164,6 +187,11 @@ class HtmlReport:
         self.memory.flush()
         self.stream.write(render(self))
         finish(self.stream)
+
+
+def _is_graph_launch(ev: Event) -> bool:
+    row = BY_NAME.get(ev.api)
+    return row is not None and row.role == Role.GRAPH_LAUNCH
 
 
 def write_html_report(events: Iterable[Event], stream: IO[str],
@@ -349,11 +377,18 @@ def _memory_table(r: HtmlReport) -> str:
 def _kernel_section(r: HtmlReport) -> str:
     if not r.kernels:
         return ""
-    top = sorted(r.kernels.items(), key=lambda kv: (-kv[1][0], kv[0]))[:20]
-    return ("<h2>Top kernels</h2>" + table(
-        ["kernel", "launches", "launch calls total (ms)"],
-        [(name, n, _ms(ns)) for name, (n, ns) in top])
-        + hbar_chart([(name, n) for name, (n, _) in top], "launches per kernel"))
+    top = sorted(r.kernels.items(), key=lambda kv: (-kv[1][0], -kv[1][3], kv[0]))[:20]
+    if not any(row[2] or row[3] for row in r.kernels.values()):  # (no graphs: as it was)
+        text = table(["kernel", "launches", "launch calls total (ms)"],
+                     [(name, n, _ms(ns)) for name, (n, ns, _, _) in top])
+    else:
+        text = table(["kernel", "launches", "in graphs", "captured", "launch calls total (ms)"],
+                     [(name, n, graphs, captured, _ms(ns))
+                      for name, (n, ns, graphs, captured) in top]) + (
+            "<p>launches: kernels run, eager or by graph launches (in graphs: of those); "
+            "captured: launches a stream capture recorded into a graph (not run then).</p>")
+    return ("<h2>Top kernels</h2>" + text
+            + hbar_chart([(name, row[0]) for name, row in top], "launches per kernel"))
 
 
 def _error_table(r: HtmlReport) -> str:

@@ -128,6 +128,9 @@ class _FrameLines:
         self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
         self._durations: Dict[int, str] = {}
         self.detour = None  # see the module's docstring
+        self.containers = None  # containers.Containers (set by the writer): who runs where
+        self.devices = None  # devices.DeviceTracker (set by the writer): each thread's GPU
+        self._devices_seen = -1  # its version the thread columns were made with
         self._capturing_rows: Optional[List[Any]] = None  # the rows while a stream captures
 
     @property
@@ -143,7 +146,8 @@ class _FrameLines:
             row = None
             if shown is not None and outs is not None and not (
                     api.learn_name or api.learn_func or api.learn_alias) and not (
-                    self.detour is not None and self.detour.always_needs(api)):
+                    self.detour is not None and self.detour.always_needs(api)) and not (
+                    self.devices is not None and self.devices.changes(api)):
                 row = self._compile_row(api, shown, outs)
             self._rows[fn_id] = row
             capturing = self._capturing_rows
@@ -169,9 +173,13 @@ class _FrameLines:
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
         raise NotImplementedError
 
-    def kernel_name(self, row: _Row, pid: int, func: int) -> Optional[str]:
-        """The launch's kernel name, if the namer knows it."""
-        return self.namer.name_for(pid, row.api.name, func) if self.namer is not None else None
+    def kernel_name(self, row: _Row, pid: int, func: int,
+                    when: Optional[int] = None) -> Optional[str]:
+        """The launch's kernel name, if the namer knows it (`when`: the record's kernel time,
+        which tells the program of a process that exec'd, see names.py)."""
+        if self.namer is None:
+            return None
+        return self.namer.name_for(pid, row.api.name, func, when)
 
     def lines(self, frames: bytes) -> List[str]:
         """The lines of a batch (no newlines between records), in record order."""
@@ -183,6 +191,7 @@ class _FrameLines:
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
         add, ret_at, m32 = out.append, _RET_AT, _M32
         second, clock = -1, ""  # the last second seen and its HH:MM:SS
+        self._devices_now()
         for f in _FRAME.iter_unpack(frames):
             row = rows[f[4]]
             if row is _UNCOMPILED:
@@ -190,6 +199,7 @@ class _FrameLines:
             if row is None or f[6] & odd_flags or f[5] > call:
                 out += self.slow(self.decoder.events_of(f))
                 rows = self._rows_now()  # (a capture may have begun or ended)
+                self._devices_now()  # (a thread may be on another device)
                 continue
             who = threads.get((f[2], f[8])) or self._thread(f)
             fn = "" if row.func_at is None else self.launch_text(row, f)
@@ -212,6 +222,13 @@ class _FrameLines:
                      who[1], self.ret_text(row, ret) if ret else "", fn,
                      durations.get(took) or self._duration(took)))
         return out
+
+    def _devices_now(self) -> None:
+        """The thread columns are made again once a thread's device may have changed."""
+        devices = self.devices
+        if devices is not None and devices.version != self._devices_seen:
+            self._devices_seen = devices.version
+            self._threads.clear()
 
     def _thread(self, f: tuple) -> Tuple[str, str]:
         """The columns of a record's thread, kept (keyed by tid and comm: a thread's pid
@@ -277,12 +294,14 @@ class TextLines(_FrameLines):
                     exit_head + [("%s", ("e",)), duration])
 
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+        container = self.containers.shown(pid) if self.containers is not None else None
         return ("%-16s %-7d " % (self.decoder.comm(comm), pid),
-                "" if tid == pid else " tid=%d" % tid)
+                ("" if tid == pid else " tid=%d" % tid)
+                + (" container=%s" % container if container else ""))
 
     def launch_text(self, row: _Row, f: tuple) -> str:
         func = f[row.func_at]
-        return self.kernel_name(row, f[3], func) or "0x%x" % func
+        return self.kernel_name(row, f[3], func, f[0]) or "0x%x" % func
 
 
 _json_str = json.JSONEncoder().encode  # ensure_ascii, as JsonWriter
@@ -317,13 +336,16 @@ class JsonLines(_FrameLines):
                     exit_head(success) + [outs_piece, tail], exit_head(("%s", ("e",))) + [tail])
 
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
-        return (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm))),
-                "")
+        container = self.containers.of(pid) if self.containers is not None else None
+        device = self.devices.current(pid, tid) if self.devices is not None else None
+        return (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm)))
+                + (',"container":%s' % _json_str(container) if container else "")
+                + (',"device":%d' % device if device is not None else ""), "")
 
     def launch_text(self, row: _Row, f: tuple) -> str:
         if self.namer is None:
             return ""
-        name = self.kernel_name(row, f[3], f[row.func_at])
+        name = self.kernel_name(row, f[3], f[row.func_at], f[0])
         if not name:
             return ""
         member = self._members.get(name)  # demangled names are long: encode each once

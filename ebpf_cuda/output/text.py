@@ -49,12 +49,15 @@ def details(event: Event, kernel_name: Optional[str] = None) -> str:
     return " ".join(parts)
 
 
-def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[str] = None) -> str:
-    """One line for one event (no newline)."""
+def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[str] = None,
+                 container: Optional[str] = None) -> str:
+    """One line for one event (no newline); `container`: the one to name at its end."""
     tag = "[ENTER]" if event.phase == ENTER else "[EXIT]"
     text = details(event, kernel_name)
     if event.tid != event.pid:
         text += " tid=%d" % event.tid
+    if container:
+        text += " container=%s" % container
     line = "%-16s %-7d %-20s %8s %s" % (event.comm, event.pid, event.api, tag, text)
     if timestamps:
         clock = time.strftime("%H:%M:%S", time.localtime(event.ts))
@@ -80,7 +83,9 @@ class TextWriter(LineWriter):
             name = None
             if self.namer is not None and "func" in ev.args:
                 name = self.namer(ev, ev.args["func"])
-            lines.append(format_event(ev, self.timestamps, name))
+            # (not the tracer's own container: each line would say it)
+            shown = self.containers.shown(ev.pid) if self.containers is not None else None
+            lines.append(format_event(ev, self.timestamps, name, shown))
         return lines
 
     def _frame_lines(self, decoder: Decoder):

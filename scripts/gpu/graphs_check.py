@@ -1,7 +1,7 @@
 """Issue 17 on one GPU: CUDA graphs seen node by node, checked against CUPTI.
 
     python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz
-    python3 scripts/gpu/graphs_check.py "python3 ebpf-cuda.pyz" "$OUT"        (as root)
+    python3 scripts/gpu/graphs_check.py "python3 ebpf-cuda.pyz" "$OUT" [CASE...]  (as root)
 
 Two targets (this file with --target CASE DIR), each run untraced and traced:
 - `cudagraph`: a 3-layer MLP captured with torch.cuda.CUDAGraph (warm-up on a side stream,
@@ -17,9 +17,9 @@ The traced run (`--json -o DIR/CASE.jsonl --summary`) is checked: the kernels th
 graph launches expanded into (their `nodes`, child graphs too; with both layers, those of
 cuGraphLaunch, inside cudaGraphLaunch), plus the eager launches of the window (not
 `captured`), equal CUPTI's kernels as a multiset of (name, grid, block); memcpy and memset
-nodes are counted against CUPTI's; the captured launches, the graph launches whose nodes are
-unknown and the --summary kernel table are reported; the checksums of the traced and the
-untraced run must be equal. Also: which graph rows of the table the host's libcudart and
+nodes, plus the eager copies and memsets of the window, are counted against CUPTI's; the
+captured launches, the graph launches whose nodes are unknown and the --summary kernel table
+are reported; the checksums of the traced and the untraced run must be equal. Also: which graph rows of the table the host's libcudart and
 libcuda export. Results: one JSON object per line in $OUT/graphs_check.jsonl (also printed).
 """
 import json
@@ -126,6 +126,28 @@ def _flat(nodes):
             yield node
 
 
+def _eager_copies(exits) -> Counter:
+    """memcpy/memset operations the window ran outside graphs (not captured), each once: a
+    driver copy inside a runtime copy on the same thread is that runtime copy. CUPTI records
+    these too (e.g. the cudagraph case's `static_x.copy_()` before each replay)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    from ebpf_cuda.apis import BY_NAME, Role
+
+    ops = [e for e in exits if e.get("ret") == 0 and not e.get("captured")
+           and BY_NAME.get(e["api"]) is not None
+           and BY_NAME[e["api"]].role in (Role.COPY, Role.MEMSET)]
+    spans = [(e["tid"], e["ts"] - e["duration_ns"] / 1e9, e["ts"]) for e in ops
+             if not BY_NAME[e["api"]].driver]
+    found = Counter()
+    for e in ops:
+        start = e["ts"] - e["duration_ns"] / 1e9
+        if BY_NAME[e["api"]].driver and any(tid == e["tid"] and s <= start and e["ts"] <= t
+                                            for tid, s, t in spans):
+            continue  # (the runtime call around it counts)
+        found["memcpy" if BY_NAME[e["api"]].role == Role.COPY else "memset"] += 1
+    return found
+
+
 def check_trace(path: str, truth: dict) -> dict:
     """The window's expanded graph kernels and eager launches against CUPTI's kernels."""
     start, end = truth["window_start"], truth["window_end"]
@@ -149,6 +171,7 @@ def check_trace(path: str, truth: dict) -> dict:
              and not e.get("captured")]
     for e in eager:
         ours[(e.get("kernel"), tuple(e["args"]["grid"]), tuple(e["args"]["block"]))] += 1
+    eager_copies = _eager_copies(exits)
     cupti = Counter((k[0], tuple(k[1] or ()), tuple(k[2] or ())) for k in truth["cupti_kernels"])
     missing, extra = cupti - ours, ours - cupti
     return {"check": truth["case"], "graph_launches_in_window": len(counted),
@@ -160,6 +183,9 @@ def check_trace(path: str, truth: dict) -> dict:
             "ours_not_cupti": [[*k, n] for k, n in extra.most_common(10)],
             "unnamed_ours": sum(n for k, n in ours.items() if not k[0]),
             "copy_nodes": dict(copies), "cupti_copies": truth["cupti_copies"],
+            "eager_copies": dict(eager_copies),
+            "copies_equal": {"gpu_" + k: n for k, n in (copies + eager_copies).items()}
+            == truth["cupti_copies"],
             "captured_launches_whole_run": sum(1 for e in events if e["phase"] == "exit"
                                                and e.get("captured")),
             "graph_launches_whole_run": sum(1 for e in events if e["phase"] == "exit"
@@ -214,7 +240,7 @@ def main() -> int:
         results.append(obj)
         print(json.dumps(obj), flush=True)
 
-    for case in ("cudagraph", "compile"):
+    for case in sys.argv[3:] or ("cudagraph", "compile"):  # (cases named after OUT: those)
         target_cmd = [sys.executable, os.path.abspath(__file__), "--target", case, outdir]
         done = subprocess.run(target_cmd, capture_output=True, text=True, timeout=900)
         untraced = json.load(open(os.path.join(outdir, case + ".json")))

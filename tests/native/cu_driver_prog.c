@@ -27,6 +27,8 @@
  *   ctxcreate4[:FLAGS=0[:DEV=0]]        cuCtxCreate_v4 (params NULL)   out = context
  *   primaryctx[:DEV=0]                  cuDevicePrimaryCtxRetain out = context
  *   ctxdestroy[:CTX] | ctxsync          cuCtxDestroy_v2 | cuCtxSynchronize
+ *   setctx[:CTX] | pushctx[:CTX]       cuCtxSetCurrent | cuCtxPushCurrent_v2
+ *   popctx                             cuCtxPopCurrent_v2        out = context
  *   malloc:SIZE                         cuMemAlloc_v2            out = device pointer
  *   mallocasync:SIZE[:STREAM=0]         cuMemAllocAsync (mallocasyncptsz: _ptsz)
  *   mallocmanaged:SIZE[:FLAGS=1]        cuMemAllocManaged        out = device pointer
@@ -129,6 +131,9 @@ CUresult cuInit(unsigned int);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned int, int);
 CUresult cuCtxCreate_v4(CUcontext *, void *, unsigned int, int);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxPushCurrent_v2(CUcontext);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
 CUresult cuCtxDestroy_v2(CUcontext);
 CUresult cuCtxSynchronize(void);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
@@ -438,6 +443,16 @@ static void do_context(const struct op *op, struct outcome *r) {
         r->fn = "cuCtxDestroy_v2";
         r->ret = cuCtxDestroy_v2((CUcontext)c);
         add(r, " ctx=0x%lx", (unsigned long)c);
+    } else if (is(op, "setctx") || is(op, "pushctx")) {
+        uintptr_t c = ref_at(op, 1, CTX);
+        r->fn = is(op, "setctx") ? "cuCtxSetCurrent" : "cuCtxPushCurrent_v2";
+        r->ret = is(op, "setctx") ? cuCtxSetCurrent((CUcontext)c)
+                                  : cuCtxPushCurrent_v2((CUcontext)c);
+        add(r, " ctx=0x%lx", (unsigned long)c);
+    } else if (is(op, "popctx")) {
+        r->fn = "cuCtxPopCurrent_v2";
+        r->ret = cuCtxPopCurrent_v2(&ctx);
+        produced(r, CTX, (uintptr_t)ctx);
     } else {   /* ctxsync */
         r->fn = "cuCtxSynchronize";
         r->ret = cuCtxSynchronize();
@@ -905,6 +920,7 @@ static const struct {
 } HANDLERS[] = {
     {"init", do_context}, {"ctxcreate", do_context}, {"ctxcreate4", do_context},
     {"primaryctx", do_context}, {"ctxdestroy", do_context}, {"ctxsync", do_context},
+    {"setctx", do_context}, {"pushctx", do_context}, {"popctx", do_context},
     {"malloc", do_alloc}, {"mallocasync", do_alloc}, {"mallocasyncptsz", do_alloc},
     {"mallocmanaged", do_alloc}, {"hostalloc", do_alloc}, {"mallocpitch", do_alloc},
     {"allochost", do_alloc}, {"freehost", do_free},

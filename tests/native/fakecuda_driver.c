@@ -34,6 +34,9 @@
  *   cuDevicePrimaryCtxRetain(p, dev)   as cuCtxCreate_v2
  *   cuCtxDestroy_v2(ctx)               201 (INVALID_CONTEXT) if ctx NULL
  *   cuCtxSynchronize()                 201 if no context was ever created
+ *   cuCtxSetCurrent(ctx)               0 (NULL unbinds the thread's context)
+ *   cuCtxPushCurrent_v2(ctx)           201 if ctx NULL; else the thread's stack grows
+ *   cuCtxPopCurrent_v2(p)              201 if the thread's stack is empty; *p = its top
  *   cuMemAlloc_v2(p, n), cuMemAllocAsync(p, n, s) (+_ptsz), cuMemAllocManaged(p, n, flags)
  *                                      1 if p NULL or n == 0 (or managed flags not 1/2);
  *                                      2 (OUT_OF_MEMORY) if n > 1<<40
@@ -243,6 +246,42 @@ EXPORT CUresult cuCtxSynchronize(void) {
         return r;
     return __atomic_load_n(&contexts, __ATOMIC_RELAXED) ? CUDA_SUCCESS
                                                         : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* The thread's context stack: cuCtxSetCurrent replaces its top, push and pop move it. */
+static __thread CUcontext context_stack[16];
+static __thread int context_depth;
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    CUresult r = ready(6);
+    if (r)
+        return r;
+    if (context_depth == 0)
+        context_depth = 1;
+    context_stack[context_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    CUresult r = ready(7);
+    if (r)
+        return r;
+    if (ctx == NULL || context_depth == 16)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    context_stack[context_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    CUresult r = ready(8);
+    if (r)
+        return r;
+    if (context_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext top = context_stack[--context_depth];
+    if (pctx != NULL)
+        *pctx = top;
+    return CUDA_SUCCESS;
 }
 
 /* ---- memory ---- */

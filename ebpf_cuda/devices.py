@@ -1,0 +1,120 @@
+"""Which GPU each call targets: the device of its thread's current context, as the traced
+calls set it. Pure logic fed with decoded events in trace order (the stream annotates them,
+as it does names; saved traces get the same when read again).
+
+Per thread: `cudaSetDevice(d)` makes d current (and, as the runtime does, the primary
+context of d); `cuCtxCreate(.., d)` makes its new context current; `cuCtxSetCurrent(ctx)`
+replaces the top of the thread's context stack, `cuCtxPushCurrent` / `cuCtxPopCurrent`
+move it; a context's device comes from the call that made it (`cuCtxCreate`,
+`cuDevicePrimaryCtxRetain`). A call that names its device (`cudaSetDevice`, `cuCtxCreate`,
+`cuDevicePrimaryCtxRetain`) targets that one; an NCCL call, its communicator's (once
+`ncclCommCuDevice` told it, or the device current when the communicator was made).
+
+A thread that set nothing is on device 0 when its process was traced from its start (the
+runtime's documented default); attached to a running process (`-d`, system-wide), such a
+thread's device is unknown until it sets one, and its events carry none.
+"""
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .events import EXIT, Event
+
+_SETS_DEVICE = {"cudaSetDevice"}
+_MAKES_CONTEXT = {"cuCtxCreate_v2", "cuCtxCreate_v4", "cuDevicePrimaryCtxRetain"}
+_CURRENT_CONTEXT = {"cuCtxCreate_v2", "cuCtxCreate_v4"}  # (a new context is pushed)
+_NAMES_DEVICE = _SETS_DEVICE | _MAKES_CONTEXT
+_NCCL_MAKES = {"ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable",
+               "ncclCommSplit"}
+_NCCL_OUT = {"ncclCommInitRank": "comm", "ncclCommInitRankConfig": "comm",
+             "ncclCommInitRankScalable": "comm", "ncclCommSplit": "newcomm"}
+_CHANGES = _NAMES_DEVICE | _NCCL_MAKES | {"cuCtxSetCurrent", "cuCtxPushCurrent_v2",
+                                         "cuCtxPopCurrent_v2"}
+Thread = Tuple[int, int]
+
+
+class DeviceTracker:
+    """Sets `event.device` on each event it is given (see the module's docstring)."""
+
+    def __init__(self, from_start: bool = False) -> None:
+        self.from_start = from_start  # processes traced from their start: device 0 first
+        self._stacks: Dict[Thread, List[Optional[int]]] = {}  # thread -> devices of contexts
+        self._contexts: Dict[Tuple[int, int], int] = {}  # (pid, context) -> device
+        self._comms: Dict[Tuple[int, int], int] = {}  # (pid, ncclComm_t) -> device
+        self.version = 0  # grows whenever a thread's device may have changed
+
+    @staticmethod
+    def changes(api) -> bool:
+        """True for the rows whose calls can change a thread's device (they must be seen
+        in order: the lines fast path decodes them)."""
+        return api.name in _CHANGES or api.library == "nccl"
+
+    def current(self, pid: int, tid: int) -> Optional[int]:
+        """The device thread `tid` of process `pid` is on now (None: not known)."""
+        stack = self._stacks.get((pid, tid))
+        if stack:
+            return stack[-1]
+        return 0 if self.from_start else None
+
+    def annotate(self, events: Iterable[Event]) -> None:
+        for event in events:
+            event.device = self._target(event)
+            if event.phase == EXIT and event.ret == 0 and event.api in _CHANGES:
+                self._learn(event)
+                self.version += 1
+
+    def _target(self, event: Event) -> Optional[int]:
+        api, args = event.api, event.args
+        if api in _NAMES_DEVICE:
+            return args.get("device")
+        if api.startswith("nccl"):
+            device = args.get("device")  # (the communicator's, nccl.py)
+            if device is None:
+                device = self._comms.get((event.pid, args.get("comm")))
+            if device is not None:
+                return device
+        return self.current(event.pid, event.tid)
+
+    def _learn(self, event: Event) -> None:
+        api, args, outs, thread = event.api, event.args, event.outs, (event.pid, event.tid)
+        if api in _SETS_DEVICE:
+            self._set_top(thread, args.get("device"))
+        elif api in _MAKES_CONTEXT:
+            ctx = outs.get("ctx")
+            if ctx:
+                self._contexts[(event.pid, ctx)] = args.get("device")
+            if api in _CURRENT_CONTEXT:
+                self._stack(thread).append(args.get("device"))
+        elif api == "cuCtxSetCurrent":
+            self._set_top(thread, self._context_device(event.pid, args.get("ctx")))
+        elif api == "cuCtxPushCurrent_v2":
+            self._stack(thread).append(self._context_device(event.pid, args.get("ctx")))
+        elif api == "cuCtxPopCurrent_v2":
+            stack = self._stacks.get(thread)
+            if stack:
+                stack.pop()
+        elif api in _NCCL_MAKES:
+            comm = outs.get(_NCCL_OUT[api])
+            device = self.current(event.pid, event.tid)
+            if comm and device is not None:
+                self._comms[(event.pid, comm)] = device
+
+    def _context_device(self, pid: int, ctx: Optional[int]) -> Optional[int]:
+        return self._contexts.get((pid, ctx)) if ctx else None
+
+    def _stack(self, thread: Thread) -> List[Optional[int]]:
+        stack = self._stacks.get(thread)
+        if stack is None:
+            stack = self._stacks[thread] = [0] if self.from_start else []
+        return stack
+
+    def _set_top(self, thread: Thread, device: Optional[int]) -> None:
+        stack = self._stack(thread)
+        if stack:
+            stack[-1] = device
+        else:
+            stack.append(device)
+
+    def forget(self, pid: int) -> None:
+        """Drop what is kept of a process that exited."""
+        for table in (self._stacks, self._contexts, self._comms):  # (list(): one copy)
+            for key in [key for key in list(table) if key[0] == pid]:
+                table.pop(key, None)

@@ -1,0 +1,511 @@
+"""Libraries a traced process maps after the trace began: told by its dynamic loader.
+
+glibc's loader calls `_dl_debug_state()` (the r_debug `r_brk` rendezvous hook that debuggers
+break on) twice around every dlopen and dlclose: once before it maps or unmaps objects
+(RT_ADD, RT_DELETE) and once when the link map is consistent again (RT_CONSISTENT, after
+mapping, before relocation and constructors). A uprobe on it in each loader file the traced
+processes use runs `loader_program`, which (for RT_CONSISTENT only, read from _r_debug)
+writes a *loader notice* into the events ring (a hello record, record.PHASE_HELLO, whose
+first argument cell is LOADER_MARK, so that every consumer that skips hello records skips it
+too) and wakes the reader at once. The reader (stream.py, through Session.note_loads) then
+reads /proc/PID/maps of that process, finds the CUDA files it maps that no probe covers yet
+(by (device, inode) of a path that reaches the file the process maps: its own path,
+/proc/PID/root/..., /proc/PID/map_files/...), and attaches the session's probes to those
+named as CUDA libraries; other new executable mappings go to a checker thread, which probes
+those that carry the runtime statically (CuPy's extension modules, libnccl).
+
+A uprobe handler cannot wait for the reader: calls the process makes between the mapping and
+the attach (milliseconds, see docs/design.md) are not seen, and nothing can count them (no
+probe is on the file yet). A notice the full ring could not take is counted (`loader_lost`);
+the reader then scans every traced process again.
+"""
+import fnmatch
+import os
+import queue
+import struct
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from . import asm, discovery, layout, probes, record
+from .apis import Api
+from .arch import Arch, current as current_arch
+from .asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, W, Helper
+from .errors import NoCudaSymbolsError, ProcessError, TracerError, UnsupportedKernelError
+from .maps import PerCpuArrayMap
+from .programs import Program
+from .targets import Target, find_targets
+from .uprobe import Link, attach_uprobe
+
+HOOK = "_dl_debug_state"  # glibc's r_brk: called after every change of the link map
+LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice
+LOST = "loader_lost"  # per-CPU count of notices the full ring could not take
+# struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
+R_STATE = 24
+RT_CONSISTENT = 0
+STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (probes.py's are lower)
+LOST_CHECK_S = 0.05  # how often the reader looks at the lost notices' count
+CHECKER_JOIN_S = 1.0  # how long close() waits for the checker thread
+PT_INTERP = 3
+SHT_SYMTAB, SHT_STRTAB, SHT_DYNSYM = 2, 3, 11
+AT_BASE = 7  # auxv: where the interpreter (the dynamic loader) is mapped
+# Basenames of the files each library kind may be, wherever they lie: NVIDIA's sonames and
+# the renamed private copies frameworks bundle (libcudart-1a2b3c4d.so.12).
+PATTERNS = {"runtime": ("libcudart*.so*",), "driver": ("libcuda.so*", "libcuda-*.so*"),
+            "nccl": ("libnccl*.so*",)}
+Identity = Tuple[int, int]  # (st_dev, st_ino) of a file
+Log = Callable[[str], None]
+
+
+def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
+                   arch: Optional[Arch] = None) -> list:
+    """The uprobe program on _dl_debug_state: a loader notice into the ring, reader woken
+    (`follow`: only processes of the `followed` map; else the link's pid filter decides;
+    `pid_ns`: the tracer's PID namespace, whose pids the notice carries, as the call
+    probes do). With the distance from _dl_debug_state to _r_debug as attach cookie, only
+    a consistent link map (r_state RT_CONSISTENT: objects mapped, or unmapped) is told of:
+    half the notices, and none before the mapping."""
+    arch = arch or current_arch()
+    options = probes.ProbeOptions(follow=follow, pid_ns=pid_ns)
+    prog = [asm.mov(R6, R1)] + probes._in_namespace(options)
+    if follow:
+        prog += probes._only_followed(options)
+    prog += [
+        asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE),
+        asm.jeq(R0, 0, "tell"),  # (no cookie: every call is told of)
+        asm.ldx(DW, R3, R6, arch.ip), asm.add(R3, R0), asm.add(R3, R_STATE),
+        asm.mov(R1, FP), asm.add(R1, STATE_AT), asm.mov(R2, 4),
+        asm.call(Helper.PROBE_READ_USER),
+        asm.jne(R0, 0, "tell"),  # (unreadable: told of anyway)
+        asm.ldx(W, R1, FP, STATE_AT),
+        asm.jne(R1, RT_CONSISTENT, "out"),
+        asm.Label("tell"),
+        asm.ld_map(R1, layout.EVENTS), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
+        asm.call(Helper.RINGBUF_RESERVE),
+        asm.jeq(R0, 0, "lost"),
+        asm.mov(R8, R0),
+    ] + probes._entry_head(record.HELLO_FN, record.PHASE_HELLO, options) + [
+        asm.st(DW, R8, record.ARGS, LOADER_MARK),
+    ]
+    prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS + 8, record.SIZE, 8)]
+    return prog + [
+        asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP), asm.call(Helper.RINGBUF_SUBMIT),
+        asm.ja("out"),
+        asm.Label("lost"),
+        asm.st(W, FP, LOST_KEY_AT, 0),
+        asm.ld_map(R1, LOST), asm.mov(R2, FP), asm.add(R2, LOST_KEY_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "out"),
+        asm.ldx(DW, R1, R0, 0), asm.add(R1, 1), asm.stx(DW, R0, 0, R1),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+def notice_times(frames: bytes) -> Dict[int, int]:
+    """pid -> the time (ns, CLOCK_MONOTONIC) of its first loader notice in this batch."""
+    ids = record.frame_column(frames, record.FN_ID, "H")
+    if record.HELLO_FN not in ids:
+        return {}
+    marks = record.frame_column(frames, record.ARGS, "Q")
+    pids = record.frame_column(frames, record.PID_TGID + 4, "I")
+    times = record.frame_column(frames, record.TS_ENTER, "Q")
+    found: Dict[int, int] = {}
+    for i, fn in enumerate(ids):
+        if fn == record.HELLO_FN and marks[i] == LOADER_MARK:
+            found.setdefault(pids[i], times[i])
+    return found
+
+
+# -- which loader --------------------------------------------------------------------------
+
+def interpreter_of(path: str, depth: int = 0) -> Optional[str]:
+    """The PT_INTERP of the ELF file at `path` (its dynamic loader), the loader of a
+    script's `#!` interpreter (scripts run by scripts: 4 deep at most, as the kernel), or
+    None (a static executable, not readable)."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(64)
+            if head.startswith(b"#!"):
+                stream.seek(0)
+                words = stream.readline(256)[2:].split()
+                program = discovery.resolve_executable(os.fsdecode(words[0])) if words else None
+                return (interpreter_of(program, depth + 1)
+                        if program and depth < 4 else None)
+            if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            stream.seek(phoff)
+            table = stream.read(phentsize * phnum)
+            for i in range(phnum):
+                p_type, _, p_offset, _, _, p_filesz = struct.unpack_from(
+                    "<IIQQQQ", table, i * phentsize)
+                if p_type == PT_INTERP:
+                    stream.seek(p_offset)
+                    return os.fsdecode(stream.read(p_filesz).split(b"\0", 1)[0]) or None
+    except (OSError, struct.error, IndexError):
+        return None
+    return None
+
+
+def own_loader() -> Optional[str]:
+    """The dynamic loader this process runs with (the machine's usual one)."""
+    return process_loader(os.getpid(), own=True)
+
+
+def process_loader(pid: int, own: bool = False) -> Optional[str]:
+    """A path that reaches the dynamic loader process `pid` maps (from its auxv AT_BASE:
+    the loader's first mapping), or None for a static executable."""
+    try:
+        with open("/proc/%d/auxv" % pid, "rb") as stream:
+            data = stream.read()
+        base = dict(struct.iter_unpack("<QQ", data[:len(data) // 16 * 16])).get(AT_BASE, 0)
+        if not base:
+            return None
+        for m in discovery.process_mappings(pid):
+            if m.start == base and m.is_file:
+                return m.path if own else discovery.process_file_path(
+                    pid, m.path, m.inode, (m.start, m.end))
+    except (OSError, ProcessError):
+        return None
+    return None
+
+
+def r_debug_distance(loader: str, hook_vaddr: int) -> int:
+    """_r_debug's address minus _dl_debug_state's in the loader file (0 when it has none:
+    then the program tells of every call)."""
+    from .elf import _pyelftools
+
+    try:
+        with open(loader, "rb") as stream:
+            dynsym = _pyelftools().ELFFile(stream).get_section_by_name(".dynsym")
+            symbols = (dynsym.get_symbol_by_name("_r_debug") if dynsym else None) or []
+            for symbol in symbols:
+                if symbol["st_value"]:
+                    return symbol["st_value"] - hook_vaddr
+    except Exception:  # pyelftools' errors, a file that is no ELF after all
+        return 0
+    return 0
+
+
+def identity(path: str) -> Optional[Identity]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+# -- the watch -----------------------------------------------------------------------------
+
+class LoaderWatch:
+    """The loader program and its links, one per distinct loader file (`watch`)."""
+
+    def __init__(self, session_maps: Dict[str, Any], pid: Optional[int] = None,
+                 log: Optional[Log] = None, pid_ns: Optional[Tuple[int, int]] = None) -> None:
+        self.pid = pid  # the links' pid filter (-d PID, a command not followed)
+        self.log = log or (lambda message: None)
+        self.lost = PerCpuArrayMap(8, 1, name=LOST, value_struct=layout.U64)
+        # The session's maps by name (the ring, the followed processes and what probes.py's
+        # pieces of code use with them), and its own count.
+        maps = dict(session_maps, **{LOST: self.lost})
+        self.program = Program(loader_program(layout.FOLLOWED in maps, pid_ns), maps,
+                               name="cuda_loader")
+        self.links: List[Link] = []
+        self._loaders: Set[Identity] = set()
+        self._lost_seen = 0
+        try:
+            self.program.load()
+        except BaseException:
+            self.close()
+            raise
+
+    def watch(self, loader: str) -> bool:
+        """Put the loader program on `loader`'s _dl_debug_state (once per file); False when
+        that file has already one, TracerError when it cannot."""
+        key = identity(loader)
+        if key is None or key in self._loaders:
+            return False
+        from .elf import open_elf
+
+        elf = open_elf(loader, allow_stripped=True)
+        offset = elf.symbol_offset(HOOK)
+        distance = r_debug_distance(loader, elf.symbol_address(HOOK))
+        try:
+            link = attach_uprobe(self.program, loader, offset, pid=self.pid, what=HOOK,
+                                 cookie=distance & (1 << 64) - 1)
+        except UnsupportedKernelError:  # no cookies: every call of the hook is told of
+            distance = 0
+            link = attach_uprobe(self.program, loader, offset, pid=self.pid, what=HOOK)
+        self.links.append(link)
+        self._loaders.add(key)
+        self.log("watching the dynamic loader %s (%s at 0x%x%s): libraries mapped later "
+                 "are probed as they come" % (loader, HOOK, offset, ", told of consistent "
+                                              "link maps" if distance else ""))
+        return True
+
+    def lost_since(self) -> int:
+        """Notices the full ring could not take since the last call."""
+        total = sum(self.lost[0])
+        new, self._lost_seen = total - self._lost_seen, total
+        return new
+
+    def close(self) -> None:
+        from .workers import close_all
+
+        close_all(self.links)
+        self.links = []
+        self.program.close()
+        self.lost.close()
+
+
+# -- which files are new -------------------------------------------------------------------
+
+def new_mappings(pid: int, kinds: Iterable[str], examined: Set[Tuple[bytes, bytes]]
+                 ) -> List[Tuple[discovery.Mapping, bool]]:
+    """(mapping, named) for each file process `pid` maps that is not in `examined` (maps
+    device and inode; each one returned is added): files named as a CUDA library of these
+    kinds (named=True, any mapping), and, when the runtime is traced, other executable file
+    mappings (named=False: a library or program that may carry the runtime statically, as
+    CuPy's extension modules do). ProcessError when it has exited. Lines are split only as
+    far as they need: a framework's process maps thousands."""
+    patterns = [p for kind in kinds for p in PATTERNS.get(kind, ())]
+    static = "runtime" in kinds
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as stream:
+            lines = stream.readlines()
+    except OSError as err:
+        raise ProcessError("cannot read the mappings of process %d: %s"
+                           % (pid, err.strerror or err)) from None
+    found: List[Tuple[discovery.Mapping, bool]] = []
+    for line in lines:
+        named = b"/libcu" in line or b"/libnccl" in line
+        if not named and not (static and b" r-xp " in line):
+            continue
+        fields = line.split(None, 5)
+        if len(fields) < 6 or (fields[3], fields[4]) in examined:
+            continue
+        m = discovery.parse_maps_line(os.fsdecode(line))
+        if m is None or not m.is_file:
+            continue
+        named = named and any(fnmatch.fnmatch(os.path.basename(m.path), p) for p in patterns)
+        if named or (static and m.perms[2:3] == "x"):
+            examined.add((fields[3], fields[4]))
+            found.append((m, named))
+    return found
+
+
+def may_carry_runtime(path: str) -> bool:
+    """A first, cheap look for a runtime linked in statically, before
+    discovery.is_static_cudart reads the symbols: a marker name (cudaMalloc & co) in the
+    strings of the file's .symtab but not of its .dynsym. A library that imports the runtime
+    (libtorch_cuda.so) or exports it (libcudart itself) names it in .dynsym; one that carries
+    it privately (CuPy's extension modules, libnccl, libnvshmem) in .symtab alone. The
+    strings are read in pieces (the read lets other threads run; libtorch_cpu's are 76 MB)."""
+    markers = [b"\0" + name.encode() + b"\0" for name in discovery.STATIC_CUDART_MARKERS]
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return False
+            shoff, = struct.unpack_from("<Q", head, 40)
+            entsize, count = struct.unpack_from("<HH", head, 58)
+            if not shoff or not count or entsize < 64:
+                return False
+            stream.seek(shoff)
+            table = stream.read(entsize * count)
+            sections = [struct.unpack_from("<IIQQQQII", table, i * entsize)
+                        for i in range(len(table) // entsize)]
+
+            def strings_of(kind: int) -> List[Tuple[int, int]]:
+                return [(sections[link][4], sections[link][5]) for link in
+                        sorted({sec[6] for sec in sections if sec[1] == kind})
+                        if link < len(sections) and sections[link][1] == SHT_STRTAB]
+
+            def named(where: List[Tuple[int, int]]) -> bool:
+                return any(_holds(stream, offset, size, markers) for offset, size in where)
+
+            return not named(strings_of(SHT_DYNSYM)) and named(strings_of(SHT_SYMTAB))
+    except (OSError, struct.error):
+        return False
+
+
+def _holds(stream, offset: int, size: int, markers: List[bytes], piece: int = 1 << 22) -> bool:
+    """Whether the bytes at [offset, offset+size) of `stream` hold one of `markers` (each
+    string of a string table is NUL-terminated; the table starts with a NUL)."""
+    stream.seek(offset)
+    tail = b"\0"
+    while size > 0:
+        chunk = tail + stream.read(min(piece, size))
+        if len(chunk) == len(tail):
+            return False
+        if any(marker in chunk for marker in markers):
+            return True
+        size -= len(chunk) - len(tail)
+        tail = chunk[-64:]
+    return False
+
+
+def file_path(pid: int, mapping: discovery.Mapping) -> str:
+    """A path that reaches the file of `mapping` from here (see process_file_path)."""
+    return discovery.process_file_path(pid, mapping.path, mapping.inode,
+                                       (mapping.start, mapping.end))
+
+
+def loaders_for(pid: Optional[int], command: Sequence[str]) -> List[str]:
+    """The loader files to watch: process `pid`'s, or the command's interpreter (or its
+    script's) and this process's own (a command that runs another program through a
+    shell or env still uses the machine's usual loader)."""
+    found: List[str] = []
+    if pid is not None:
+        found.append(process_loader(pid) or "")
+    else:
+        exe = discovery.resolve_executable(command[0]) if command else None
+        found.append((interpreter_of(exe) if exe else None) or "")
+        found.append(own_loader() or "")
+    return [path for path in dict.fromkeys(found) if path]
+
+
+# -- probing what comes ---------------------------------------------------------------------
+
+Probe = Callable[[Target, Optional[int]], bool]  # the session's probes on a file: attached?
+
+
+class LateLoads:
+    """A session's libraries mapped after its start: the watch on the loaders, the files
+    probed by (device, inode) (those of the start included, and those found to define none
+    of the selection: one look, one probe set per file), what each notice led to.
+
+    `probe(target, pid)` attaches the session's probes to a new file (pid: the links' pid
+    filter); `traced()` lists the traced processes (to scan all of them again when notices
+    were lost)."""
+
+    def __init__(self, session_maps: Dict[str, Any], pid: Optional[int],
+                 selected: Sequence[Api],
+                 started: Sequence[Target], probe: Probe, traced: Callable[[], Iterable[int]],
+                 log: Log, pid_ns: Optional[Tuple[int, int]] = None) -> None:
+        self.watch = LoaderWatch(session_maps, pid, log, pid_ns)
+        self.kinds = sorted({api.library for api in selected})
+        self.selected = list(selected)
+        self.probe = probe
+        self.traced = traced
+        self.log = log
+        self.probed: Set[Identity] = {key for key in (identity(t.path) for t in started) if key}
+        self.examined: Set[Tuple[bytes, bytes]] = set()  # (maps device, inode) looked at
+        self.late: List[Tuple[str, int, float]] = []  # (path, pid, ms after the notice)
+        self._lost_checked = 0.0
+        self._lock = threading.Lock()  # `probed`: the reader and the checker thread
+        self._checks: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._checker = threading.Thread(target=self._check, name="ebpf-cuda late loads",
+                                         daemon=True)
+        self._checker.start()
+
+    def watch_loaders(self, loaders: Sequence[str]) -> None:
+        for loader in loaders:
+            try:
+                self.watch.watch(loader)
+            except TracerError as err:
+                self.log("cannot watch the dynamic loader %s: %s" % (loader, err))
+        if not self.watch.links:
+            self.log("no dynamic loader to watch (a static executable?): libraries mapped "
+                     "later are not probed")
+
+    def note(self, frames: bytes) -> None:
+        """Scan the processes whose loader sent a notice in this batch (and, when notices
+        were lost to a full ring, every traced process)."""
+        notices = notice_times(frames)
+        now = time.monotonic()
+        if now - self._lost_checked >= LOST_CHECK_S:
+            self._lost_checked = now
+            lost = self.watch.lost_since()
+            if lost:
+                self.log("%d loader notices lost (ring full): every traced process is "
+                         "scanned again" % lost)
+                for pid in self.traced():
+                    notices.setdefault(pid, 0)
+        for pid in sorted(notices):
+            self.scan(pid, notices[pid])
+
+    def scan(self, pid: int, notice_ns: Optional[int] = None) -> None:
+        """Probe the CUDA files process `pid` maps that no probe covers yet: those named as
+        CUDA libraries at once; the others that may carry the runtime statically are left
+        to the checker thread (reading a big library's symbols takes a second: the reader
+        must not wait for it)."""
+        try:
+            mappings = new_mappings(pid, self.kinds, self.examined)
+        except ProcessError:
+            return  # it has exited: nothing of it to probe
+        for m, named in mappings:
+            path = file_path(pid, m)
+            if named:
+                self._probe_new(path, pid, notice_ns)
+            else:
+                self._checks.put((path, pid, notice_ns))
+
+    def _probe_new(self, path: str, pid: int, notice_ns: Optional[int]) -> None:
+        key = identity(path)
+        with self._lock:
+            if key is None or key in self.probed:
+                return
+            self.probed.add(key)
+        self._probe(path, pid, notice_ns)
+
+    def _check(self) -> None:
+        """The checker thread: libraries that may carry the runtime statically, one by one
+        (None ends it)."""
+        while True:
+            job = self._checks.get()
+            if job is None:
+                return
+            if isinstance(job, _Mark):
+                job.done.set()
+                continue
+            path, pid, notice_ns = job
+            try:
+                if may_carry_runtime(path) and discovery.is_static_cudart(path):
+                    self._probe_new(path, pid, notice_ns)
+            except Exception as err:  # (a thread of its own: its error is said, not raised)
+                self.log("not probed: %s: %s" % (path, err))
+
+    def idle(self, timeout: float = 10.0) -> bool:
+        """Wait until the checker has looked at everything handed to it so far (tests)."""
+        done = threading.Event()
+        self._checks.put(_Mark(done))
+        return done.wait(timeout)
+
+    def _probe(self, path: str, pid: int, notice_ns: Optional[int]) -> None:
+        try:
+            target = find_targets(self.selected, [path], None, (), self.log)[0]
+        except NoCudaSymbolsError:
+            return
+        except TracerError as err:
+            self.log("not probed: %s" % err)
+            return
+        try:
+            if not self.probe(target, self.watch.pid):
+                return
+        except TracerError as err:  # (a program the verifier refused: the reader goes on)
+            self.log("not probed: %s: %s" % (target.path, err))
+            return
+        functions = len({a.name for a, _, _ in target.functions})
+        if not notice_ns:  # (-d: mapped before the start, under a name the search missed)
+            self.log("probed: %s (%d functions), mapped by process %d" % (target.path,
+                                                                        functions, pid))
+            return
+        after = (time.monotonic_ns() - notice_ns) / 1e6
+        self.late.append((target.path, pid, after))
+        self.log("probed late: %s (%d functions), mapped by process %d after the trace "
+                 "began; probes on %.1f ms after its loader's notice"
+                 % (target.path, functions, pid, after))
+
+    def close(self) -> None:
+        self._checks.put(None)
+        self._checker.join(CHECKER_JOIN_S)  # (a daemon: one still reading is let go)
+        self.watch.close()
+
+
+class _Mark:
+    """A point in the checker's queue: set once everything before it was looked at."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done

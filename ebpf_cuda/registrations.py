@@ -1,0 +1,350 @@
+"""Kernel names from the registration code nvcc puts in every file that holds kernels.
+
+When a CUDA program or library loads, code that nvcc generated calls, for each kernel,
+
+    __cudaRegisterFunction(handle, hostFun, deviceFun, deviceName, -1, 0, 0, 0, 0, 0)
+
+`hostFun` is the host-side function whose address `cudaLaunchKernel` later receives;
+`deviceFun` is the kernel's (mangled) device name — the name the driver, CUPTI and Nsight
+show. Reading these pairs from the file itself, rather than from the calls when they are
+made, names launches whatever the timing: attached to a process long after it registered
+its kernels, a process that exited before its mappings were read, a file with no symbol
+table. And it gives the device name, which for lambdas and templates differs from the host
+symbol at `hostFun` (in PyTorch's libtorch_cuda.so, 9,245 of 18,890 kernels).
+
+How: each registration call passes `-1` as its fifth argument (`mov $-1, %r8d`, bytes
+41 b8 ff ff ff ff), and loads `hostFun` into %rsi and `deviceFun` into %rdx (with
+`deviceName`, the same string, in %rcx) just before the call. Every such call site whose
+target is `__cudaRegisterFunction` (its PLT entry in a shared library, its symbol in a
+program that links cudart statically; without either, the target most sites share whose
+arguments have that shape) is read by following the few instruction forms nvcc's host
+compilers use for those registers (rip-relative `lea`, a load from the GOT, register
+moves) over the bytes since the previous call. A pair is kept only when `hostFun` lies in
+executable code and `deviceFun` is a NUL-terminated identifier in the file. x86-64 only.
+
+CUDA 13's `<<<...>>>` launches with a `cudaKernel_t` that the launch site fetched once, from
+`__cudaGetKernel(&handle, hostFun)`, into a static variable: attached later, the handle is
+a value the trace never saw made. Its launch site is in the file, though: the code before
+the return address of the launch loads the handle from that variable (`mov handle(%rip),
+%rdi`), and the file's `__cudaGetKernel` calls tie each variable to its `hostFun`, hence to
+its kernel (`launch_site_kernel`).
+"""
+import re
+import struct
+from typing import Dict, List, Optional, Tuple
+
+REGISTER = "__cudaRegisterFunction"
+_THREAD_LIMIT = re.compile(rb"\x41\xb8\xff\xff\xff\xff", re.S)  # mov $-1, %r8d
+_CALL = re.compile(rb"\xe8(....)", re.S)  # call rel32
+# lea disp(%rip), reg / mov disp(%rip), reg (a GOT load) / mov reg, reg
+_FORMS = re.compile(rb"([\x48\x4c])([\x8d\x8b])([\x05\x0d\x15\x1d\x25\x2d\x35\x3d])(....)"
+                    rb"|([\x48\x49\x4c\x4d])\x89([\xc0-\xff])", re.S)
+_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_$.]*")
+_PLT_JUMP = re.compile(rb"\xff\x25(....)", re.S)  # jmp *disp(%rip)
+WINDOW = 96  # bytes before a call searched for its arguments (nvcc's sequence: ~50)
+_RSI, _RDX, _RCX = 6, 2, 1
+_R_X86_64_64, _R_X86_64_GLOB_DAT, _R_X86_64_RELATIVE = 1, 6, 8
+_WRITE, _EXECINSTR = 0x1, 0x4
+_SYM_NAME = struct.Struct("<I20x")  # Elf64_Sym: st_name, then 20 bytes
+
+GET_KERNEL = "__cudaGetKernel"
+_RDI = 7
+_LEA_RDI_CALL = re.compile(rb"\x48\x8d\x3d....(?:.{0,12}?)\xe8(....)", re.S)
+
+
+class Registrations:
+    """What one file registers: `kernels` {hostFun: device name}; `handles` {address of a
+    launch site's cudaKernel_t variable: hostFun} from its `__cudaGetKernel` calls."""
+
+    def __init__(self, path: str, kernels: Dict[int, str], handles: Dict[int, int],
+                 code_at: Optional[Tuple[int, int, int]] = None) -> None:
+        self.path = path
+        self.kernels = kernels
+        self.handles = handles
+        self._code_at = code_at  # (.text address, size, file offset)
+        self._sites: Dict[int, Optional[str]] = {}
+
+    def launch_site_kernel(self, return_address: int) -> Optional[str]:
+        """The kernel a launch whose return address is `return_address` (a virtual address
+        of this file) runs, when the code before it loads a `__cudaGetKernel` handle."""
+        if not self.handles or self._code_at is None:
+            return None
+        if return_address not in self._sites:
+            self._sites[return_address] = self._site(return_address)
+        return self._sites[return_address]
+
+    def _site(self, return_address: int) -> Optional[str]:
+        start, size, offset = self._code_at
+        if not start + WINDOW <= return_address <= start + size:
+            return None
+        try:
+            with open(self.path, "rb") as stream:
+                stream.seek(offset + return_address - WINDOW - start)
+                window = stream.read(WINDOW)
+        except OSError:
+            return None
+        if window[-5:-4] != b"\xe8" and window[-6:-4] != b"\xff\x15":
+            return None  # not the return address of a call
+        handle = _registers(window, return_address - WINDOW).get(_RDI)
+        if not isinstance(handle, tuple):
+            return None
+        host = self.handles.get(handle[1])
+        return self.kernels.get(host) if host is not None else None
+
+
+_NOTHING = Registrations("", {}, {})
+_cache: Dict[Tuple[str, int, int, int, int], Registrations] = {}
+_CACHE_LIMIT = 64
+
+
+def registered_kernels(path: str) -> Dict[int, str]:
+    """{hostFun virtual address: device name} of the kernels `path` registers ({} for a
+    file with none, or one that cannot be read). Cached while the file is unchanged."""
+    return registrations(path).kernels
+
+
+def launch_site_kernel(path: str, return_address: int) -> Optional[str]:
+    """The kernel launched from `return_address` (a virtual address in `path`) with a
+    handle from `__cudaGetKernel`, if the code there says (see the module's docstring)."""
+    return registrations(path).launch_site_kernel(return_address)
+
+
+def registrations(path: str) -> Registrations:
+    """What `path` registers, read once while the file is unchanged."""
+    import os
+
+    try:
+        info = os.stat(path)
+    except OSError:
+        return _NOTHING
+    key = (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    found = _cache.get(key)
+    if found is None:
+        try:
+            with open(path, "rb") as stream:
+                found = _read(path, stream)
+        except Exception:  # noqa: BLE001 - any damaged file just names nothing
+            found = _NOTHING
+        if len(_cache) >= _CACHE_LIMIT:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = found
+    return found
+
+
+def _read(path: str, stream) -> Registrations:
+    from elftools.elf.elffile import ELFFile
+
+    elf = ELFFile(stream)
+    if elf.get_machine_arch() != "x64":
+        return _NOTHING
+    text = elf.get_section_by_name(".text")
+    if text is None:
+        return _NOTHING
+    code, base = text.data(), text["sh_addr"]
+    sites = _call_sites(code)
+    if not sites:
+        return _NOTHING
+    target = _plt_entry(elf, REGISTER) or _symbol(stream, REGISTER)
+    calls = _calls_to(sites, base, target) if target else _likeliest(elf, code, base, sites)
+    kernels = _pairs(elf, code, base, calls)
+    getter = _plt_entry(elf, GET_KERNEL) or _symbol(stream, GET_KERNEL)
+    handles = _handles(elf, code, base, getter, kernels) if kernels else {}
+    return Registrations(path, kernels, handles, (base, len(code), text["sh_offset"]))
+
+
+def _handles(elf, code: bytes, base: int, getter: Optional[int],
+             kernels: Dict[int, str]) -> Dict[int, int]:
+    """{handle variable: hostFun} of the file's `__cudaGetKernel(&variable, hostFun)`
+    calls (without a symbol for it: the calls whose %rsi is a registered hostFun)."""
+    found: Dict[int, List[Tuple[int, object]]] = {}  # call target -> (variable, host)
+    for call in _LEA_RDI_CALL.finditer(code):
+        at = call.end() - 5
+        target = base + call.end() + struct.unpack("<i", call.group(1))[0]
+        if getter is not None and target != getter:
+            continue
+        start = max(0, at - 48)
+        regs = _registers(code[start:at], base + start)
+        variable, host = regs.get(_RDI), regs.get(_RSI)
+        if isinstance(variable, int) and host is not None:
+            found.setdefault(target, []).append((variable, host))
+    if getter is None:  # the target whose calls pass registered hostFuns
+        scores = {target: sum(1 for _, host in calls if host in kernels)
+                  for target, calls in found.items()}
+        best = max(scores, key=scores.get, default=None)
+        found = {best: found[best]} if best is not None and scores[best] else {}
+    calls = [pair for pairs in found.values() for pair in pairs]
+    slots = _got_values(elf, {host[1] for _, host in calls if isinstance(host, tuple)})
+    handles: Dict[int, int] = {}
+    for variable, host in calls:
+        address = slots.get(host[1]) if isinstance(host, tuple) else host
+        if address in kernels:
+            handles[variable] = address
+    return handles
+
+
+def _call_sites(code: bytes) -> List[Tuple[int, int]]:
+    """(offset in .text, rel32) of the first call after each `mov $-1, %r8d`."""
+    sites = []
+    for found in _THREAD_LIMIT.finditer(code):
+        call = _CALL.search(code, found.end(), found.end() + 48)
+        if call is not None:
+            sites.append((call.start(), struct.unpack("<i", call.group(1))[0]))
+    return sites
+
+
+def _calls_to(sites: List[Tuple[int, int]], base: int, target: int) -> List[int]:
+    return [at for at, rel in sites if base + at + 5 + rel == target]
+
+
+def _likeliest(elf, code: bytes, base: int, sites: List[Tuple[int, int]]) -> List[int]:
+    """No symbol says where __cudaRegisterFunction is (a stripped program): the call target
+    most sites share whose arguments look like a registration's."""
+    by_target: Dict[int, List[int]] = {}
+    for at, rel in sites:
+        by_target.setdefault(base + at + 5 + rel, []).append(at)
+    best: List[int] = []
+    for calls in by_target.values():
+        if len(calls) > len(best) and _pairs(elf, code, base, calls[:8]):
+            best = calls
+    return best
+
+
+def _pairs(elf, code: bytes, base: int, calls: List[int]) -> Dict[int, str]:
+    executable, strings = _ranges(elf)
+    table: Dict[int, str] = {}
+    got: List[Tuple[int, str]] = []
+    for i, at in enumerate(calls):
+        start = max(calls[i - 1] + 5 if i else 0, at - WINDOW)
+        regs = _registers(code[start:at], base + start)
+        host, name = regs.get(_RSI), regs.get(_RDX)
+        if name is None or isinstance(name, tuple) or name != regs.get(_RCX, name):
+            continue
+        device = _string(strings, name)
+        if device is None or host is None:
+            continue
+        if isinstance(host, tuple):
+            got.append((host[1], device))
+        elif _inside(executable, host):
+            table[host] = device
+    if got:
+        slots = _got_values(elf, {slot for slot, _ in got})
+        for slot, device in got:
+            host = slots.get(slot)
+            if host is not None and _inside(executable, host):
+                table[host] = device
+    return table
+
+
+def _registers(window: bytes, address: int) -> Dict[int, object]:
+    """What the registers hold at the end of `window`, for the forms in _FORMS: an address,
+    ("got", slot address) for a load from the GOT, or absent when unknown."""
+    regs: Dict[int, object] = {}
+    for form in _FORMS.finditer(window):
+        if form.group(1):
+            reg = ((form.group(3)[0] >> 3) & 7) + (8 if form.group(1) == b"\x4c" else 0)
+            where = address + form.end() + struct.unpack("<i", form.group(4))[0]
+            regs[reg] = where if form.group(2) == b"\x8d" else ("got", where)
+        else:
+            rex, modrm = form.group(5)[0], form.group(6)[0]
+            source = ((modrm >> 3) & 7) + (8 if rex & 4 else 0)
+            value = regs.get(source)
+            destination = (modrm & 7) + (8 if rex & 1 else 0)
+            if value is None:
+                regs.pop(destination, None)
+            else:
+                regs[destination] = value
+    return regs
+
+
+def _ranges(elf) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int, bytes]]]:
+    """Executable address ranges; (start, end, bytes) of the read-only data sections
+    (strings live there; writable data is never a kernel's name)."""
+    executable, strings = [], []
+    for section in elf.iter_sections():
+        start, size = section["sh_addr"], section["sh_size"]
+        if not start or section["sh_type"] != "SHT_PROGBITS":
+            continue
+        if section["sh_flags"] & _EXECINSTR:
+            executable.append((start, start + size))
+        elif not section["sh_flags"] & _WRITE:
+            strings.append((start, start + size, section.data()))
+    return executable, strings
+
+
+def _inside(ranges: List[Tuple[int, int]], address: int) -> bool:
+    return any(start <= address < end for start, end in ranges)
+
+
+def _string(strings: List[Tuple[int, int, bytes]], address: int) -> Optional[str]:
+    for start, end, data in strings:
+        if start <= address < end:
+            stop = data.find(b"\0", address - start)
+            text = data[address - start:stop if stop >= 0 else len(data)]
+            return text.decode() if _NAME.fullmatch(text) else None
+    return None
+
+
+def _plt_entry(elf, name: str) -> Optional[int]:
+    """The address of the PLT entry that jumps through `name`'s GOT slot (shared objects
+    and programs that import it), or None."""
+    rela = elf.get_section_by_name(".rela.plt")
+    index = _dynamic_index(elf, name)
+    if rela is None or index is None:
+        return None
+    slots = {offset for offset, info, _ in struct.iter_unpack("<QQq", rela.data())
+             if info >> 32 == index}
+    for section_name in (".plt.sec", ".plt"):
+        section = elf.get_section_by_name(section_name)
+        if section is None:
+            continue
+        data, start = section.data(), section["sh_addr"]
+        for jump in _PLT_JUMP.finditer(data):
+            if start + jump.end() + struct.unpack("<i", jump.group(1))[0] in slots:
+                return start + jump.start() // 16 * 16  # (entries are 16 bytes)
+    return None
+
+
+def _dynamic_index(elf, name: str) -> Optional[int]:
+    """The index of `name` in .dynsym (raw reads: pyelftools takes ~0.1 ms a symbol)."""
+    dynsym, dynstr = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".dynstr")
+    if dynsym is None or dynstr is None:
+        return None
+    at = dynstr.data().find(b"\0" + name.encode() + b"\0")
+    if at < 0:
+        return None
+    for index, (string,) in enumerate(_SYM_NAME.iter_unpack(dynsym.data())):
+        if string == at + 1:
+            return index
+    return None
+
+
+def _symbol(stream, name: str) -> Optional[int]:
+    """`name`'s address from the symbol table (a program with cudart linked in)."""
+    from .elf import open_elf
+
+    try:
+        symbol = open_elf(stream.name, allow_stripped=True).symbol(name)
+    except Exception:  # noqa: BLE001
+        return None
+    return symbol.value if symbol is not None and symbol.value else None
+
+
+def _got_values(elf, wanted) -> Dict[int, int]:
+    """What the dynamic loader puts in each wanted GOT slot (relative and symbol
+    relocations of defined symbols), read in bulk (large libraries hold ~10^6)."""
+    rela, dynsym = elf.get_section_by_name(".rela.dyn"), elf.get_section_by_name(".dynsym")
+    if rela is None:
+        return {}
+    symbols = dynsym.data() if dynsym is not None else b""
+    values: Dict[int, int] = {}
+    for offset, info, addend in struct.iter_unpack("<QQq", rela.data()):
+        if offset not in wanted:
+            continue
+        kind, index = info & 0xFFFFFFFF, info >> 32
+        if kind == _R_X86_64_RELATIVE:
+            values[offset] = addend
+        elif kind in (_R_X86_64_64, _R_X86_64_GLOB_DAT) and (index + 1) * 24 <= len(symbols):
+            value = struct.unpack_from("<Q", symbols, index * 24 + 8)[0]
+            if value:
+                values[offset] = value + addend
+    return values

@@ -1,0 +1,146 @@
+"""Kernel names read from the registration code in the file (registrations.py): the pairs
+nvcc's start-up code registers (host function → device name), and the `__cudaGetKernel`
+handle each CUDA 13 launch site passes. Checked on real nvcc output (unstripped and
+stripped) and, through real probes, on a stripped stand-in program attached to after it
+fetched its handles."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ebpf_cuda import registrations
+from helpers import cli_env
+
+NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+KERNELS_CU = r"""
+#include <cstdio>
+__global__ void vec_add(const float* a, float* b, int n) { int i = threadIdx.x; if (i < n) b[i] += a[i]; }
+template <typename T> __global__ void scale(T* x, T s) { x[threadIdx.x] *= s; }
+namespace ns { __global__ void other_kernel_with_a_long_name(double* p) { p[0] = 1; } }
+int main() {
+  float *a = 0, *b = 0; double* d = 0;
+  vec_add<<<1, 32>>>(a, b, 32);
+  scale<float><<<1, 32>>>(b, 2.0f);
+  scale<int><<<1, 32>>>((int*)b, 2);
+  ns::other_kernel_with_a_long_name<<<1, 1>>>(d);
+  printf("%d\n", (int)cudaDeviceSynchronize());
+}
+"""
+DEVICE_NAMES = {"_Z7vec_addPKfPfi", "_Z5scaleIfEvPT_S0_", "_Z5scaleIiEvPT_S0_",
+                "_ZN2ns29other_kernel_with_a_long_nameEPd"}
+
+
+@pytest.fixture(scope="module")
+def nvcc_program(tmp_path_factory):
+    """A CUDA program built by nvcc (cudart linked statically, nvcc's default), and the
+    same stripped of its symbol table."""
+    if not os.path.exists(NVCC) or shutil.which("objdump") is None:
+        pytest.skip("nvcc or objdump is not installed")
+    folder = tmp_path_factory.mktemp("nvcc")
+    (folder / "k.cu").write_text(KERNELS_CU)
+    subprocess.run([NVCC, "-O2", "-o", str(folder / "k"), str(folder / "k.cu")], check=True,
+                   timeout=300)
+    shutil.copy(str(folder / "k"), str(folder / "k.stripped"))
+    subprocess.run(["strip", str(folder / "k.stripped")], check=True)
+    return folder / "k", folder / "k.stripped"
+
+
+def _disassembly(path: Path) -> list:
+    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)], check=True,
+                          capture_output=True, text=True).stdout.splitlines()
+
+
+def test_nvcc_registrations_name_each_host_function_with_or_without_symbols(nvcc_program):
+    program, stripped = nvcc_program
+    found = registrations.registered_kernels(str(program))
+    assert set(found.values()) == DEVICE_NAMES
+    # each address is the host function of that name (the symbol table says so)
+    symbols = {}
+    for line in _disassembly(program):
+        header = re.match(r"([0-9a-f]+) <(\S+)>:$", line)
+        if header:
+            symbols[int(header.group(1), 16)] = header.group(2)
+    assert {address: symbols[address] for address in found} == found
+    assert registrations.registered_kernels(str(stripped)) == found
+
+
+def test_nvcc_13_launch_sites_name_their_kernel_handles(nvcc_program):
+    """Each `<<<...>>>` site launches with the cudaKernel_t its stub fetched once; the
+    return address of the launch call names the kernel, also in the stripped file."""
+    program, stripped = nvcc_program
+    lines = _disassembly(program)
+    expected, function = {}, None
+    for i, line in enumerate(lines):
+        header = re.match(r"[0-9a-f]+ <(\S+)>:$", line)
+        if header:
+            function = header.group(1)
+        elif re.search(r"call\s+[0-9a-f]+ <__cudaLaunchKernel>", line):
+            back = int(lines[i + 1].split(":")[0], 16)
+            expected[back] = function
+    assert len(expected) == 4
+    for back, stub in expected.items():  # _Z30__device_stub__Z7vec_addPKfPfiPKfPfi
+        kernel = registrations.launch_site_kernel(str(stripped), back)
+        assert kernel in DEVICE_NAMES and "__device_stub__" + kernel[1:] in stub, (
+            hex(back), stub, kernel)
+        assert registrations.launch_site_kernel(str(program), back) == kernel
+    assert registrations.launch_site_kernel(str(stripped), min(expected) - 7) is None
+
+
+def test_files_without_registrations_name_nothing(tmp_path):
+    assert registrations.registered_kernels(sys.executable) == {}
+    assert registrations.registered_kernels(str(tmp_path / "missing")) == {}
+    (tmp_path / "junk").write_bytes(b"\x7fELF" + b"\0" * 60)
+    assert registrations.registered_kernels(str(tmp_path / "junk")) == {}
+
+
+@pytest.fixture(scope="module")
+def stripped_app(cc, fake):
+    lib, _ = fake
+    folder = str(Path(lib).resolve().parent)
+    app = cc.executable("registered_app.c", "registered_app",
+                        extra=["-L", folder, "-l:" + Path(lib).name, "-Wl,-rpath," + folder])
+    stripped = app.with_name("registered_app.stripped")
+    shutil.copy(str(app), str(stripped))
+    subprocess.run(["strip", str(stripped)], check=True)
+    return lib, stripped
+
+
+def test_the_stand_in_app_registers_its_three_kernels(stripped_app):
+    _, app = stripped_app
+    found = registrations.registrations(str(app))
+    assert sorted(found.kernels.values()) == ["_Z5saxpyPf", "_Z5scalePd", "_Z6legacyPi"]
+    assert sorted(found.kernels[host] for host in found.handles.values()) == [
+        "_Z5saxpyPf", "_Z5scalePd"]
+
+
+@pytest.mark.kernel
+def test_attached_later_a_stripped_program_has_every_launch_named(root, stripped_app, tmp_path):
+    """The program fetched its handles and registered its kernels before the trace began;
+    its file has no symbols: every launch is still named, by its registration."""
+    lib, app = stripped_app
+    target = subprocess.Popen([str(app), "150"], stdout=subprocess.PIPE, text=True)
+    out = tmp_path / "t.jsonl"
+    try:
+        assert target.stdout.readline() == "ready\n"
+        time.sleep(0.3)  # its handles fetched, its first launches untraced
+        tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
+                                   "-p", str(lib), "-d", str(target.pid),
+                                   "--functions", "cudaLaunchKernel"],
+                                  stderr=subprocess.PIPE, text=True, env=cli_env())
+        _, stderr = tracer.communicate(timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    assert tracer.returncode == 0, stderr
+    launches = [json.loads(line) for line in out.read_text().splitlines()]
+    launches = [e for e in launches if e["phase"] == "exit"]
+    assert len(launches) > 60
+    by_grid = {(e["args"]["grid"][0], e.get("kernel")) for e in launches}
+    assert by_grid == {(2, "saxpy(float*)"), (4, "scale(double*)"), (1, "legacy(int*)")}
+    assert "not named" not in stderr
