@@ -111,6 +111,8 @@ def _drop_stdout_buffer() -> None:
 @click.option("--by-device", is_flag=True,
               help="With --summary: the tables once per GPU, each call under the device it "
                    "targets (its thread's current device; JSON events carry it as `device`).")
+@click.option("--by-container", is_flag=True,
+              help="With --summary: the tables once per container (JSON: `container`).")
 @click.option("--leaks", is_flag=True,
               help="Flag double frees and frees of unknown pointers as they happen; at the "
                    "end, list the allocations never freed.")
@@ -132,7 +134,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: Optional[str], spool_size: Optional[str], entries: bool,
-          list_functions: bool, summary: bool, by_device: bool, leaks: bool, stacks: bool,
+          list_functions: bool, summary: bool, by_device: bool, by_container: bool,
+          leaks: bool, stacks: bool,
           save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
           command: Tuple[str, ...]) -> None:
@@ -146,11 +149,10 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         if not _print("\n".join(rows)):
             sys.exit(1)
         return
-    if by_device and not summary:
-        raise UsageError("--by-device splits the summary by GPU: give --summary too")
+    _check_split(summary, by_device, by_container)
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
-                           1 in _CLOSED_AT_START, by_device)
+                           1 in _CLOSED_AT_START, by_device, by_container)
     in_kernel = request.summary_only() and not no_returns  # the kernel sums the calls up
     _stopper.checkpoint()
     if pid is not None:
@@ -373,11 +375,14 @@ def _signal_name(signum: int) -> str:
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
 @click.option("--summary", is_flag=True, help="Print the summary tables.")
 @click.option("--by-device", is_flag=True, help="With --summary: the tables once per GPU.")
+@click.option("--by-container", is_flag=True,
+              help="With --summary: the tables once per container (known live only).")
 @click.option("--leaks", is_flag=True, help="Flag double frees; list allocations never freed.")
 @click.option("--trace-out", metavar="FILE.json", help="Write a Chrome trace timeline.")
 @click.option("--report", "report_html", metavar="FILE.html", help="Write an HTML report.")
 def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, as_json: bool,
-               output: Optional[str], summary: bool, by_device: bool, leaks: bool,
+               output: Optional[str], summary: bool, by_device: bool, by_container: bool,
+               leaks: bool,
                trace_out: Optional[str], report_html: Optional[str]) -> None:
     """Outputs of a trace saved with --save: ebpf-cuda report FILE [OPTIONS]; with several
     FILEs (the ranks of one job), their NCCL collectives merged. Needs no privileges; kernel
@@ -389,14 +394,15 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
                                            ("-o", output), ("--summary", summary),
                                            ("--leaks", leaks), ("--trace-out", trace_out),
                                            ("--report", report_html),
-                                           ("--by-device", by_device)])
-    if by_device and not summary:
-        raise UsageError("--by-device splits the summary by GPU: give --summary too")
+                                           ("--by-device", by_device),
+                                           ("--by-container", by_container)])
+    _check_split(summary, by_device, by_container)
     path = paths[0]
 
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks,
                            trace_out=trace_out, report_html=report_html,
-                           stdout_closed=1 in _CLOSED_AT_START, by_device=by_device)
+                           stdout_closed=1 in _CLOSED_AT_START, by_device=by_device,
+                           by_container=by_container)
     plan.refuse_same_files(request.files(), [("the input trace", path)])
     saved = savefile.load(path)
     from .flight import describe, read_trigger  # a flight-recorder dump names its trigger
@@ -421,6 +427,12 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
         _say(losses.sentence())
     if outputs.failures or not printed:
         sys.exit(1)
+
+
+def _check_split(summary: bool, by_device: bool, by_container: bool) -> None:
+    for given, option in ((by_device, "--by-device"), (by_container, "--by-container")):
+        if given and not summary:
+            raise UsageError("%s splits the summary: give --summary too" % option)
 
 
 def _check_process_id(pid: int) -> None:

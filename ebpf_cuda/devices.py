@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from .events import EXIT, Event
 
 _SETS_DEVICE = {"cudaSetDevice"}
+_TELLS_DEVICE = {"cudaGetDevice"}  # (its out-parameter is the thread's device)
 _MAKES_CONTEXT = {"cuCtxCreate_v2", "cuCtxCreate_v4", "cuDevicePrimaryCtxRetain"}
 _CURRENT_CONTEXT = {"cuCtxCreate_v2", "cuCtxCreate_v4"}  # (a new context is pushed)
 _NAMES_DEVICE = _SETS_DEVICE | _MAKES_CONTEXT
@@ -26,8 +27,8 @@ _NCCL_MAKES = {"ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankSc
                "ncclCommSplit"}
 _NCCL_OUT = {"ncclCommInitRank": "comm", "ncclCommInitRankConfig": "comm",
              "ncclCommInitRankScalable": "comm", "ncclCommSplit": "newcomm"}
-_CHANGES = _NAMES_DEVICE | _NCCL_MAKES | {"cuCtxSetCurrent", "cuCtxPushCurrent_v2",
-                                         "cuCtxPopCurrent_v2"}
+_CHANGES = _NAMES_DEVICE | _TELLS_DEVICE | _NCCL_MAKES | {
+    "cuCtxSetCurrent", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2"}
 Thread = Tuple[int, int]
 
 
@@ -43,9 +44,11 @@ class DeviceTracker:
 
     @staticmethod
     def changes(api) -> bool:
-        """True for the rows whose calls can change a thread's device (they must be seen
-        in order: the lines fast path decodes them)."""
-        return api.name in _CHANGES or api.library == "nccl"
+        """True for the rows whose calls can change (or tell) a thread's device, and those
+        with a `device` out-parameter (it is the event's `device` key): the lines fast path
+        decodes them, in order."""
+        return (api.name in _CHANGES or api.library == "nccl"
+                or any(out.name == "device" for out in api.outs))
 
     def current(self, pid: int, tid: int) -> Optional[int]:
         """The device thread `tid` of process `pid` is on now (None: not known)."""
@@ -77,6 +80,8 @@ class DeviceTracker:
         api, args, outs, thread = event.api, event.args, event.outs, (event.pid, event.tid)
         if api in _SETS_DEVICE:
             self._set_top(thread, args.get("device"))
+        elif api in _TELLS_DEVICE and outs.get("device") is not None:
+            self._set_top(thread, outs["device"])
         elif api in _MAKES_CONTEXT:
             ctx = outs.get("ctx")
             if ctx:

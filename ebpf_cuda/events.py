@@ -54,8 +54,8 @@ class Event:
         obj = {"ts": self.ts, "pid": self.pid, "tid": self.tid, "comm": self.comm}
         if self.container:
             obj["container"] = self.container
-        if self.device is not None:
-            obj["device"] = self.device
+        if self.device is not None and "device" not in self.outs and "device" not in self.faults:
+            obj["device"] = self.device  # (a `device` out-parameter is the key there)
         obj.update(api=self.api, phase=self.phase, args=jsonable(self.args))
         if self.phase == EXIT:
             obj.update(ret=self.ret, ret_name=self.ret_name, duration_ns=self.duration_ns)

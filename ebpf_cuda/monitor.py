@@ -34,6 +34,8 @@ from .apis import TABLE, Api, Kind, Role
 from .containers import container_of
 from .cuda_enums import error_name, memcpy_kind_name
 from .errors import TracerError
+from .events import EXIT
+from .analysis.operations import event_bytes
 from .maps import possible_cpus
 from .tracer import Tracer
 
@@ -305,6 +307,41 @@ class LaunchSeries(NamedTuple):
     launches: Dict[Tuple[Labels, str, str], int]  # (process labels, api, kernel label)
     map_full: int
     processes: int
+    memory: Tuple[Tuple[Labels, int], ...] = ()  # device bytes held, by live process
+
+
+# -- live device memory ----------------------------------------------------------------------
+
+class DeviceMemory:
+    """The device memory each process holds: what its traced allocations returned and its
+    frees have not released (their records travel the ring: allocations are rare). Memory
+    allocated before the monitor started is not known; freeing it changes nothing. A runtime
+    allocation and the driver allocation inside it return one pointer: counted once."""
+
+    def __init__(self) -> None:
+        self._live: Dict[int, Dict[int, int]] = {}  # pid -> {pointer: bytes}
+        self.fn_ids: Set[int] = {i for i, api in enumerate(TABLE) if api.memory == apis.DEVICE
+                                 and api.role in (apis.Role.ALLOC, apis.Role.FREE)}
+
+    def add(self, events) -> None:
+        for event in events:
+            if event.phase != EXIT or event.ret != 0:
+                continue
+            api = apis.BY_NAME.get(event.api)
+            if api is None or api.memory != apis.DEVICE:
+                continue
+            if api.role == apis.Role.ALLOC:
+                pointer, size = event.outs.get(api.ptr), event_bytes(event)
+                if pointer and size is not None:
+                    self._live.setdefault(event.pid, {})[pointer] = size
+            elif api.role == apis.Role.FREE:
+                self._live.get(event.pid, {}).pop(event.args.get(api.ptr), None)
+
+    def held(self, pid: int) -> int:
+        return sum(self._live.get(pid, {}).values())
+
+    def forget(self, pid: int) -> None:
+        self._live.pop(pid, None)
 
 
 # -- the monitor -----------------------------------------------------------------------------
@@ -332,6 +369,7 @@ class Monitor:
         self._stopping = False
         self._agg: Optional[AggregateReader] = None
         self._launches: Optional[HashReader] = None
+        self.memory = DeviceMemory()  # (the reader's; published with the series)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -345,7 +383,7 @@ class Monitor:
         ring = o.ring_size or (FLIGHT_RING_SIZE if o.flight is not None else RING_SIZE)
         self.tracer = Tracer(functions=o.functions, library=paths, api=o.api,
                              everything=o.everything, ring_size=ring, aggregate=True,
-                             emit=o.flight is not None, log=self.log)
+                             emit=o.flight is not None, log=self.log, emit_memory=True)
         try:
             self.tracer.start()
             if o.flight is not None:
@@ -380,6 +418,7 @@ class Monitor:
         while not self._stopping:
             for frames in stream.frames(timeout=TICK_S):
                 self._note_processes(frames)
+                self.memory.add(self.tracer.decoder.decode_batch(frames, self.memory.fn_ids))
                 if self.flight is not None:
                     self.flight.put(frames)
             if self.flight is not None:
@@ -440,8 +479,10 @@ class Monitor:
             launches[series] = launches.get(series, 0) + count
         missing = sum(max(n - attributed.get(fn_id, 0), 0) for fn_id, n in ok.items())
         self._map_full = max(self._map_full, missing)
-        live = sum(1 for p in self.processes.values() if p.exited is None)
-        return LaunchSeries(launches, self._map_full, live)
+        live = [p for p in self.processes.values() if p.exited is None]
+        memory = tuple((p.label_set(), self.memory.held(p.pid))
+                       for p in sorted(live, key=lambda p: p.pid))
+        return LaunchSeries(launches, self._map_full, len(live), memory)
 
     def _kernel_label(self, process: Process, fn_id: int, func: int) -> str:
         """The launch's kernel label, decided once per (function, func) of a process, so
@@ -484,6 +525,7 @@ class Monitor:
         for pid in gone:
             del self.processes[pid]
             forget_process(self.tracer.names, pid)
+            self.memory.forget(pid)
             if self.flight is not None:
                 self.flight.forget(pid)
 
@@ -509,6 +551,11 @@ class Monitor:
         families.append(Family("ebpf_cuda_processes", "gauge",
                                "Processes seen making CUDA calls that still run.", "1",
                                [((), series.processes)]))
+        families.append(Family(
+            "ebpf_cuda_device_memory_bytes", "gauge",
+            "Device memory each running process holds: what its traced allocations returned "
+            "and its frees have not released (allocations made before the monitor started "
+            "are not known).", "By", list(series.memory)))
         if self.flight is not None:
             families += self.flight.families()
         return families

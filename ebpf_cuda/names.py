@@ -23,7 +23,7 @@ from bisect import bisect_right
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import record
-from .analysis.kernels import AddressResolver
+from .analysis.kernels import AddressResolver, Frame
 from .apis import BY_NAME, Api, Kind
 from .elf import demangle
 from .events import EXIT, Event
@@ -82,7 +82,8 @@ class KernelNamer:
         self._handle_apis: Dict[str, bool] = {}
         self._seen: Set[int] = set()
         self.execs: Dict[int, List[int]] = {}  # pid -> the times of its execs seen so far
-        self._snapshot_of: Dict[int, int] = {}  # pid -> the image `resolver` has mapped
+        # pid -> the generation of the program whose mappings `resolver` has (-1: none)
+        self._snapshot_of: Dict[int, int] = {}
         self._retired: Dict[int, AddressResolver] = {}  # old image -> its mappings, frozen
         # (pid, func, why: True a handle, False an address, "hint" a launch site, GONE an
         # address of a program whose mappings were never read) -> launches
@@ -290,7 +291,7 @@ class KernelNamer:
             self._symbols[key] = name
         return name
 
-    def _frame(self, image: int, address: int, return_address: bool = False):
+    def _frame(self, image: int, address: int, return_address: bool = False) -> Optional[Frame]:
         """The function at `address` in the program of `image` (None: not known)."""
         resolver = self._resolver(image)
         if resolver is None:

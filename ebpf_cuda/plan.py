@@ -75,13 +75,15 @@ class Request:
     calls_at_entry: bool = False  # no return probes: the profile counts calls at entry
     stdout_closed: bool = False  # the standard output was closed when the run began
     by_device: bool = False  # the summary's tables once per device
+    by_container: bool = False  # ... once per container
 
 
     def summary_only(self) -> bool:
         """--summary and nothing that needs every event: the kernel can sum the calls up."""
         return self.summary and not any((self.leaks, self.as_json, self.output, self.save,
                                          self.trace_out, self.report_html, self.pprof_out,
-                                         self.by_device))  # (devices come with the events)
+                                         self.by_device, self.by_container))
+        # (devices and containers come with the events)
 
     def reports_to_stderr(self) -> bool:
         """After JSON Lines on stdout, the reports go to stderr."""
@@ -111,7 +113,7 @@ class Plan:
 
         reports = []
         for analysis in self.analyses:
-            if not isinstance(analysis, LeakTracker):  # a Summary, or DeviceSummaries
+            if not isinstance(analysis, LeakTracker):  # a Summary, or a SplitSummary
                 in_kernel = tracer is not None and not tracer.emit
                 reports.append(analysis.report(tracer.aggregates() if in_kernel else None))
             else:
@@ -197,10 +199,10 @@ def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
     from .analysis import LeakTracker, Summary
 
     analyses: List[Sink] = []
-    if request.summary and request.by_device:
-        from .analysis.summary import DeviceSummaries
+    if request.summary and (request.by_device or request.by_container):
+        from .analysis.summary import SplitSummary
 
-        analyses.append(DeviceSummaries(namer=namer))
+        analyses.append(SplitSummary(namer, request.by_device, request.by_container))
     elif request.summary:
         analyses.append(Summary(namer=namer))
     if request.leaks:
@@ -249,8 +251,14 @@ def _saver(path: Optional[str], tracer, namer):
     """With --save: the raw-trace writer (it learns kernel names for its trailer)."""
     if not path:
         return None
-    from . import savefile
+    from . import rank_files, savefile
 
+    if rank_files.is_pattern(path):  # run-%r.ebpfcuda: a file per process (rank_files.py)
+        rank_files.check_pattern(path)
+        saver = rank_files.RankFiles(path, tracer.apis_table, tracer.decoder.clock_offset_ns,
+                                     namer)
+        saver.from_start = bool(tracer.session.options.command)
+        return saver
     trusted_symlink(path)  # another user's symbolic link is refused, as for -o
     saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
     saver.from_start = bool(tracer.session.options.command)  # (each event's device: devices.py)

@@ -49,6 +49,7 @@ class Options(NamedTuple):
     stacks: bool = False
     aggregate: bool = False
     emit: bool = True
+    emit_memory: bool = False  # with aggregates: device allocations and frees still write
 
     def checked(self) -> "Options":
         """These options, or UsageError for a combination that cannot work."""
@@ -249,6 +250,10 @@ class Session:
         elif api.library == apis.NCCL:
             # Rare calls whose every record the NCCL table needs (its communicator, its
             # sequence number), also with in-kernel aggregates.
+            options = options._replace(emit=True)
+        elif o.emit_memory and api.memory == apis.DEVICE and api.role in (apis.Role.ALLOC,
+                                                                          apis.Role.FREE):
+            # (the monitor's live device-memory gauge: allocations are rare calls)
             options = options._replace(emit=True)
         return options
 

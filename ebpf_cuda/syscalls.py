@@ -9,7 +9,9 @@ import ctypes
 import errno as errnos
 import os
 import re
+import resource  # (here, not where EMFILE is met: importing it then needs a descriptor)
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
@@ -311,12 +313,17 @@ def _prog_load_attr(prog_type: int, insns: ctypes.Array, license: ctypes.Array, 
 def _load_once(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_level: int,
                log: Optional[ctypes.Array], name: bytes,
                expected_attach_type: int) -> Tuple[int, int, int]:
-    """One load with EAGAIN retries -> (fd or -1, errno, log_true_size)."""
-    for _ in range(_LOAD_RETRIES):
+    """One load with EAGAIN retries, and EMFILE ones while the descriptor limit can be raised
+    -> (fd or -1, errno, log_true_size)."""
+    tries = 0
+    while True:
         attr = _prog_load_attr(prog_type, insns, license, log_level, log, name,
                                expected_attach_type)
         res, err = bpf_raw(BPF_PROG_LOAD, attr)
-        if not (res < 0 and err == errnos.EAGAIN):
+        if res < 0 and err == errnos.EMFILE and raise_fd_limit():
+            continue
+        tries += 1
+        if not (res < 0 and err == errnos.EAGAIN) or tries >= _LOAD_RETRIES:
             break
     true_size = struct.unpack_from("<I", attr, 140)[0]
     return res, err, true_size
@@ -335,6 +342,52 @@ def _load_with_log(prog_type: int, insns: ctypes.Array, license: ctypes.Array, n
         if res >= 0 or err != errnos.ENOSPC or size >= _LOG_MAX:
             return res, err, log.value.decode(errors="replace")
         size = min(_LOG_MAX, max(size * 4, true_size + 1))
+
+
+NR_OPEN = "/proc/sys/fs/nr_open"
+
+
+def raise_fd_limit() -> bool:
+    """Make room for more descriptors (EMFILE): perf-event uprobes take two each (the event
+    and its BPF link) and their programs one or two, so hundreds of functions in a few files
+    pass the usual soft limit of 1024 (6.1's quick start did). The soft limit doubles (at
+    least 1024 more), up to the hard limit, which root (CAP_SYS_RESOURCE) may raise up to
+    fs.nr_open. True if the limit was raised. (A command the tracer starts after attaching
+    inherits the raised soft limit.) Loads in worker threads and attaches may meet EMFILE at
+    once: one raises at a time."""
+    with _fd_limit_lock:
+        return _raise_fd_limit()
+
+
+_fd_limit_lock = threading.Lock()
+
+
+def _raise_fd_limit() -> bool:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    want = max(2 * soft, soft + 1024)
+    new_hard = hard
+    if want > hard:
+        try:
+            with open(NR_OPEN) as f:
+                ceiling = int(f.read())
+        except (OSError, ValueError):
+            ceiling = hard
+        new_hard = max(hard, min(want, ceiling))
+    new_soft = min(want, new_hard)
+    if new_soft <= soft:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, new_hard))
+    except (OSError, ValueError):
+        if new_hard == hard or hard <= soft:
+            return False
+        try:  # no CAP_SYS_RESOURCE: up to the hard limit only
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def verifier_reason(log: str) -> str:

@@ -41,7 +41,8 @@ class Tracer:
     `stacks=True` captures the user call stack of memory calls (see `stack()`);
     `aggregate=True` sums calls up in the kernel (see `aggregates()`), and with `emit=False`
     no per-call records are written at all (the cheapest way to get a summary; the calls
-    that teach kernel names still write theirs, while their process lives).
+    that teach kernel names still write theirs, while their process lives; with
+    `emit_memory`, device allocations and frees too: the monitor's memory gauge).
 
     With a pid or a command (and no `library`), the CUDA libraries its processes map later
     are probed as their dynamic loader maps them (loader_watch.py; `late_loads` lists them):
@@ -55,10 +56,12 @@ class Tracer:
                  return_probes: bool = True,
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
                  stacks: bool = False, aggregate: bool = False, emit: bool = True,
-                 log: Optional[Callable[[str], None]] = None) -> None:
+                 log: Optional[Callable[[str], None]] = None,
+                 emit_memory: bool = False) -> None:
         options = Options(tuple(functions) if functions else None, tuple(library or ()), pid,
                           tuple(command or ()), api, everything, follow_children,
-                          return_probes, entries, ring_size, stacks, aggregate, emit)
+                          return_probes, entries, ring_size, stacks, aggregate, emit,
+                          emit_memory)
         self.session = Session(options, log)
         self.names = KernelNamer(probe_names=self.session.probe_name,
                                  exec_times=self.session.exec_times)

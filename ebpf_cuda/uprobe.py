@@ -149,7 +149,7 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
         try:
             pfd = syscalls.perf_event_open_uprobe(real, offset, retprobe, pid)
         except KernelError as err:
-            if err.errno == errnos.EMFILE and raise_fd_limit():
+            if err.errno == errnos.EMFILE and syscalls.raise_fd_limit():
                 continue
             raise _attach_error(err, kind, real, [offset], what) from None
         try:
@@ -157,48 +157,10 @@ def attach_uprobe(program: ProgramRef, path: str, offset: int, retprobe: bool = 
             syscalls.perf_event_enable(pfd.value)
         except KernelError as err:
             pfd.close()
-            if err.errno == errnos.EMFILE and raise_fd_limit():
+            if err.errno == errnos.EMFILE and syscalls.raise_fd_limit():
                 continue
             raise _attach_error(err, kind, real, [offset], what) from None
         return Link(fds, real, [offset], retprobe, pid, what, has_bpf_link=len(fds) == 2)
-
-
-NR_OPEN = "/proc/sys/fs/nr_open"
-
-
-def raise_fd_limit() -> bool:
-    """Make room for more descriptors (EMFILE): perf-event uprobes take two each (the event
-    and its BPF link), so hundreds of functions in a few files pass the usual soft limit of
-    1024. The soft limit doubles (at least 1024 more), up to the hard limit, which root
-    (CAP_SYS_RESOURCE) may raise up to fs.nr_open. True if the limit was raised. (A command
-    the tracer starts after attaching inherits the raised soft limit.)"""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    want = max(2 * soft, soft + 1024)
-    new_hard = hard
-    if want > hard:
-        try:
-            with open(NR_OPEN) as f:
-                ceiling = int(f.read())
-        except (OSError, ValueError):
-            ceiling = hard
-        new_hard = max(hard, min(want, ceiling))
-    new_soft = min(want, new_hard)
-    if new_soft <= soft:
-        return False
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, new_hard))
-    except (OSError, ValueError):
-        if new_hard == hard or hard <= soft:
-            return False
-        try:  # no CAP_SYS_RESOURCE: up to the hard limit only
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (OSError, ValueError):
-            return False
-    return True
 
 
 def _bind_program(pfd: Fd, prog_fd: int, cookie: int) -> List[Fd]:

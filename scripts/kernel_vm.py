@@ -246,7 +246,8 @@ def qemu_command(image: str, initrd: str, outdir: str, cpus: int, memory: str,
     cmdline = ("console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off "
                "random.trust_cpu=on tsc=unstable " + append).strip()
     return [os.environ.get("QEMU", "qemu-system-x86_64"),
-            "-accel", "tcg,thread=multi", "-cpu", os.environ.get("QEMU_CPU", "max"), "-smp", str(cpus), "-m", memory,
+            "-accel", "tcg,thread=multi", "-cpu", os.environ.get("QEMU_CPU", "max"),
+            "-smp", str(cpus), "-m", memory,
             "-machine", "q35", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-kernel", image, "-initrd", initrd, "-append", cmdline,
             "-chardev", "file,id=console,path=%s" % os.path.join(outdir, "console.log"),

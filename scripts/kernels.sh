@@ -105,7 +105,7 @@ if [ -z "$package" ]; then
     package="$(package_for "$version")"
 fi
 if [ -z "$package" ]; then
-    apt_update
+    apt_update || true  # (offline: what was fetched before may still do, below)
     package="$(package_for "$version")"
 fi
 if [ -z "$package" ]; then

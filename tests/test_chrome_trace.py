@@ -222,3 +222,24 @@ def test_real_trace_of_the_stand_in(root, cc, tmp_path):
     assert {e["name"] for e in of(trace, "i")} == {"double free", "cudaErrorInvalidDevice",
                                                    "leak"}
     assert of(trace, "i", "leak")[0]["args"]["ptr"] == hex(device_ptr(1))
+
+
+def test_a_communicator_track_is_renamed_when_its_rank_is_learned():
+    """A split-off communicator: its id is known at once, its rank only once the program asks
+    ncclCommUserRank; its track is named again then (the metadata's last name counts)."""
+    comm = {"comm": 0x900, "comm_id": "abc123"}
+    events = call("ncclAllReduce", dict(comm, count=4, seq=1), 1_000_000, pid=7, tid=8)
+    events += call("ncclCommUserRank", dict(comm), 2_000_000, outs={"rank": 1}, pid=7, tid=8)
+    events += call("ncclAllReduce", dict(comm, count=4, seq=2, rank=1, nranks=2), 3_000_000,
+                   pid=7, tid=8)
+    events += call("ncclGroupStart", {}, 4_000_000, pid=7, tid=8)
+    trace = render(events)
+    names = [(e["tid"], e["args"]["name"]) for e in of(trace, "M", "thread_name")
+             if e["pid"] != 7]
+    tid = names[0][0]
+    assert names == [(tid, "NCCL comm abc123 (pid 7)"), (tid, "NCCL comm abc123 (rank 1/2)")]
+    track = [(e["name"], e["ts"]) for e in of(trace, "X") if e["pid"] != 7]
+    assert track == [("ncclAllReduce #1", 1000.0), ("ncclCommUserRank", 2000.0),
+                     ("ncclAllReduce #2", 3000.0)]
+    assert [e["name"] for e in of(trace, "X") if e["pid"] == 7] == [
+        "ncclAllReduce", "ncclCommUserRank", "ncclAllReduce", "ncclGroupStart"]

@@ -142,7 +142,23 @@ def test_json_events_name_the_container_of_their_process(robust, scope, tmp_path
     assert Counter((e["pid"], e.get("container")) for e in events) == {
         (outside, None): 14, (inside, SHORT): 10}
     keys = list(next(e for e in events if e["pid"] == inside))
-    assert keys[:6] == ["ts", "pid", "tid", "comm", "container", "api"]
+    assert keys[:7] == ["ts", "pid", "tid", "comm", "container", "device", "api"]
+
+
+@pytest.mark.kernel
+def test_the_summary_by_container_counts_each_containers_calls(robust, scope):
+    lib, prog = robust
+    done = run_cli("-p", lib, "--functions", "cudaMemcpy", "--summary", "--by-container",
+                   "--", "sh", "-c", script(prog, scope))
+    assert done.returncode == 0, done.stderr
+    parts = done.stdout.split(" ==== ")[1:]
+    calls = {}
+    for part in parts:
+        title, tables = part.split(" ====", 1)
+        rows = [line.split() for line in tables.split(" ** ")[1].splitlines()
+                if line.split()[-1:] == ["cudaMemcpy"]]
+        calls[title] = int(rows[0][2])
+    assert calls == {"Container " + SHORT: 5, "No container": 7}
 
 
 @pytest.mark.kernel

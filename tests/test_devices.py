@@ -26,12 +26,15 @@ def test_the_runtime_device_is_per_thread_and_zero_from_the_start():
     assert devices == [0, 3, 3, 0, 9, 3]  # (a call naming a device targets it)
 
 
-def test_attached_later_a_thread_has_no_device_until_it_sets_one():
+def test_attached_later_a_thread_has_no_device_until_it_sets_or_asks_one():
     devices = _run(DeviceTracker(from_start=False),
                    ("cudaMalloc", 1, {"size": 8}, {}, 0),
                    ("cudaSetDevice", 1, {"device": 1}, {}, 0),
-                   ("cudaMalloc", 1, {"size": 8}, {}, 0))
-    assert devices == [None, 1, 1]
+                   ("cudaMalloc", 1, {"size": 8}, {}, 0),
+                   ("cudaMalloc", 2, {"size": 8}, {}, 0),
+                   ("cudaGetDevice", 2, {}, {"device": 6}, 0),  # (with --all: it tells)
+                   ("cudaMalloc", 2, {"size": 8}, {}, 0))
+    assert devices == [None, 1, 1, None, None, 6]
 
 
 def test_driver_contexts_carry_their_device_through_set_push_and_pop():
@@ -133,4 +136,4 @@ def test_the_summary_by_device_counts_each_gpus_calls(root, driver, tmp_path):
     assert [allocations(part) for part in parts[1:]] == [2, 2]
     refused = run_cli("--by-device", "-p", str(lib), "--", str(prog), "init")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "--summary" in refused.stderr
+    assert "--summary" in refused.stderr and "--by-device" in refused.stderr

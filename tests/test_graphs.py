@@ -380,7 +380,8 @@ def runtime(fake, tmp_path_factory):
                           out / "trace.json", "--report", out / "report.html", "--save",
                           out / "run.bin", *command)
     got["report"] = _cli("report", out / "run.bin", "--json", "-o", out / "report.jsonl")
-    got["report_summary"] = _cli("report", out / "run.bin", "--summary")
+    got["report_summary"] = _cli("report", out / "run.bin", "--summary", "--report",
+                                 out / "replayed.html")
     got["alone"] = _cli("--summary", *command)  # in-kernel aggregates
     return got
 
@@ -484,14 +485,17 @@ def test_the_summary_alone_does_not_follow_graphs_as_the_readme_says(runtime):
 
 
 @pytest.mark.kernel
-def test_the_html_report_counts_kernels_as_the_kernel_table_does(runtime):
-    """--report: the kernels graph launches ran count as launches (and in graphs), those a
-    capture recorded as captured, not as run: the kernel table's sums, kernel by kernel."""
+@pytest.mark.parametrize("run,page", [("decoded", "report.html"),
+                                      ("report_summary", "replayed.html")])
+def test_the_html_report_counts_kernels_as_the_kernel_table_does(runtime, run, page):
+    """--report, live and of the saved trace: the kernels graph launches ran count as
+    launches (and in graphs), those a capture recorded as captured, not as run: the kernel
+    table's sums, kernel by kernel."""
     from test_html_report import Page
 
-    table = _kernel_table(runtime["decoded"].stdout)
+    table = _kernel_table(runtime[run].stdout)
     sums = [sum(counts[i] for counts in table.values()) for i in range(3)]
-    text = (runtime["dir"] / "report.html").read_text()
+    text = (runtime["dir"] / page).read_text()
     kernels = Page(text.split("<h2>Top kernels</h2>", 1)[1].split("</table>", 1)[0]).rows
     assert kernels == [["kernel", "launches", "in graphs", "captured", "launch calls total (ms)"],
                        ["vec_add_kernel"] + [str(n) for n in sums] + kernels[1][4:]]

@@ -66,7 +66,8 @@ def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake,
                               env=cli_env())
     try:
         assert "probing" in tracer.stderr.readline()
-        subprocess.run([str(prog), "malloc:64", "sleep:%d" % pause_ms, "getkernel", "launchhandle:4:256"],
+        subprocess.run([str(prog), "malloc:64", "sleep:%d" % pause_ms, "getkernel",
+                        "launchhandle:4:256"],
                        capture_output=True, check=True, timeout=30)
         time.sleep(0.2)
     finally:

@@ -12,6 +12,7 @@ made to happen here by making a probe answer as an older kernel's would.
 """
 import errno
 import json
+import resource
 import subprocess
 import sys
 
@@ -113,6 +114,48 @@ def test_v_names_the_kernel_features_and_the_attach_path(root, robust, tmp_path)
     assert done.returncode == 0, done.stderr
     expected = uprobe.PERF_LINK if uprobe.perf_links_supported() else uprobe.PERF_IOCTL
     assert "attach path: " + uprobe.PATHS[expected] in done.stderr
+
+
+COUNT_FD_RAISES = """
+import atexit, sys
+from ebpf_cuda import syscalls
+_raised = []
+def _raise_fd_limit(_real=syscalls.raise_fd_limit):
+    _raised.append(_real())
+    return _raised[-1]
+syscalls.raise_fd_limit = _raise_fd_limit
+atexit.register(lambda: sys.stderr.write("fd limit raised %d times\\n" % sum(_raised)))
+"""
+
+
+def test_perf_uprobes_past_the_soft_fd_limit_raise_it(root, fake, tmp_path):
+    """Perf-event uprobes take two descriptors each, their programs one or two (6.1: the
+    quick start passed the usual soft limit of 1024, and the limit was not raised: importing
+    `resource` at that moment needed a descriptor too, and program loads, which run beside
+    the attaches, did not try). Under a soft limit of 128 the default set of the stand-in
+    runtime (64 functions: ~440 descriptors) is loaded and attached anyway, and traced."""
+    lib, prog = fake
+    out = tmp_path / "trace.jsonl"
+    script = (NO_UPROBE_MULTI + COUNT_FD_RAISES +
+              "\nimport sys\nfrom ebpf_cuda.cli import main\nmain(sys.argv[1:])\n")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip("a hard descriptor limit of %d: no room to raise the soft one" % hard)
+    done = subprocess.run(["prlimit", "--nofile=128:%s" % (
+                               "unlimited" if hard == resource.RLIM_INFINITY else hard),
+                           sys.executable, "-c", script,
+                           "-v", "--json", "-o", str(out), "-p", str(lib), "--", str(prog),
+                           "malloc:4000", "memcpy:4000:1", "free"],
+                          capture_output=True, text=True, timeout=300, env=cli_env(),
+                          cwd=str(REPO), stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    perf = uprobe.PERF_LINK if uprobe.perf_links_supported() else uprobe.PERF_IOCTL
+    assert "attach path: " + uprobe.PATHS[perf] in done.stderr
+    raised = int(done.stderr.split("fd limit raised ")[1].split()[0])
+    assert raised >= 1, done.stderr
+    with open(out) as f:
+        exits = [e["api"] for e in map(json.loads, f) if e["phase"] == "exit"]
+    assert exits == ["cudaMalloc", "cudaMemcpy", "cudaFree"]
 
 
 def test_refused_uprobe_multi_link_falls_back_to_perf_uprobes(root, robust, tmp_path):

@@ -78,13 +78,15 @@ def test_kernels_sh_says_how_to_use_it():
 # for, and when.
 FAKE_APT_GET = r"""#!/bin/sh
 echo "apt-get $*" >> "$FAKE_APT/log"
+[ -e "$FAKE_APT/offline" ] && { echo "E: Some index files failed to download" >&2; exit 100; }
 for word in "$@"; do
     case "$word" in
         update)
             n=$(cat "$FAKE_APT/locked" 2>/dev/null || echo 0)
             if [ "$n" -gt 0 ]; then
                 echo $((n - 1)) > "$FAKE_APT/locked"
-                echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1 (apt-get)" >&2
+                echo "E: Could not get lock /var/lib/apt/lists/lock." \
+                     "It is held by process 1 (apt-get)" >&2
                 exit 100
             fi
             touch "$FAKE_APT/updated"; exit 0 ;;
@@ -157,7 +159,8 @@ def test_kernels_sh_uses_an_unpacked_kernel_without_apt(tmp_path):
     apt = _fake_apt(tmp_path)
     assert _kernels_sh(apt, tmp_path / "cache", "--fetch", RELEASE).returncode == 0
     (apt / "log").unlink()
-    (apt / "updated").unlink()  # apt now knows nothing (offline) and must not be asked
+    (apt / "updated").unlink()  # apt now knows nothing and cannot learn (offline)
+    (apt / "offline").touch()
     done = _kernels_sh(apt, tmp_path / "cache", "--fetch", RELEASE)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "cache" / RELEASE)
@@ -165,7 +168,7 @@ def test_kernels_sh_uses_an_unpacked_kernel_without_apt(tmp_path):
     # --refresh asks apt, and with apt offline still takes the unpacked kernel
     done = _kernels_sh(apt, tmp_path / "cache", "--refresh", "--fetch", RELEASE)
     assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "cache" / RELEASE)
-    assert "apt-cache search" in (apt / "log").read_text()
+    assert "apt-get -qq -o DPkg::Lock::Timeout=300 update" in (apt / "log").read_text()
 
 
 def test_kernels_sh_reports_an_unknown_kernel_as_usage(tmp_path):

@@ -324,33 +324,49 @@ def _dims(value) -> str:
     return "(%d,%d,%d)" % tuple(value) if value is not None else "-"
 
 
-class DeviceSummaries:
-    """`--summary --by-device`: the summary tables once per device (devices.py), a call
-    counted under the device it targets; calls whose device is not known (attached to a
-    running process that never set one) under "device unknown"."""
+class SplitSummary:
+    """`--summary --by-device` / `--by-container`: the summary tables once per device
+    (devices.py) or container (containers.py), or per pair of both; each call counted under
+    the device it targets and the container of its process. Calls whose device is not known
+    (attached to a process that never set one) come under "device unknown", processes in no
+    container under "no container"."""
 
-    def __init__(self, namer: Optional[Namer] = None) -> None:
+    def __init__(self, namer: Optional[Namer] = None, by_device: bool = True,
+                 by_container: bool = False) -> None:
         self.namer = namer
-        self.devices: Dict[Optional[int], Summary] = {}
+        self._fields = (("device",) if by_device else ()) + (
+            ("container",) if by_container else ())
+        self.parts: Dict[tuple, Summary] = {}
 
     def add(self, events: Iterable[Event]) -> None:
-        by_device: Dict[Optional[int], List[Event]] = defaultdict(list)
+        batches: Dict[tuple, List[Event]] = defaultdict(list)
+        fields = self._fields
         for event in events:
-            by_device[event.device].append(event)
-        for device, batch in by_device.items():
-            summary = self.devices.get(device)
+            batches[tuple(getattr(event, f) for f in fields)].append(event)
+        for key, batch in batches.items():
+            summary = self.parts.get(key)
             if summary is None:
-                summary = self.devices[device] = Summary(namer=self.namer)
+                summary = self.parts[key] = Summary(namer=self.namer)
             summary.add(batch)
 
     def report(self, aggregates=None) -> str:
-        """Each device's tables under its own title, devices in order, unknown last."""
-        if not self.devices:
+        """Each part's tables under its own title, in order (the unknown ones last)."""
+        if not self.parts:
             return " ** (no completed calls)"
-        order = sorted(self.devices, key=lambda d: (d is None, d if d is not None else 0))
-        return "\n\n".join(
-            " ==== %s ====\n\n%s" % ("Device %d" % d if d is not None else "Device unknown",
-                                     self.devices[d].report()) for d in order)
+        order = sorted(self.parts, key=lambda key: [(v is None, v if v is not None else 0)
+                                                    if isinstance(v, int) or v is None
+                                                    else (False, v) for v in key])
+        return "\n\n".join(" ==== %s ====\n\n%s" % (self._title(key), self.parts[key].report())
+                             for key in order)
+
+    def _title(self, key: tuple) -> str:
+        words = []
+        for field, value in zip(self._fields, key):
+            if field == "device":
+                words.append("Device %d" % value if value is not None else "Device unknown")
+            else:
+                words.append("Container %s" % value if value else "No container")
+        return ", ".join(words)
 
     def header(self) -> None:
         """Nothing is written before the end."""

@@ -10,6 +10,16 @@ own), titled by the kernel, `memcpy KIND` or `memset`; with both layers traced, 
 driver's cuGraphLaunch inside cudaGraphLaunch. They show what the launch ran, not when it ran
 on the GPU. Timestamps are the kernel's CLOCK_MONOTONIC in microseconds (`ts_ns / 1000`).
 
+NCCL calls on a communicator (`comm_id` in their arguments, or else a non-NULL `comm` handle:
+one made before the trace began, or -r) are also drawn on a track of their communicator: a
+Chrome-trace process per communicator id ("NCCL comm ID"), a thread in it per rank ("NCCL
+comm ID (rank R/N)", or "(pid P)" while its rank is unknown); a communicator whose id is
+unknown is a process of its own per handle and pid. The ranks of one job traced together
+thus lie one under the other, each collective titled with its sequence number
+("ncclAllReduce #3"), category `nccl comm`. The calls stay on their thread's track too
+(besides, not instead): there they nest what NCCL itself calls (its kernel launches) and the
+thread's time shows where it waited.
+
 The array is streamed: `[` at `header()`, each batch as it comes, `]` at `close()`; memory
 stays constant whatever the number of events (only per-process state and live allocations
 are kept).
@@ -22,11 +32,15 @@ from ..analysis.memory import ALLOCATORS, DOUBLE_FREE, FREES, LeakTracker, Memor
 from ..analysis.operations import copy_bytes, copy_label, copy_operation
 from ..apis import BY_NAME, DEVICE, Role
 from ..elf import demangle
+from ..apis import NCCL
 from ..events import ENTER, EXIT, Event
 from ..values import field_kinds, trace_value
 from . import finish
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name
+# Communicator tracks get pids and tids above any real one (pid_max is at most 2^22), so
+# they never share a track with a process or thread.
+COMM_TRACK_BASE = 1 << 30
 Emit = Callable[[Dict[str, Any]], None]
 
 
@@ -38,6 +52,7 @@ class ApiInfo:
         row = BY_NAME.get(name)
         self.category = row.category if row else "other"
         self.role = row.role if row else None
+        self.nccl = row is not None and row.library == NCCL
         self.kinds: Dict[str, str] = field_kinds(row) if row is not None else {}
 
 
@@ -117,6 +132,7 @@ class ChromeTraceWriter:
         self._threads: Set[Tuple[int, int]] = set()
         self._copied: Dict[int, Dict[str, int]] = {}
         self._last_ns: Dict[int, int] = {}
+        self._comms = CommTracks()
 
     def header(self) -> None:
         if not self._started:
@@ -173,9 +189,13 @@ class ChromeTraceWriter:
         if (ev is not None and ev.phase == EXIT and ev.tid == pending.tid
                 and ev.api == pending.api and ev.ts_ns - (ev.duration_ns or 0) == pending.ts_ns):
             return
-        emit({"name": pending.api, "cat": "enter", "ph": "i", "s": "t",
-              "ts": _us(pending.ts_ns), "pid": pending.pid, "tid": pending.tid,
-              "args": self._args(pending, api_info(pending.api).kinds, self._kernel(pending))})
+        marker = {"name": pending.api, "cat": "enter", "ph": "i", "s": "t",
+                  "ts": _us(pending.ts_ns), "pid": pending.pid, "tid": pending.tid,
+                  "args": self._args(pending, api_info(pending.api).kinds,
+                                     self._kernel(pending))}
+        emit(marker)
+        if api_info(pending.api).nccl:
+            self._comms.copy(pending, marker, emit)
 
     def _track(self, ev: Event, emit: Emit) -> None:
         if ev.pid not in self._processes:
@@ -211,10 +231,13 @@ class ChromeTraceWriter:
         if ev.faults:
             args["unreadable"] = list(ev.faults)
         duration = ev.duration_ns or 0
-        emit({"name": self._title(ev, kernel if info.category == "launch" else None),
-              "cat": info.category, "ph": "X",
-              "ts": _us(ev.ts_ns - duration), "dur": _us(duration), "pid": ev.pid,
-              "tid": ev.tid, "args": args})
+        slice_ = {"name": self._title(ev, kernel if info.category == "launch" else None),
+                  "cat": info.category, "ph": "X",
+                  "ts": _us(ev.ts_ns - duration), "dur": _us(duration), "pid": ev.pid,
+                  "tid": ev.tid, "args": args}
+        emit(slice_)
+        if info.nccl:
+            self._comms.copy(ev, slice_, emit)
         if isinstance(nodes, list) and info.role == Role.GRAPH_LAUNCH \
                 and self._graph_layers.inner(ev):
             self._nodes(ev, nodes, ev.ts_ns - duration, duration, emit)
@@ -283,6 +306,50 @@ class ChromeTraceWriter:
                   "pid": alloc.pid, "tid": alloc.tid,
                   "args": {"ptr": "0x%x" % alloc.ptr, "size": alloc.size, "api": alloc.api,
                            "allocated_at_us": _us(alloc.ts_ns)}})
+
+
+class CommTracks:
+    """The communicator tracks of one timeline (see the module's docstring): which
+    Chrome-trace pid and tid each communicator and rank got, and their names as last told."""
+
+    def __init__(self) -> None:
+        self._pids: Dict[Any, int] = {}  # communicator key -> track pid
+        self._tids: Dict[Tuple[int, int], int] = {}  # (process, handle) -> track tid
+        self._names: Dict[Tuple[int, int], str] = {}  # (track pid, tid) -> its name
+
+    def copy(self, ev: Event, shown: Dict[str, Any], emit: Emit) -> None:
+        """`shown` (the thread track's slice or marker of an NCCL call) again on its
+        communicator's track; nothing for a call on no communicator (groups, NULL)."""
+        comm_id = ev.args.get("comm_id")
+        handle = ev.args.get("comm")
+        if handle is None and comm_id is not None:  # ncclCommInitRank*: the one it made
+            handle = ev.outs.get("comm")
+        if not handle or not isinstance(handle, int):
+            return
+        key = comm_id if comm_id is not None else (ev.pid, handle)
+        label = comm_id if comm_id is not None else "0x%x (pid %d)" % (handle, ev.pid)
+        pid = self._pids.get(key)
+        if pid is None:
+            pid = self._pids[key] = COMM_TRACK_BASE + len(self._pids)
+            emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                  "args": {"name": "NCCL comm %s" % label}})
+        tid = self._tids.get((ev.pid, handle))
+        if tid is None:
+            tid = self._tids[(ev.pid, handle)] = COMM_TRACK_BASE + len(self._tids)
+        name = "NCCL comm %s" % label
+        rank, nranks = ev.args.get("rank"), ev.args.get("nranks")
+        if comm_id is not None:
+            name += " (rank %s/%s)" % (rank, "?" if nranks is None else nranks) \
+                if rank is not None else " (pid %d)" % ev.pid
+        if self._names.get((pid, tid)) != name:  # (a rank learned later renames its track)
+            self._names[(pid, tid)] = name
+            emit({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                  "args": {"name": name}})
+        seq = ev.args.get("seq")
+        copied = dict(shown, pid=pid, tid=tid, cat="nccl comm")
+        if seq is not None:
+            copied["name"] = "%s #%d" % (shown["name"], seq)
+        emit(copied)
 
 
 def write_chrome_trace(events: Iterable[Event], stream: IO[str],

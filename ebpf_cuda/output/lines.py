@@ -240,7 +240,7 @@ class _FrameLines:
 
     def _duration(self, ns: int) -> str:
         """A duration in microseconds as text lines show it, kept (values repeat a lot)."""
-        if len(self._durations) > 65536:
+        if len(self._durations) > 8192:  # (bounded: ~0.5 MB; short calls repeat most)
             self._durations.clear()
         text = self._durations[ns] = "%.1f" % (ns / 1000.0)
         return text

@@ -133,6 +133,17 @@ def main() -> int:
             apis[e["api"]] = apis.get(e["api"], 0) + 1
         unnamed = [e for e in launches if not e.get("kernel")][:3]
         result.update(window_apis=apis, unnamed_sample=unnamed)
+        # The runtime-launched kernels (issue 14's >= 99% target) and whether their names
+        # are CUPTI's own.
+        runtime = [e for e in window_events(trace) if e["api"].startswith("cudaLaunchKernel")]
+        runtime_named = [e for e in runtime if e.get("kernel")
+                         and not e["kernel"].startswith("[kernel launched from")]
+        names = {e["kernel"] for e in runtime_named}
+        result.update(runtime_launches=len(runtime), runtime_named=len(runtime_named),
+                      runtime_named_pct=round(100.0 * len(runtime_named) / max(1, len(runtime)),
+                                              2),
+                      runtime_names_in_cupti=sorted(names & set(cupti)),
+                      runtime_names_not_in_cupti=sorted(names - set(cupti)))
         result.update(launches=len(launches), named=len(named), hinted=len(hinted),
                       named_pct=round(100.0 * len(named) / max(1, len(launches)), 2),
                       tracer_names=seen, cupti_names=cupti,
