@@ -176,7 +176,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         _stopper.checkpoint()  # a command cancelled before it ran
         reports = outputs.reports(tracer)
         losses = tracer.stream.losses()
-        left = _children_left(tracer)
+        left = tracer.children_left()
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
     if outputs.spool is not None:
         losses.spool_limit = "%s bytes" % plan.format_size(outputs.spool.limit)
@@ -186,22 +186,6 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                           else "s", ", ".join("pid %d" % p for p in left[:5])
                           + (", ..." if len(left) > 5 else "")))
     _finish(tracer, reports, request.reports_to_stderr(), losses, summary)
-
-
-def _children_left(tracer: Tracer) -> List[int]:
-    """The processes the command started that still live once it has ended (a job it put
-    in the background): the kernel's followed set still holds them."""
-    from . import layout
-    from .command import alive
-
-    followed = tracer.session.maps.get(layout.FOLLOWED)
-    if followed is None or tracer.exit_status is None:
-        return []
-    try:
-        pids = [int(pid) for pid in followed.keys()]
-    except (TracerError, OSError, TypeError, ValueError):
-        return []
-    return sorted(pid for pid in pids if pid != tracer.child_pid and alive(pid))
 
 
 def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losses,

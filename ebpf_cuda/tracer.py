@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 
 from . import aggregates, apis, layout
 from .apis import Api
+from .errors import TracerError
 from .events import Decoder, Event
 from .names import KernelNamer
 from .programs import Program
@@ -145,6 +146,21 @@ class Tracer:
         """The started command's exit code once it ended (128+N when killed by signal N)."""
         command = self.session.command
         return command.exit_status if command is not None else None
+
+    def children_left(self) -> List[int]:
+        """The processes the command started that still live once it has ended (a job it
+        put in the background): the kernel's followed set still holds them."""
+        from . import layout
+        from .command import alive
+
+        followed = self.session.maps.get(layout.FOLLOWED)
+        if followed is None or self.exit_status is None:
+            return []
+        try:
+            pids = [int(pid) for pid in followed.keys()]
+        except (TracerError, OSError, TypeError, ValueError):
+            return []
+        return sorted(pid for pid in pids if pid != self.child_pid and alive(pid))
 
     # -- reading ---------------------------------------------------------------------------
 
