@@ -1,8 +1,9 @@
 """Following a command's processes in the kernel.
 
 The `followed` map holds the process ids (tgids) being traced. A program on the
-sched:sched_process_fork tracepoint adds every child of a followed process as it is created;
-one on sched:sched_process_exit removes a process when its last thread exits: told by the
+sched:sched_process_fork tracepoint adds every child of a followed process as it is created
+(threads too: the tracepoint cannot tell them apart, so each thread's entry goes when it
+exits); one on sched:sched_process_exit removes a process when its last thread exits: told by the
 tracepoint's `group_dead` field where the kernel has it (6.16+), else (6.1, 6.12) when its
 leader thread exits (pid == tgid; a process whose leader ends before its other threads is
 then forgotten early). Which one is read from the tracepoint's format. The uprobe
@@ -54,10 +55,28 @@ def on_fork(child_pid_offset: int) -> list:
     ]
 
 
+def _forget_own_thread() -> list:
+    """Delete the exiting thread's own entry when it is not its process's leader: the fork
+    program cannot tell a new thread from a new process, so each thread got one (left in
+    place, they would fill the map in a long run and children would go untraced)."""
+    return [
+        asm.call(Helper.GET_CURRENT_PID_TGID),
+        asm.mov(R1, R0), asm.rsh(R1, 32),  # tgid
+        asm.mov32(R0, R0),  # thread id
+        asm.jeq(R0, R1, "leader"),
+        asm.stx(W, FP, layout.TP_PID_AT, R0),
+        asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
+        asm.call(Helper.MAP_DELETE_ELEM),
+        asm.Label("leader"),
+    ]
+
+
 def on_exit(group_dead_offset: int) -> list:
-    """sched_process_exit: forget a process once its whole thread group is gone."""
+    """sched_process_exit: forget a thread's own entry, and a process once its whole thread
+    group is gone."""
     return [
         asm.ldx(asm.B, R6, R1, group_dead_offset),
+        *_forget_own_thread(),
         asm.jeq(R6, 0, "out"),
         asm.call(Helper.GET_CURRENT_PID_TGID), asm.rsh(R0, 32),
         asm.stx(W, FP, layout.TP_PID_AT, R0),
@@ -69,17 +88,16 @@ def on_exit(group_dead_offset: int) -> list:
 
 def on_leader_exit() -> list:
     """sched_process_exit on kernels without `group_dead`: forget a process when its leader
-    thread (the one whose thread id is the process id) exits. The tracepoint runs in the
-    exiting thread, so no field of its record is needed."""
+    thread (the one whose thread id is the process id) exits, and any other thread's own
+    entry when it exits. The tracepoint runs in the exiting thread, so no field of its
+    record is needed: the exiting thread's id is the key either way."""
     return [
         asm.call(Helper.GET_CURRENT_PID_TGID),
-        asm.mov(R1, R0), asm.rsh(R1, 32),  # tgid
-        asm.mov32(R0, R0),  # thread id
-        asm.jne(R0, R1, "out"),
-        asm.stx(W, FP, layout.TP_PID_AT, R1),
+        asm.mov32(R0, R0),  # thread id (the process id, for the leader)
+        asm.stx(W, FP, layout.TP_PID_AT, R0),
         asm.ld_map(R1, FOLLOWED_MAP), asm.mov(R2, FP), asm.add(R2, layout.TP_PID_AT),
         asm.call(Helper.MAP_DELETE_ELEM),
-        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+        asm.mov(R0, 0), asm.exit(),
     ]
 
 
