@@ -80,16 +80,24 @@ def _notice(pid_ns: Optional[Tuple[int, int]]) -> list:
     """A hello record (record.PHASE_HELLO) of the exec'ing thread into the `events` ring,
     the reader woken, when the thread has the probes' task storage (it made traced calls:
     other processes' execs tell nothing). A full ring drops it (it is no event)."""
-    pid_tgid = ([asm.ldx(DW, R0, FP, _NS_AT)] if pid_ns is not None  # (tgid << 32 | tid)
-                else [asm.call(Helper.GET_CURRENT_PID_TGID)])
     return [
         asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
         asm.ld_map(R1, layout.TASKS), asm.mov(R3, 0), asm.mov(R4, 0),
         asm.call(Helper.TASK_STORAGE_GET),
         asm.jeq(R0, 0, "out"),
+    ] + _hello_record(pid_ns, "out")
+
+
+def _hello_record(pid_ns: Optional[Tuple[int, int]], full: str, mark: int = 0) -> list:
+    """A hello record of the current thread into the `events` ring, its first argument cell
+    `mark`, the reader woken; a full ring jumps to `full`. With `pid_ns`, fp-32 holds the
+    thread's bpf_pidns_info (`_current_pid`)."""
+    pid_tgid = ([asm.ldx(DW, R0, FP, _NS_AT)] if pid_ns is not None  # (tgid << 32 | tid)
+                else [asm.call(Helper.GET_CURRENT_PID_TGID)])
+    return [
         asm.ld_map(R1, layout.EVENTS), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
         asm.call(Helper.RINGBUF_RESERVE),
-        asm.jeq(R0, 0, "out"),
+        asm.jeq(R0, 0, full),
         asm.mov(R8, R0),
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),
@@ -99,9 +107,74 @@ def _notice(pid_ns: Optional[Tuple[int, int]]) -> list:
         asm.st(W, R8, record.STACK_ID, 0),
         asm.mov(R1, R8), asm.add(R1, record.COMM), asm.mov(R2, record.COMM_LEN),
         asm.call(Helper.GET_CURRENT_COMM),
-    ] + [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)] + [
+    ] + [asm.st(DW, R8, offset, mark if offset == record.ARGS else 0)
+         for offset in range(record.ARGS, record.SIZE, 8)] + [
         asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP), asm.call(Helper.RINGBUF_SUBMIT),
     ]
+
+
+# -- every exec, told of (the monitor: programs started after it that may be CUDA's) -------
+
+EXEC_MARK = 0x45584543  # "EXEC": the first argument cell of an exec notice
+NOTICES_LOST = "loader_lost"  # (loader_watch.LOST: the per-CPU count of notices lost)
+_LOST_KEY_AT = -40
+
+
+def on_exec_notice(pid_ns: Optional[Tuple[int, int]] = None) -> list:
+    """sched_process_exec: an *exec notice* of every exec (a hello record whose first
+    argument cell is EXEC_MARK) into the `events` ring the program is given (not the
+    session's: loader_watch.SystemWatch's), the reader woken; one the full ring cannot take
+    is counted in NOTICES_LOST[0]. With `pid_ns`, execs outside that PID namespace are not
+    told of (their pids mean nothing here)."""
+    prog: list = []
+    if pid_ns is not None:
+        dev, ino = pid_ns
+        prog += [
+            asm.ld_imm64(R1, dev), asm.ld_imm64(R2, ino),
+            asm.mov(R3, FP), asm.add(R3, _NS_AT), asm.mov(R4, 8),
+            asm.call(Helper.GET_NS_CURRENT_PID_TGID),
+            asm.jne(R0, 0, "out"),
+        ]
+    return prog + _hello_record(pid_ns, "lost", EXEC_MARK) + [
+        asm.ja("out"),
+        asm.Label("lost"),
+        asm.st(W, FP, _LOST_KEY_AT, 0),
+        asm.ld_map(R1, NOTICES_LOST), asm.mov(R2, FP), asm.add(R2, _LOST_KEY_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "out"),
+        asm.ldx(DW, R1, R0, 0), asm.add(R1, 1), asm.stx(DW, R0, 0, R1),
+        asm.Label("out"), asm.mov(R0, 0), asm.exit(),
+    ]
+
+
+class ExecNotices:
+    """The exec notices' program on sched_process_exec (`on_exec_notice`), writing into
+    `maps`' `events` ring and counting what it loses in its NOTICES_LOST map. Raises
+    UnsupportedKernelError when the tracepoint cannot be found, KernelError when the
+    program cannot be loaded or attached."""
+
+    def __init__(self, maps: Dict[str, Map], pid_ns: Optional[Tuple[int, int]] = None) -> None:
+        tracepoint = tracepoints.find("sched", "sched_process_exec")
+        self._fds: List[syscalls.Fd] = []
+        self._program: Optional[Program] = Program(
+            on_exec_notice(pid_ns), {name: maps[name] for name in (layout.EVENTS, NOTICES_LOST)},
+            name="exec_notices", prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT)
+        try:
+            self._program.load()
+            event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
+            self._fds.append(event)
+            syscalls.perf_event_set_bpf(event.value, self._program.fd)
+            syscalls.perf_event_enable(event.value)
+        except KernelError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        close_all(self._fds)
+        self._fds = []
+        if self._program is not None:
+            self._program.close()
+            self._program = None
 
 
 class ExecWatcher:

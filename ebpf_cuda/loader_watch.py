@@ -19,6 +19,7 @@ the attach (milliseconds, see docs/design.md) are not seen, and nothing can coun
 probe is on the file yet). A notice the full ring could not take is counted (`loader_lost`);
 the reader then scans every traced process again.
 """
+import collections
 import fnmatch
 import os
 import queue
@@ -32,6 +33,7 @@ from .apis import Api
 from .arch import Arch, current as current_arch
 from .asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, W, Helper
 from .errors import NoCudaSymbolsError, ProcessError, TracerError, UnsupportedKernelError
+from .execs import EXEC_MARK, NOTICES_LOST
 from .maps import PerCpuArrayMap
 from .programs import Program
 from .targets import Target, find_targets
@@ -39,7 +41,12 @@ from .uprobe import Link, attach_uprobe
 
 HOOK = "_dl_debug_state"  # glibc's r_brk: called after every change of the link map
 LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice
-LOST = "loader_lost"  # per-CPU count of notices the full ring could not take
+LOST = NOTICES_LOST  # "loader_lost": per-CPU count of notices the full ring could not take
+NOTICE_LOADER, NOTICE_EXEC = 1, 2  # what a process's notices in a batch were
+_KIND_OF = {LOADER_MARK: NOTICE_LOADER, EXEC_MARK: NOTICE_EXEC}
+EXAMINED_MAX = 1 << 16  # files (maps device, inode) remembered as looked at; the oldest go
+NOTICE_RING_SIZE = 1 << 18  # the monitor's notices: ~1,500 waiting before one is lost
+NOTICE_POLL_S = 0.25  # how long its reader waits before looking at stop() and the lost
 # struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
 R_STATE = 24
 RT_CONSISTENT = 0
@@ -103,16 +110,24 @@ def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
 
 def notice_times(frames: bytes) -> Dict[int, int]:
     """pid -> the time (ns, CLOCK_MONOTONIC) of its first loader notice in this batch."""
+    return {pid: ns for pid, (ns, _) in notices(frames, (LOADER_MARK,)).items()}
+
+
+def notices(frames: bytes, marks: Sequence[int] = (LOADER_MARK, EXEC_MARK)
+            ) -> Dict[int, Tuple[int, int]]:
+    """pid -> (the time of its first notice in this batch, the marks of its notices OR'ed
+    as NOTICE_LOADER | NOTICE_EXEC) for the notices of these `marks`."""
     ids = record.frame_column(frames, record.FN_ID, "H")
     if record.HELLO_FN not in ids:
         return {}
-    marks = record.frame_column(frames, record.ARGS, "Q")
+    cells = record.frame_column(frames, record.ARGS, "Q")
     pids = record.frame_column(frames, record.PID_TGID + 4, "I")
     times = record.frame_column(frames, record.TS_ENTER, "Q")
-    found: Dict[int, int] = {}
+    found: Dict[int, Tuple[int, int]] = {}
     for i, fn in enumerate(ids):
-        if fn == record.HELLO_FN and marks[i] == LOADER_MARK:
-            found.setdefault(pids[i], times[i])
+        if fn == record.HELLO_FN and cells[i] in marks:
+            ns, kinds = found.get(pids[i], (times[i], 0))
+            found[pids[i]] = (ns, kinds | _KIND_OF[cells[i]])
     return found
 
 
@@ -169,6 +184,26 @@ def process_loader(pid: int, own: bool = False) -> Optional[str]:
     except (OSError, ProcessError):
         return None
     return None
+
+
+def at_base(pid: int) -> int:
+    """Where process `pid`'s dynamic loader is mapped (auxv AT_BASE); 0 for a static
+    executable or a process gone."""
+    try:
+        with open("/proc/%d/auxv" % pid, "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return 0
+    return dict(struct.iter_unpack("<QQ", data[:len(data) // 16 * 16])).get(AT_BASE, 0)
+
+
+def loader_line(pid: int, lines: Sequence[bytes]) -> Optional[bytes]:
+    """The maps line (of `lines`, process `pid`'s) of its dynamic loader's first mapping."""
+    base = at_base(pid)
+    if not base:
+        return None
+    prefix = b"%x-" % base
+    return next((line for line in lines if line.startswith(prefix)), None)
 
 
 def r_debug_distance(loader: str, hook_vaddr: int) -> int:
@@ -261,22 +296,51 @@ class LoaderWatch:
 
 # -- which files are new -------------------------------------------------------------------
 
-def new_mappings(pid: int, kinds: Iterable[str], examined: Set[Tuple[bytes, bytes]]
-                 ) -> List[Tuple[discovery.Mapping, bool]]:
+class Examined:
+    """The files (maps device, inode) already looked at, at most `limit` of them: a set
+    whose oldest entries go first (a host running for months execs ever new programs: a
+    file forgotten is only looked at again, its probes are kept by inode elsewhere)."""
+
+    def __init__(self, limit: int = EXAMINED_MAX) -> None:
+        self.limit = limit
+        self._keys: "collections.OrderedDict[Tuple[bytes, bytes], None]" = \
+            collections.OrderedDict()
+
+    def __contains__(self, key: Tuple[bytes, bytes]) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: Tuple[bytes, bytes]) -> None:
+        self._keys[key] = None
+        if len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
+
+
+def maps_lines(pid: int) -> List[bytes]:
+    """The lines of /proc/PID/maps; ProcessError when it has exited."""
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as stream:
+            return stream.readlines()
+    except OSError as err:
+        raise ProcessError("cannot read the mappings of process %d: %s"
+                           % (pid, err.strerror or err)) from None
+
+
+def new_mappings(pid: int, kinds: Iterable[str], examined: Any,
+                 lines: Optional[List[bytes]] = None) -> List[Tuple[discovery.Mapping, bool]]:
     """(mapping, named) for each file process `pid` maps that is not in `examined` (maps
     device and inode; each one returned is added): files named as a CUDA library of these
     kinds (named=True, any mapping), and, when the runtime is traced, other executable file
     mappings (named=False: a library or program that may carry the runtime statically, as
-    CuPy's extension modules do). ProcessError when it has exited. Lines are split only as
+    CuPy's extension modules do). `examined`: a set or an Examined; `lines`: the process's
+    maps when already read. ProcessError when it has exited. Lines are split only as
     far as they need: a framework's process maps thousands."""
     patterns = [p for kind in kinds for p in PATTERNS.get(kind, ())]
     static = "runtime" in kinds
-    try:
-        with open("/proc/%d/maps" % pid, "rb") as stream:
-            lines = stream.readlines()
-    except OSError as err:
-        raise ProcessError("cannot read the mappings of process %d: %s"
-                           % (pid, err.strerror or err)) from None
+    if lines is None:
+        lines = maps_lines(pid)
     found: List[Tuple[discovery.Mapping, bool]] = []
     for line in lines:
         named = b"/libcu" in line or b"/libnccl" in line
@@ -368,6 +432,10 @@ def loaders_for(pid: Optional[int], command: Sequence[str]) -> List[str]:
 
 # -- probing what comes ---------------------------------------------------------------------
 
+# How a file probed late came (said with -v).
+WHY_LOADER = "its dynamic loader mapped it: a dlopen, or a program's start"
+WHY_EXEC = "it exec'd this program or one that maps it"
+WHY_STATIC = "carrying the runtime statically"
 Probe = Callable[[Target, Optional[int]], bool]  # the session's probes on a file: attached?
 
 
@@ -391,8 +459,10 @@ class LateLoads:
         self.traced = traced
         self.log = log
         self.probed: Set[Identity] = {key for key in (identity(t.path) for t in started) if key}
-        self.examined: Set[Tuple[bytes, bytes]] = set()  # (maps device, inode) looked at
+        self.examined = Examined()  # (maps device, inode) of the files looked at
+        self._loaders: Set[Tuple[bytes, bytes]] = set()  # (maps device, inode) of loaders
         self.late: List[Tuple[str, int, float]] = []  # (path, pid, ms after the notice)
+        self.reasons: Dict[str, str] = {}  # path -> how it came (`late`'s files)
         self._lost_checked = 0.0
         self._lock = threading.Lock()  # `probed`: the reader and the checker thread
         self._checks: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -412,8 +482,9 @@ class LateLoads:
 
     def note(self, frames: bytes) -> None:
         """Scan the processes whose loader sent a notice in this batch (and, when notices
-        were lost to a full ring, every traced process)."""
-        notices = notice_times(frames)
+        were lost to a full ring, every traced process); a process that exec'd has its
+        loader watched first (exec notices: the monitor's, SystemWatch)."""
+        told = notices(frames)
         now = time.monotonic()
         if now - self._lost_checked >= LOST_CHECK_S:
             self._lost_checked = now
@@ -422,33 +493,71 @@ class LateLoads:
                 self.log("%d loader notices lost (ring full): every traced process is "
                          "scanned again" % lost)
                 for pid in self.traced():
-                    notices.setdefault(pid, 0)
-        for pid in sorted(notices):
-            self.scan(pid, notices[pid])
+                    told.setdefault(pid, (0, NOTICE_EXEC))
+        for pid in sorted(told):
+            notice_ns, kinds = told[pid]
+            if kinds & NOTICE_EXEC:
+                self.exec_seen(pid, notice_ns)
+            else:
+                self.scan(pid, notice_ns)
 
-    def scan(self, pid: int, notice_ns: Optional[int] = None) -> None:
+    def exec_seen(self, pid: int, notice_ns: Optional[int] = None) -> None:
+        """A process that exec'd (or one not scanned yet): its dynamic loader watched when
+        no loader of that file is (a container's, a new one), then its program and what
+        it maps scanned (read again after a new watch: what its loader mapped before the
+        watch was on is in the maps then, what it maps later is told of)."""
+        try:
+            lines = maps_lines(pid)
+            if self.watch_loader_of(pid, lines):
+                lines = maps_lines(pid)
+        except ProcessError:
+            return  # (gone already: a short-lived program)
+        self.scan(pid, notice_ns, WHY_EXEC, lines)
+
+    def watch_loader_of(self, pid: int, lines: Sequence[bytes]) -> bool:
+        """Put the loader program on process `pid`'s dynamic loader (`lines`: its maps)
+        unless that file (by maps device and inode) was met before; True when it was
+        put on now."""
+        line = loader_line(pid, lines)
+        fields = line.split(None, 5) if line else []
+        if len(fields) < 6 or (fields[3], fields[4]) in self._loaders:
+            return False
+        self._loaders.add((fields[3], fields[4]))
+        mapping = discovery.parse_maps_line(os.fsdecode(line))
+        if mapping is None or not mapping.is_file:
+            return False
+        try:
+            return self.watch.watch(file_path(pid, mapping))
+        except TracerError as err:
+            self.log("cannot watch the dynamic loader %s of process %d: %s"
+                     % (mapping.path, pid, err))
+            return False
+
+    def scan(self, pid: int, notice_ns: Optional[int] = None, why: str = "",
+             lines: Optional[List[bytes]] = None) -> None:
         """Probe the CUDA files process `pid` maps that no probe covers yet: those named as
         CUDA libraries at once; the others that may carry the runtime statically are left
         to the checker thread (reading a big library's symbols takes a second: the reader
-        must not wait for it)."""
+        must not wait for it). `why` says how they came (for -v); `lines`: its maps."""
+        why = why or WHY_LOADER
         try:
-            mappings = new_mappings(pid, self.kinds, self.examined)
+            mappings = new_mappings(pid, self.kinds, self.examined, lines)
         except ProcessError:
             return  # it has exited: nothing of it to probe
         for m, named in mappings:
             path = file_path(pid, m)
             if named:
-                self._probe_new(path, pid, notice_ns)
+                self._probe_new(path, pid, notice_ns, why)
             else:
-                self._checks.put((path, pid, notice_ns))
+                self._checks.put((path, pid, notice_ns, why))
 
-    def _probe_new(self, path: str, pid: int, notice_ns: Optional[int]) -> None:
+    def _probe_new(self, path: str, pid: int, notice_ns: Optional[int], why: str) -> None:
         key = identity(path)
         with self._lock:
             if key is None or key in self.probed:
                 return
             self.probed.add(key)
-        self._probe(path, pid, notice_ns)
+        self._probe(path, pid, notice_ns, why)
 
     def _check(self) -> None:
         """The checker thread: libraries that may carry the runtime statically, one by one
@@ -460,10 +569,10 @@ class LateLoads:
             if isinstance(job, _Mark):
                 job.done.set()
                 continue
-            path, pid, notice_ns = job
+            path, pid, notice_ns, why = job
             try:
                 if may_carry_runtime(path) and discovery.is_static_cudart(path):
-                    self._probe_new(path, pid, notice_ns)
+                    self._probe_new(path, pid, notice_ns, why + ", " + WHY_STATIC)
             except Exception as err:  # (a thread of its own: its error is said, not raised)
                 self.log("not probed: %s: %s" % (path, err))
 
@@ -473,7 +582,7 @@ class LateLoads:
         self._checks.put(_Mark(done))
         return done.wait(timeout)
 
-    def _probe(self, path: str, pid: int, notice_ns: Optional[int]) -> None:
+    def _probe(self, path: str, pid: int, notice_ns: Optional[int], why: str) -> None:
         try:
             target = find_targets(self.selected, [path], None, (), self.log)[0]
         except NoCudaSymbolsError:
@@ -494,9 +603,11 @@ class LateLoads:
             return
         after = (time.monotonic_ns() - notice_ns) / 1e6
         self.late.append((target.path, pid, after))
+        self.reasons[target.path] = why
         self.log("probed late: %s (%d functions), mapped by process %d after the trace "
-                 "began; probes on %.1f ms after its loader's notice"
-                 % (target.path, functions, pid, after))
+                 "began (%s); probes on %.1f ms after its %s notice"
+                 % (target.path, functions, pid, why, after,
+                    "exec's" if why.startswith(WHY_EXEC) else "loader's"))
 
     def close(self) -> None:
         self._checks.put(None)
@@ -509,3 +620,100 @@ class _Mark:
 
     def __init__(self, done: threading.Event) -> None:
         self.done = done
+
+
+# -- the whole machine (the monitor) ----------------------------------------------------------
+
+class SystemWatch:
+    """The CUDA files any process of the machine maps after the start, probed as they come
+    (`ebpf-cuda monitor`): the loader program, without a pid filter, on every distinct
+    dynamic loader the processes use (the host's, those of containers, through
+    /proc/PID/root), and an exec notice of every exec (execs.ExecNotices) that has the
+    program's loader watched when it is new and the program checked (its executable may
+    carry the runtime statically). The notices go to a small ring of their own, read by a
+    thread of its own: a process that is not CUDA's never reaches the session's reader
+    (names, containers, the monitor's processes), and nothing changes per CUDA call.
+
+    `late_loads(ring, traced)` makes the LateLoads (Session.late_loads_everywhere); its
+    `late` and `reasons` say what was probed late. Without the exec tracepoint, loaders met
+    later are not watched and programs are checked only when their loader tells."""
+
+    def __init__(self, late_loads: Callable[[Any, Callable[[], Iterable[int]]], LateLoads],
+                 pid_ns: Optional[Tuple[int, int]], log: Log) -> None:
+        from .execs import ExecNotices
+        from .maps import RingBufMap
+        from .ringbuf import RingBuffer
+
+        self.log = log
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.execs: Optional[ExecNotices] = None
+        self.late: Optional[LateLoads] = None
+        self.ring_map = RingBufMap(NOTICE_RING_SIZE, name="notices")
+        self.ring = RingBuffer.from_map(self.ring_map)
+        try:
+            self.late = late_loads(self.ring_map, all_pids)
+            try:
+                self.execs = ExecNotices({layout.EVENTS: self.ring_map,
+                                          LOST: self.late.watch.lost}, pid_ns)
+            except TracerError as err:
+                log("execs are not told of (loaders that appear later are not watched, "
+                    "programs that carry the runtime statically not checked): %s" % err)
+            self._watch_running()
+            self._thread = threading.Thread(target=self._read, name="ebpf-cuda notices",
+                                            daemon=True)
+            self._thread.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _watch_running(self) -> None:
+        """The loaders of the processes running now, and this process's own."""
+        assert self.late is not None
+        loader = own_loader()
+        if loader:
+            self.late.watch_loaders([loader])
+        for pid in all_pids():
+            try:
+                self.late.watch_loader_of(pid, maps_lines(pid))
+            except ProcessError:
+                continue  # (gone, or a kernel thread)
+
+    def _read(self) -> None:
+        """The notices' reader: each batch to LateLoads.note (it looks at lost notices too,
+        so it is called when nothing came)."""
+        assert self.late is not None
+        while not self._stop.is_set():
+            frames = b""
+            if self.ring.poll(NOTICE_POLL_S):
+                frames = self.ring.drain_frames(record.SIZE)
+            try:
+                self.late.note(frames)
+            except Exception as err:  # (a thread of its own: said, and it reads on)
+                self.log("late loads: %s" % err)
+
+    def idle(self, timeout: float = 10.0) -> bool:
+        """Wait until the notices so far were read and their files checked (tests)."""
+        deadline = time.monotonic() + timeout
+        while self.ring.available() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.late is not None and self.late.idle(max(deadline - time.monotonic(), 0))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(NOTICE_POLL_S * 4 + CHECKER_JOIN_S)
+            self._thread = None
+        if self.execs is not None:
+            self.execs.close()
+            self.execs = None
+        if self.late is not None:
+            self.late.close()
+            self.late = None
+        self.ring.close(drain=False)
+        self.ring_map.close()
+
+
+def all_pids() -> List[int]:
+    """Every process of the machine (as this /proc numbers them)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]

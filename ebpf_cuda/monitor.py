@@ -87,6 +87,7 @@ class MonitorOptions(NamedTuple):
     kernel_labels: int = DEFAULT_KERNEL_LABELS  # kernel names per process as labels
     ring_size: Optional[int] = None  # default RING_SIZE, or FLIGHT_RING_SIZE
     flight: object = None  # a flight.FlightOptions: keep the last seconds of every call
+    late: Optional[bool] = None  # probe CUDA files that appear later (default: unless -p)
 
 
 # -- which files ---------------------------------------------------------------------------
@@ -368,6 +369,8 @@ class Monitor:
         self._map_full = 0
         self._stopping = False
         self._agg: Optional[AggregateReader] = None
+        self._agg_for = 0  # the attachments `_agg` reads the functions of
+        self.watch = None  # a loader_watch.SystemWatch: CUDA files that appear later
         self._launches: Optional[HashReader] = None
         self.memory = DeviceMemory()  # (the reader's; published with the series)
 
@@ -391,13 +394,45 @@ class Monitor:
 
                 self.flight = FlightRecorder(o.flight, self.tracer, log=self.notice)
             maps = self.tracer.session.maps
-            self._agg = AggregateReader(maps[layout.AGG].fd,
-                                        (apis.FN_ID[a.api] for a in self.tracer.attachments))
+            self._aggregates()
             self._launches = HashReader(maps[layout.LAUNCHES])
+            if o.late if o.late is not None else not o.paths:
+                self.watch = self._watch_late()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _watch_late(self):
+        """Probe the CUDA files that appear after the start (loader_watch.SystemWatch), or
+        say why not."""
+        from .loader_watch import SystemWatch
+
+        session = self.tracer.session
+        try:
+            return SystemWatch(session.late_loads_everywhere, session.pid_ns, self.log)
+        except TracerError as err:
+            self.notice("CUDA files that appear after the start are not probed: %s" % err)
+            return None
+
+    def _aggregates(self) -> List[FunctionTotals]:
+        """The aggregates of every probed function (the reader is made again when files
+        probed late brought functions the others had not)."""
+        attachments = self.tracer.attachments
+        if self._agg is None or len(attachments) != self._agg_for:
+            self._agg_for = len(attachments)
+            self._agg = AggregateReader(self.tracer.session.maps[layout.AGG].fd,
+                                        [apis.FN_ID[a.api] for a in list(attachments)])
+        return self._agg.read()
+
+    @property
+    def late_loads(self) -> List[Tuple[str, int, float, str]]:
+        """The files probed after the start: (path, pid that mapped it, ms from its notice
+        to its probes, how it came)."""
+        late = self.watch.late if self.watch is not None else None
+        if late is None:
+            return []
+        return [(path, pid, ms, late.reasons.get(path, "")) for path, pid, ms in late.late]
 
     @property
     def files(self) -> List[str]:
@@ -458,7 +493,7 @@ class Monitor:
         launches the aggregates counted beyond those the map holds (and those of processes
         already dropped) are the ones the full map could not take."""
         assert self.tracer is not None
-        ok = {apis.FN_ID[f.api.name]: f.count - f.errors for f in self._agg.read()
+        ok = {apis.FN_ID[f.api.name]: f.count - f.errors for f in self._aggregates()
               if f.api.role == Role.LAUNCH}  # (read first: the map can only be ahead)
         per_key: Dict[Tuple[int, int, int], int] = {}
         for key, value in self._launches.items():
@@ -537,7 +572,7 @@ class Monitor:
         with self._lock:
             series = self._series
             self._collects += 1
-        functions = self._agg.read()
+        functions = self._aggregates()
         families = function_families(functions)
         families.append(_error_family(self.tracer.session.maps[layout.ERRORS]))
         families.append(Family(
@@ -590,6 +625,9 @@ class Monitor:
 
     def close(self) -> None:
         """Detach every probe and free every kernel object (idempotent)."""
+        if self.watch is not None:  # (first: it attaches the session's probes)
+            self.watch.close()
+            self.watch = None
         if self.flight is not None:
             self.flight.close()
         if self.tracer is not None:

@@ -342,6 +342,17 @@ class Session:
         if o.pid is not None:  # what it maps already that the start-up search missed
             self.late.scan(o.pid)
 
+    def late_loads_everywhere(self, notices: maps.Map,
+                              traced: Callable[[], Iterable[int]]) -> loader_watch.LateLoads:
+        """The CUDA files any process maps from now on, probed (the monitor,
+        loader_watch.SystemWatch): no pid filter, and the notices go to the ring `notices`,
+        read by the caller, not by this session's reader. The caller closes it first."""
+        late = loader_watch.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
+                                      self.selected, self.targets, self._probe_late, traced,
+                                      self.log, self.pid_ns)
+        self.late_probed = late.late
+        return late
+
     def note_loads(self, frames: bytes) -> None:
         """The reader's hook for each batch: probe the files that loader notices announce."""
         with self._lock:

@@ -13,6 +13,8 @@ from typing import Dict, List, Sequence
 
 import pytest
 
+from ebpf_cuda.apis import BY_NAME
+
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
 from fakecuda import SEED_FUNCTIONS, device_ptr, parse_output
@@ -294,8 +296,10 @@ def _details_from_json(obj: dict) -> str:
     if obj["phase"] == "enter":
         return " ".join("%s=%s" % (k, _show(k, v)) for k, v in obj["args"].items())
     fixed = {"ts", "pid", "tid", "comm", "api", "phase", "args", "ret", "ret_name",
-             "duration_ns", "faults", "kernel"}
-    outs = ["%s=%s" % (k, _show(k, v)) for k, v in obj.items() if k not in fixed]
+             "duration_ns", "faults", "kernel", "container", "device"}
+    # (`device` is the event's device, not shown in text, unless the row's out-parameter)
+    own = {out.name for out in BY_NAME[obj["api"]].outs}
+    outs = ["%s=%s" % (k, _show(k, v)) for k, v in obj.items() if k not in fixed or k in own]
     assert obj["duration_ns"] > 0
     return " ".join(["returned=%s" % obj["ret_name"], *outs,
                      "(%.1f us)" % (obj["duration_ns"] / 1000.0)])

@@ -289,7 +289,9 @@ def test_four_ranks_traced_apart_and_merged(rank_prog, tmp_path):
     assert "3 collectives entered by every rank" in arrival  # #1-#3 (rank 1 skipped #4)
     widest = re.search(r"widest: #(\d) ([\d.,]+) ms \(last: rank (\d)\)", arrival)
     assert widest.group(1) == "3" and widest.group(3) == "2"
-    assert float(widest.group(2).replace(",", "")) >= LATE_MS
+    # (measured from the first rank to enter #3: the others may have entered #2 up to a
+    # scheduling delay after rank 2 did, so a little under LATE_MS is right too)
+    assert float(widest.group(2).replace(",", "")) >= LATE_MS - 50
     row = next(line for line in arrival.splitlines() if line.strip().startswith("rank 2"))
     assert row.split()[-1] == "#3"
 

@@ -95,8 +95,8 @@ class HtmlReport:
         self.namer = namer
         self.title = title
         self.functions: Dict[str, FunctionStats] = {}
-        # name -> [launches run, launch calls' total ns, of the launches: in graphs, captured]
-        self.kernels: Dict[str, List[int]] = {}
+        self.kernels: Dict[str, List[int]] = {}  # name -> [launches run, calls' total ns]
+        self.graph_kernels: Dict[str, List[int]] = {}  # name -> [run in graphs, captured]
         self.copies: Dict[str, List[int]] = {}  # direction -> [calls, bytes, total ns]
         self.errors: Dict[Tuple[str, str], int] = {}
         self.processes: Dict[int, str] = {}
@@ -163,9 +163,10 @@ class HtmlReport:
     def _kernel(self, ev: Event) -> None:
         address = ev.args["func"]
         name = self.namer(ev, address) if self.namer is not None else None
-        row = self.kernels.setdefault(name or "0x%x" % address, [0, 0, 0, 0])
+        name = name or "0x%x" % address
+        row = self.kernels.setdefault(name, [0, 0])
         if ev.outs.get("captured"):  # recorded into a graph: it runs at the graph's launches
-            row[3] += 1
+            self.graph_kernels.setdefault(name, [0, 0])[1] += 1
             return
         row[0] += 1
         row[1] += ev.duration_ns or 0
@@ -175,9 +176,8 @@ class HtmlReport:
         for node in nodes:
             if node.get("type") == "kernel":
                 name = node.get("kernel") or "0x%x" % (node.get("func") or 0)
-                row = self.kernels.setdefault(name, [0, 0, 0, 0])
-                row[0] += 1
-                row[2] += 1
+                self.kernels.setdefault(name, [0, 0])[0] += 1
+                self.graph_kernels.setdefault(name, [0, 0])[0] += 1
             elif node.get("type") == "graph" and node.get("nodes"):
                 self._graph_ran(node["nodes"])
 
@@ -377,14 +377,16 @@ def _memory_table(r: HtmlReport) -> str:
 def _kernel_section(r: HtmlReport) -> str:
     if not r.kernels:
         return ""
-    top = sorted(r.kernels.items(), key=lambda kv: (-kv[1][0], -kv[1][3], kv[0]))[:20]
-    if not any(row[2] or row[3] for row in r.kernels.values()):  # (no graphs: as it was)
+    graphs = r.graph_kernels
+    top = sorted(r.kernels.items(),
+                 key=lambda kv: (-kv[1][0], -graphs.get(kv[0], (0, 0))[1], kv[0]))[:20]
+    if not graphs:  # (no graphs: the table as it was)
         text = table(["kernel", "launches", "launch calls total (ms)"],
-                     [(name, n, _ms(ns)) for name, (n, ns, _, _) in top])
+                     [(name, n, _ms(ns)) for name, (n, ns) in top])
     else:
         text = table(["kernel", "launches", "in graphs", "captured", "launch calls total (ms)"],
-                     [(name, n, graphs, captured, _ms(ns))
-                      for name, (n, ns, graphs, captured) in top]) + (
+                     [(name, n) + tuple(graphs.get(name, (0, 0))) + (_ms(ns),)
+                      for name, (n, ns) in top]) + (
             "<p>launches: kernels run, eager or by graph launches (in graphs: of those); "
             "captured: launches a stream capture recorded into a graph (not run then).</p>")
     return ("<h2>Top kernels</h2>" + text
