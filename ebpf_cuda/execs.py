@@ -16,6 +16,11 @@ program's mappings while it runs (as a thread's first call does, probes.py). The
 those the records carry: the initial PID
 namespace's (bpf_get_current_pid_tgid), or, when the tracer runs in a PID namespace of its
 own, that namespace's (bpf_get_ns_current_pid_tgid; a process outside it is not counted).
+
+`ExecNotices` (the monitor's) tells of every exec, whatever the process: an *exec notice*
+(a hello record whose first argument cell is EXEC_MARK) into a ring of loader_watch.py's, so
+that a program started after the monitor is checked for CUDA files and its dynamic loader
+watched.
 """
 import struct
 from typing import Dict, List, Optional, Tuple

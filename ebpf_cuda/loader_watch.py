@@ -14,6 +14,12 @@ reads /proc/PID/maps of that process, finds the CUDA files it maps that no probe
 named as CUDA libraries; other new executable mappings go to a checker thread, which probes
 those that carry the runtime statically (CuPy's extension modules, libnccl).
 
+System-wide (the monitor, `SystemWatch`), the loader program has no pid filter, goes on
+every distinct loader file the machine's processes use, and writes into a ring of its own
+with exec notices (execs.ExecNotices): an exec has the new program's loader watched when no
+loader of that file is, then its executable and what it maps checked (by (device, inode):
+a file looked at once is not read again; `Examined` bounds what is remembered).
+
 A uprobe handler cannot wait for the reader: calls the process makes between the mapping and
 the attach (milliseconds, see docs/design.md) are not seen, and nothing can count them (no
 probe is on the file yet). A notice the full ring could not take is counted (`loader_lost`);
@@ -691,6 +697,11 @@ class SystemWatch:
                 self.late.note(frames)
             except Exception as err:  # (a thread of its own: said, and it reads on)
                 self.log("late loads: %s" % err)
+
+    def lost(self) -> int:
+        """Notices the full ring could not take, in all (its reader scans every process
+        again when some were)."""
+        return sum(self.late.watch.lost[0]) if self.late is not None else 0
 
     def idle(self, timeout: float = 10.0) -> bool:
         """Wait until the notices so far were read and their files checked (tests)."""

@@ -8,7 +8,11 @@
 One Tracer without a target over every distinct CUDA runtime and driver file of the machine
 (`cuda_files`: the usual search places, and the files running processes map, whatever their
 mount namespace). A uprobe on a file applies to every process that maps it, also those that
-start later, so new processes are covered without doing anything. Calls are summed up in the
+start later, so new processes are covered without doing anything. Files that appear later
+(a new virtualenv's runtime dlopen'ed, a container's own copy, a program carrying the runtime
+statically) are probed as they come, unless files were named (`MonitorOptions.late`):
+loader_watch.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
+their own. Calls are summed up in the
 kernel (`Tracer(aggregate=True, emit=False)`: per-CPU counters and log2 histograms per
 function, errors by code, successful launches by process and kernel); only the hello record
 of each new thread and the calls that teach kernel names travel the ring. With a flight
@@ -602,12 +606,15 @@ class Monitor:
                 ("launch_map_full", map_full)]
         if self.flight is not None:
             lost.append(("flight_recorder_full", self.flight.overwritten))
+        if self.watch is not None:
+            lost.append(("notice_ring_full", self.watch.lost()))
         return Family("ebpf_cuda_events_lost", "counter",
                       "What the probes could not count or keep, by cause: ring_full (records "
                       "of name-teaching calls, or with a flight recorder every call's), "
                       "inflight_full (calls not counted), launch_map_full (launches counted "
                       "but not by process), flight_recorder_full (calls overwritten in the "
-                      "flight recorder before they were SECONDS old).", "1",
+                      "flight recorder before they were SECONDS old), notice_ring_full "
+                      "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])
 
     def launch_totals(self) -> Dict[Tuple[str, str, str], int]:

@@ -356,3 +356,19 @@ def test_real_libnccl_without_a_gpu(real_rank_prog):
     names = [x.ret_name for x in events if x.phase == EXIT]
     assert names[2] == "ncclInvalidArgument" and names[7:9] == ["ncclSuccess",
                                                                  "ncclInvalidUsage"]
+
+
+def test_the_html_report_has_the_nccl_table_of_the_text_summary(rank_prog, tmp_path):
+    argv = [rank_prog, "2", "1", SEED, "ar:1024:7:0", "ar:1024:7:0", "bc:256:2:0", "ge"]
+    page = tmp_path / "report.html"
+    done = run_cli("--summary", "--report", str(page), "-o", str(tmp_path / "t.txt"),
+                   "--api", "nccl", "--", *argv)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split("NCCL Summary", 1)[1].splitlines()
+    text_rows = {tuple(line.split()[-2:]): line.split()[:2] for line in table if ID in line}
+    html = page.read_text()
+    section = html.split("<h2>NCCL (host-side time of the calls)</h2>", 1)[1].split("<h2", 1)[0]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in section.split("<tr>")[1:]]
+    html_rows = {tuple(c[-2:]): c[:2] for c in cells if c}
+    assert html_rows == text_rows and set(html_rows) == {("ncclAllReduce", ID),
+                                                         ("ncclBroadcast", ID)}

@@ -65,10 +65,11 @@ class CollectiveSummary:
     def __bool__(self) -> bool:
         return bool(self.durations)
 
-    def table(self) -> str:
-        title = " ** NCCL Summary (nccl_sum: host-side time of the calls):\n\n"
-        if not self.durations:
-            return title + " (no NCCL collectives)"
+    HEADERS = ("Num Calls", "Total (MB)", "Total Time (ns)", "Avg (ns)", "Med (ns)",
+               "Min (ns)", "Max (ns)", "Ranks", "Name", "Communicator")
+
+    def rows(self) -> List[Tuple[str, ...]]:
+        """The table's rows (as HEADERS), the most time first (the text and HTML tables)."""
         rows = []
         for key, values in sorted(self.durations.items(),
                                   key=lambda item: (-sum(item[1]), item[0])):
@@ -76,9 +77,13 @@ class CollectiveSummary:
             rows.append((integer(s.count), decimal(self.bytes[key] / MB, 3), integer(s.total),
                          decimal(s.mean), decimal(s.median), integer(s.minimum),
                          integer(s.maximum), integer(len(self.ranks[key])), key[0], key[1]))
-        headers = ("Num Calls", "Total (MB)", "Total Time (ns)", "Avg (ns)", "Med (ns)",
-                   "Min (ns)", "Max (ns)", "Ranks", "Name", "Communicator")
-        return title + table(headers, rows, left=(8, 9))
+        return rows
+
+    def table(self) -> str:
+        title = " ** NCCL Summary (nccl_sum: host-side time of the calls):\n\n"
+        if not self.durations:
+            return title + " (no NCCL collectives)"
+        return title + table(self.HEADERS, self.rows(), left=(8, 9))
 
 
 # -- the ranks of one job, merged --------------------------------------------------------------

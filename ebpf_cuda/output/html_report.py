@@ -107,6 +107,9 @@ class HtmlReport:
         self._launch_layers = LayerFilter()  # a launch as its driver call
         self._graph_layers = LayerFilter()  # cudaGraphLaunch's cuGraphLaunch: one launch
         self.events = 0
+        from ..analysis.collectives import CollectiveSummary  # (the text summary's table)
+
+        self.collectives = CollectiveSummary()  # NCCL calls per function and communicator
         self.first_ns: Optional[int] = None
         self.last_ns = 0
         self.lost = ""  # what the report did not see, in words (note_losses)
@@ -130,6 +133,7 @@ class HtmlReport:
 
     def _call(self, ev: Event) -> None:
         self.functions.setdefault(ev.api, FunctionStats()).add(ev)
+        self.collectives.add(ev)
         self.series.add(ev.ts_ns, (1, 0, 0), keep_max=_KEEP_MAX)
         self.memory.feed(ev)
         if ev.ret:
@@ -285,7 +289,7 @@ def render(report: HtmlReport) -> str:
                if report.lost else "")
     parts = [warning, _overview(report), _function_table(report), _time_plots(report),
              _histograms(report), _copy_table(report), _memory_table(report),
-             _kernel_section(report), _error_table(report)]
+             _kernel_section(report), _nccl_table(report), _error_table(report)]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<title>%s</title><style>%s</style></head><body><h1>%s</h1>%s</body></html>\n'
             % (_esc(report.title), _STYLE, _esc(report.title), "".join(parts)))
@@ -391,6 +395,14 @@ def _kernel_section(r: HtmlReport) -> str:
             "captured: launches a stream capture recorded into a graph (not run then).</p>")
     return ("<h2>Top kernels</h2>" + text
             + hbar_chart([(name, row[0]) for name, row in top], "launches per kernel"))
+
+
+def _nccl_table(r: HtmlReport) -> str:
+    """NCCL calls per function and communicator, as the text summary's NCCL table."""
+    if not r.collectives:
+        return ""
+    return ("<h2>NCCL (host-side time of the calls)</h2>"
+            + table(list(r.collectives.HEADERS), r.collectives.rows()))
 
 
 def _error_table(r: HtmlReport) -> str:
