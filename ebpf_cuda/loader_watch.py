@@ -50,7 +50,7 @@ LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice
 LOST = NOTICES_LOST  # "loader_lost": per-CPU count of notices the full ring could not take
 NOTICE_LOADER, NOTICE_EXEC = 1, 2  # what a process's notices in a batch were
 _KIND_OF = {LOADER_MARK: NOTICE_LOADER, EXEC_MARK: NOTICE_EXEC}
-EXAMINED_MAX = 1 << 16  # files (maps device, inode) remembered as looked at; the oldest go
+EXAMINED_MAX = 1 << 14  # files (maps device, inode) remembered as looked at; the oldest go
 NOTICE_RING_SIZE = 1 << 18  # the monitor's notices: ~1,500 waiting before one is lost
 NOTICE_POLL_S = 0.25  # how long its reader waits before looking at stop() and the lost
 # struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
@@ -303,23 +303,27 @@ class LoaderWatch:
 # -- which files are new -------------------------------------------------------------------
 
 class Examined:
-    """The files (maps device, inode) already looked at, at most `limit` of them: a set
-    whose oldest entries go first (a host running for months execs ever new programs: a
-    file forgotten is only looked at again, its probes are kept by inode elsewhere)."""
+    """The files (maps device, inode) already looked at, at most `limit` of them, the least
+    recently met going first (a host running for months execs ever new programs; a file
+    forgotten is only looked at again: its probes are kept by inode elsewhere). ~150 bytes
+    an entry: 2.5 MB when full."""
 
     def __init__(self, limit: int = EXAMINED_MAX) -> None:
         self.limit = limit
-        self._keys: "collections.OrderedDict[Tuple[bytes, bytes], None]" = \
-            collections.OrderedDict()
+        self._keys: "collections.OrderedDict[bytes, None]" = collections.OrderedDict()
 
     def __contains__(self, key: Tuple[bytes, bytes]) -> bool:
-        return key in self._keys
+        joined = b"%s %s" % key
+        if joined not in self._keys:
+            return False
+        self._keys.move_to_end(joined)  # (met again: kept longer)
+        return True
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def add(self, key: Tuple[bytes, bytes]) -> None:
-        self._keys[key] = None
+        self._keys[b"%s %s" % key] = None
         if len(self._keys) > self.limit:
             self._keys.popitem(last=False)
 

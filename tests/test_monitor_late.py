@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -231,11 +232,83 @@ def test_the_calls_before_the_probes_are_on_are_the_first_ones_only(
     [(seen, held)] = counts(monitor, done["pid"])
     missed = calls - seen
     assert 0 < seen <= calls
-    # The calls counted are the last ones (sizes missed+1..calls): none after the first.
-    assert held == sum(range(missed + 1, calls + 1))
+    # The allocations counted are the last ones (sizes k+1..calls): none missed after the
+    # first counted. (Their probes go on a few ms apart from the launches': one program at
+    # a time.)
+    tails = {sum(range(k + 1, calls + 1)): k for k in range(calls)}
+    assert held in tails
     [(_, _, ms, why)] = late_of(monitor, folder)
-    print("\n%s: %d of %d calls (every %d us from %.1f ms after the runtime was at hand) "
-          "before the probes were on: a window of ~%.1f ms; probes on %.1f ms after the "
-          "notice (%s)" % (how, missed, calls, spacing_us, (done["first"] - done["start"]) / 1e6,
-                           missed * spacing_us / 1000, ms, why))
+    print("\n%s: %d of %d launches, %d allocations (one each every %d us from %.1f ms after "
+          "the runtime was at hand) before the probes were on: a window of ~%.1f ms; probes "
+          "on %.1f ms after the notice (%s)"
+          % (how, missed, calls, tails[held], spacing_us, (done["first"] - done["start"]) / 1e6,
+             missed * spacing_us / 1000, ms, why))
     assert missed * spacing_us < 250_000  # (a loaded 2-core machine: normally ~10-30 ms)
+
+
+def test_notices_the_full_ring_could_not_take_are_counted_and_the_watch_goes_on(
+        monitor, dlopen_prog, lib, tmp_path):
+    """The notices' reader held up while programs exec: the notices its ring cannot take are
+    counted (events lost, cause notice_ring_full); once it reads again it scans every
+    process, and a runtime dlopen'ed after that is probed as before."""
+    gate = threading.Event()
+    note = monitor.watch.late.note
+
+    def held_up(frames):
+        gate.wait(60)
+        note(frames)
+
+    monitor.watch.late.note = held_up
+    try:
+        room = loader_watch.NOTICE_RING_SIZE // 160  # (a notice: 8-byte header, 152 bytes)
+        for _ in range(room // 2 + 200):  # (two notices each: its exec's and its loader's)
+            subprocess.run(["/bin/true"], check=True)
+    finally:
+        gate.set()
+    settle(monitor)
+    samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+    assert value(samples, "ebpf_cuda_events_lost_total", cause="notice_ring_full") > 0
+    copy = fresh_copy(lib, tmp_path / "after")
+    done = run([dlopen_prog, copy, CALLS, PAUSE_MS, 0, 300])
+    assert counts(monitor, done["pid"]) == [exact(CALLS)]
+
+
+def test_examined_files_are_bounded_oldest_first():
+    seen = loader_watch.Examined(limit=3)
+    for key in [(b"fd:01", b"%d" % i) for i in range(5)]:
+        seen.add(key)
+    assert len(seen) == 3
+    assert (b"fd:01", b"0") not in seen and (b"fd:01", b"1") not in seen
+    assert all((b"fd:01", b"%d" % i) in seen for i in (2, 3, 4))
+    assert (b"fd:01", b"2") in seen  # (met again: the least recently met is now 3)
+    seen.add((b"fd:01", b"5"))
+    assert (b"fd:01", b"3") not in seen and (b"fd:01", b"2") in seen
+    # new_mappings takes it as its set: a file met once is not returned again
+    lines = [b"7f0000000000-7f0000001000 r-xp 00000000 fd:01 42 /opt/x/libcudart.so.12\n"]
+    assert len(loader_watch.new_mappings(1, ["runtime"], seen, lines)) == 1
+    assert loader_watch.new_mappings(1, ["runtime"], seen, lines) == []
+
+
+def test_the_cli_without_p_probes_a_later_runtime_and_says_so_with_v(root, dlopen_prog, lib,
+                                                                      tmp_path):
+    """`ebpf-cuda monitor -v` (host-wide): the late file, the process and why are said on
+    stderr, and the process's launches are on /metrics."""
+    from monitor_support import MonitorCli, scrape
+
+    cli = MonitorCli("-v", "--prometheus", ":0", timeout=120)
+    try:
+        port = cli.metrics_port
+        copy = fresh_copy(lib, tmp_path / "wheel" / "lib")
+        done = run([dlopen_prog, copy, CALLS, PAUSE_MS, 0, 300])
+        line = cli.wait_for("probed late: %s " % copy)
+        assert "mapped by process %d" % done["pid"] in line
+        assert loader_watch.WHY_LOADER in line
+        deadline = time.monotonic() + 30
+        while True:  # (the series published are at most one tick old)
+            launches = value(parse_metrics(scrape(port)[1]), LAUNCHES, pid=str(done["pid"]))
+            if launches >= CALLS or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert launches == CALLS
+    finally:
+        assert cli.stop() == 0
