@@ -446,6 +446,7 @@ def loaders_for(pid: Optional[int], command: Sequence[str]) -> List[str]:
 WHY_LOADER = "its dynamic loader mapped it: a dlopen, or a program's start"
 WHY_EXEC = "it exec'd this program or one that maps it"
 WHY_STATIC = "carrying the runtime statically"
+WHY_RUNNING = "it ran when the trace began"
 Probe = Callable[[Target, Optional[int]], bool]  # the session's probes on a file: attached?
 
 
@@ -678,16 +679,22 @@ class SystemWatch:
             raise
 
     def _watch_running(self) -> None:
-        """The loaders of the processes running now, and this process's own."""
+        """The loaders of the processes running now (and this process's own), then what
+        they map that the start-up search did not name: renamed copies of the libraries
+        (libcudart-1a2b3c4d.so.12), runtimes carried statically (on the checker thread)."""
         assert self.late is not None
         loader = own_loader()
         if loader:
             self.late.watch_loaders([loader])
+        own = os.getpid()
         for pid in all_pids():
             try:
-                self.late.watch_loader_of(pid, maps_lines(pid))
+                lines = maps_lines(pid)
             except ProcessError:
                 continue  # (gone, or a kernel thread)
+            self.late.watch_loader_of(pid, lines)
+            if pid != own:
+                self.late.scan(pid, None, WHY_RUNNING, lines)
 
     def _read(self) -> None:
         """The notices' reader: each batch to LateLoads.note (it looks at lost notices too,
@@ -706,13 +713,6 @@ class SystemWatch:
         """Notices the full ring could not take, in all (its reader scans every process
         again when some were)."""
         return sum(self.late.watch.lost[0]) if self.late is not None else 0
-
-    def idle(self, timeout: float = 10.0) -> bool:
-        """Wait until the notices so far were read and their files checked (tests)."""
-        deadline = time.monotonic() + timeout
-        while self.ring.available() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self.late is not None and self.late.idle(max(deadline - time.monotonic(), 0))
 
     def close(self) -> None:
         self._stop.set()

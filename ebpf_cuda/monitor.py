@@ -102,8 +102,9 @@ def cuda_files(log: Optional[Log] = None) -> List[str]:
     libcuda.so* a running process maps, reached through /proc/PID/root when its mount
     namespace (a container) has it at a path we do not see. Deduplicated by inode.
 
-    Executables that carry the runtime statically are not looked for (that would parse the
-    ELF file of every process): their driver calls are seen in libcuda."""
+    Renamed copies (libcudart-1a2b3c4d.so.12) and files that carry the runtime statically
+    are not looked for here: the late-load watch (loader_watch.SystemWatch) finds those the
+    running processes map, at its start, on a side thread."""
     found: List[str] = []
     seen: Set[Tuple[int, int]] = set()
     for path in discovery.find_library() + discovery.find_driver_library():

@@ -312,3 +312,39 @@ def test_the_cli_without_p_probes_a_later_runtime_and_says_so_with_v(root, dlope
         assert launches == CALLS
     finally:
         assert cli.stop() == 0
+
+
+def test_a_renamed_runtime_a_process_mapped_before_the_start_is_probed(root, dlopen_prog,
+                                                                       lib, tmp_path):
+    """A runtime under a name the start-up search does not look for (a framework's private
+    copy, libcudart-1a2b3c4d.so.12), mapped by a process running when the monitor starts:
+    found in its mappings at the start, and its later calls counted."""
+    from ebpf_cuda.monitor import Monitor, MonitorOptions, cuda_files
+
+    copy = fresh_copy(lib, tmp_path / "torch" / "lib", "libcudart-1a2b3c4d.so.12")
+    proc = subprocess.Popen([str(dlopen_prog), str(copy), str(CALLS), "-1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("start ")  # (mapped: held until a line)
+        assert str(copy) not in cuda_files()
+        lines = []
+        monitor = Monitor(MonitorOptions(paths=(str(lib),), late=True),
+                          log=lines.append).start()
+        reader = threading.Thread(target=monitor.run, daemon=True)
+        reader.start()
+        try:
+            assert str(copy) in monitor.files
+            assert [l for l in lines if l.startswith("probed: %s (" % copy)
+                    and l.endswith("mapped by process %d" % proc.pid)], lines
+            out, _ = proc.communicate("\n", timeout=60)
+            assert proc.returncode == 0, out
+            assert counts(monitor, proc.pid) == [exact(CALLS)]
+            assert late_of(monitor, tmp_path) == []  # (not late: there at the start)
+        finally:
+            monitor.stop()
+            reader.join(10)
+            monitor.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

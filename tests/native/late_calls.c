@@ -10,7 +10,7 @@
  *   cudaLaunchKernel and cudaMalloc the program links (a DT_NEEDED libcudart, or the
  *   stand-in runtime linked into the executable itself, as nvcc links cudart statically).
  *   Prints "start <CLOCK_MONOTONIC ns>" once the functions are at hand, waits PAUSE_MS
- *   (default 0), prints "first <ns>" and makes CALLS rounds, round k (from 0) at
+ *   (default 0; -1: until a line comes on stdin), prints "first <ns>" and makes CALLS rounds, round k (from 0) at
  *   first + k * SPACING_US microseconds (a busy wait: no system call):
  *   cudaLaunchKernel(late_kernel, grid 1x1x1, block 32x1x1, NULL, 0, NULL), then
  *   cudaMalloc(&p, k + 1); prints "called <CALLS>". Exits 0; 3 when a call fails.
@@ -73,8 +73,13 @@ int main(int argc, char **argv) {
     long pause = argc > ARGS_FROM + 1 ? atol(argv[ARGS_FROM + 1]) : 0;
     long long spacing = argc > ARGS_FROM + 2 ? atoll(argv[ARGS_FROM + 2]) * 1000LL : 0;
     printf("start %lld\n", now_ns());
-    if (pause)
+    if (pause < 0) {
+        char line[16];
+        if (!fgets(line, sizeof line, stdin))
+            return 3;
+    } else if (pause) {
         pause_ms(pause);
+    }
     long long first = now_ns();
     printf("first %lld\n", first);
     dim3 grid = {1, 1, 1}, block = {32, 1, 1};
