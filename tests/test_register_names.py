@@ -63,13 +63,13 @@ def test_without_registration_a_stripped_program_says_why(root, fake, stripped):
                                          "symbol names")
 
 
-RUNS = 30
-
-
+@pytest.mark.parametrize("runs", [30, pytest.param(100, marks=pytest.mark.slow)])
 def test_short_lived_processes_traced_system_wide_have_every_launch_named(root, fake,
-                                                                          stripped, tmp_path):
-    """A stripped program registers, launches and exits at once, RUNS times, with two busy
-    loops beside it: every launch named, whenever the reader gets to it."""
+                                                                          stripped, tmp_path,
+                                                                          runs):
+    """A stripped program registers, launches and exits at once, `runs` times, with two
+    busy loops beside it: every launch named, whenever the reader gets to it."""
+    RUNS = runs
     lib, _ = fake
     out = tmp_path / "t.jsonl"
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
