@@ -233,7 +233,7 @@ class _FrameLines:
     def _thread(self, f: tuple) -> Tuple[str, str]:
         """The columns of a record's thread, kept (keyed by tid and comm: a thread's pid
         never changes, its name can)."""
-        if len(self._threads) > 4096:
+        if len(self._threads) > 1024:  # (bounded: a system-wide trace sees many threads)
             self._threads.clear()
         who = self._threads[(f[2], f[8])] = self._who(f[8], f[3], f[2])
         return who
