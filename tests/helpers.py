@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -127,3 +128,15 @@ def build_robust(cc) -> Tuple[Path, Path]:
                          extra=["-L", str(folder), "-l:libcudart.so.12",
                                 "-Wl,-rpath," + str(folder), "-lpthread"])
     return lib, prog
+
+
+def slowdown() -> float:
+    """How many times slower than a 2-core VM this machine runs Python (this loop: ~16 ms
+    there): ~1 on real machines, tens under emulation (the kernel matrix's TCG guests)."""
+    best = float("inf")
+    for _ in range(3):
+        start, total = time.perf_counter(), 0
+        for i in range(200000):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    return max(1.0, best / 0.016)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fakecuda_driver import build_layered_runtime
-from helpers import cli_env
+from helpers import cli_env, slowdown
 
 pytestmark = pytest.mark.kernel
 
@@ -22,7 +22,8 @@ def layered(cc):
 
 def test_a_warmed_up_process_attached_later_has_its_launches_named(root, layered, tmp_path):
     runtime, driver, prog = layered
-    ops = ["launch:2:64", "sleep:10"] * 150  # ~1.5 s of launches
+    # ~1.5 s of launches (longer on an emulated machine, where the tracer starts slowly)
+    ops = ["launch:2:64", "sleep:10"] * _rounds()
     target = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
     out = tmp_path / "t.jsonl"
     try:
@@ -52,6 +53,12 @@ def test_a_warmed_up_process_attached_later_has_its_launches_named(root, layered
     assert "not named" not in stderr
 
 
+def _rounds() -> int:
+    """Launch rounds of ~10 ms for a target that must outlive the tracer's start: 150 (1.5 s),
+    more on an emulated machine (the kernel matrix's guests run Python 6-23 times slower)."""
+    return int(150 * max(1.0, 2 * slowdown() - 1))
+
+
 def _attach_later(lib, prog, ops, tmp_path):
     """Start `prog OPS`, attach `ebpf-cuda --json -p LIB -d PID` 0.4 s later, until it ends:
     (the tracer's exit status, its stderr, the exit events of cudaLaunchKernel)."""
@@ -76,7 +83,7 @@ def test_a_kernel_handle_made_before_the_attach_is_named_by_its_stub(root, fake,
     began, and launches with it: the launch's caller, __device_stub__<kernel>, names it."""
     lib, prog = fake
     status, stderr, launches = _attach_later(
-        lib, prog, ["getkernel"] + ["stublaunch:2:64", "sleep:10"] * 150, tmp_path)
+        lib, prog, ["getkernel"] + ["stublaunch:2:64", "sleep:10"] * _rounds(), tmp_path)
     assert status == 0, stderr
     assert len(launches) > 20 and all(e["args"]["func"] >= 0x9000 for e in launches)
     assert {e.get("kernel") for e in launches} == {

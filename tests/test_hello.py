@@ -13,7 +13,7 @@ import pytest
 from ebpf_cuda import record
 from ebpf_cuda.loader_watch import LOADER_MARK
 from ebpf_cuda.tracer import Tracer
-from helpers import cli_env
+from helpers import cli_env, slowdown
 
 
 @pytest.mark.kernel
@@ -40,18 +40,6 @@ def test_one_hello_per_thread_and_no_event(root, robust):
     assert all(pid == child for pid, _ in hellos)
 
 
-def _slowdown() -> float:
-    """How many times slower than a 2-core VM this machine runs Python (this loop: ~16 ms
-    there): ~1 on real machines, tens under emulation (the kernel matrix's TCG guests)."""
-    best = float("inf")
-    for _ in range(3):
-        start, total = time.perf_counter(), 0
-        for i in range(200000):
-            total += i
-        best = min(best, time.perf_counter() - start)
-    return max(1.0, best / 0.016)
-
-
 @pytest.mark.kernel
 def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake, tmp_path):
     """The process pauses after its first call (as CUDA's initialisation does: 100 ms),
@@ -61,8 +49,8 @@ def test_short_lived_process_traced_system_wide_has_its_launch_named(root, fake,
     matrix's guests the reader, Python reading files over 9p, missed pauses of 100 ms every
     time and one of ~1.2 s, and made others of 0.6 to 6 s.)"""
     lib, prog = fake
-    slowdown = _slowdown()
-    pause_ms = 100 if slowdown < 1.5 else int(300 * slowdown)
+    slower = slowdown()
+    pause_ms = 100 if slower < 1.5 else int(300 * slower)
     out = tmp_path / "t.jsonl"
     tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
                                "-p", str(lib)], stderr=subprocess.PIPE, text=True,
