@@ -342,6 +342,8 @@ def refuse_same_files(outputs: Iterable[Tuple[str, Optional[str]]],
     for what, path in inputs:
         if path:
             known.append((what, path, True) + _identity(path)[:2])
+    outputs = list(outputs)
+    _refuse_pattern_matches(outputs)
     for what, path in outputs:
         if not path:
             continue
@@ -357,6 +359,24 @@ def refuse_same_files(outputs: Iterable[Tuple[str, Optional[str]]],
                 raise UsageError("%s %s and %s %s are the same file: give each output a "
                                  "file of its own" % (other, other_path, what, path))
         known.append((what, path, False, real, node))
+
+
+def _refuse_pattern_matches(outputs: Sequence[Tuple[str, Optional[str]]]) -> None:
+    """A per-process `--save` pattern (`run-%r.ebpfcuda`) may name any file it matches:
+    another output that matches it is refused too."""
+    import fnmatch
+
+    from .rank_files import is_pattern
+
+    for what, pattern in outputs:
+        if not pattern or not is_pattern(pattern):
+            continue
+        glob = os.path.realpath(pattern.replace("%%", "\0").replace("%r", "*")
+                                .replace("%p", "*").replace("\0", "%"))
+        for other, path in outputs:
+            if path and path != pattern and fnmatch.fnmatchcase(os.path.realpath(path), glob):
+                raise UsageError("%s %s is a file %s %s may write: give each output a file "
+                                 "of its own" % (other, path, what, pattern))
 
 
 def trace_inputs(paths: Sequence[str], command: Sequence[str]) -> List[Tuple[str, str]]:

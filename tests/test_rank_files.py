@@ -191,3 +191,16 @@ def test_pattern_pieces():
     assert rank_files.is_pattern("a-%r.x") and rank_files.is_pattern("a-%p")
     assert not rank_files.is_pattern("a-%%r.x") and not rank_files.is_pattern("100%.x")
     assert rank_files.expand("d/run-%r-%p-%%.x", "3", 42) == "d/run-3-42-%.x"
+
+
+def test_an_output_the_pattern_may_write_is_refused(tmp_path):
+    """`-o run-0.ebpfcuda` beside `--save run-%r.ebpfcuda`: rank 0's file would overwrite
+    it; refused in one line before anything is opened."""
+    done = run_cli("--save", str(tmp_path / "run-%r.ebpfcuda"), "-o",
+                   str(tmp_path / "run-0.ebpfcuda"), "--", "true")
+    assert done.returncode == UsageError.exit_code and done.stderr.count("\n") == 1
+    assert "may write" in done.stderr and not list(tmp_path.iterdir())
+    from ebpf_cuda import plan
+
+    plan.refuse_same_files([("-o", str(tmp_path / "calls.txt")),
+                            ("--save", str(tmp_path / "run-%r.ebpfcuda"))])  # (distinct)
