@@ -364,6 +364,8 @@ def refuse_same_files(outputs: Iterable[Tuple[str, Optional[str]]],
 def _refuse_pattern_matches(outputs: Sequence[Tuple[str, Optional[str]]]) -> None:
     """A per-process `--save` pattern (`run-%r.ebpfcuda`) may name any file it matches:
     another output that matches it is refused too."""
+    if not any(path and "%" in path for _, path in outputs):
+        return  # (nothing more imported: the common case)
     import fnmatch
 
     from .rank_files import is_pattern
