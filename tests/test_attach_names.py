@@ -97,7 +97,8 @@ def test_a_launch_site_without_a_stub_is_shown_as_a_hint_and_counted(root, fake,
     counts it as not named."""
     lib, prog = fake
     status, stderr, launches = _attach_later(
-        lib, prog, ["getkernel"] + ["launchhandle:2:64", "sleep:10"] * 300, tmp_path)
+        lib, prog, ["getkernel"] + ["launchhandle:2:64", "sleep:10"] * (2 * _rounds()),
+        tmp_path)
     assert status == 0, stderr
     assert len(launches) > 20
     assert {e.get("kernel") for e in launches} == {"[kernel launched from do_launch]"}

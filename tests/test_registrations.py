@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ebpf_cuda import registrations
-from helpers import cli_env
+from helpers import cli_env, slowdown
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 KERNELS_CU = r"""
@@ -124,7 +124,8 @@ def test_attached_later_a_stripped_program_has_every_launch_named(root, stripped
     """The program fetched its handles and registered its kernels before the trace began;
     its file has no symbols: every launch is still named, by its registration."""
     lib, app = stripped_app
-    target = subprocess.Popen([str(app), "300"], stdout=subprocess.PIPE, text=True)  # ~3 s
+    rounds = int(300 * max(1.0, 2 * slowdown() - 1))  # ~3 s, more on an emulated machine
+    target = subprocess.Popen([str(app), str(rounds)], stdout=subprocess.PIPE, text=True)
     out = tmp_path / "t.jsonl"
     try:
         assert target.stdout.readline() == "ready\n"
