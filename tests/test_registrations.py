@@ -9,13 +9,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from ebpf_cuda import registrations
-from helpers import cli_env, slowdown
+from test_attach_names import attach_during
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 KERNELS_CU = r"""
@@ -124,20 +123,11 @@ def test_attached_later_a_stripped_program_has_every_launch_named(root, stripped
     """The program fetched its handles and registered its kernels before the trace began;
     its file has no symbols: every launch is still named, by its registration."""
     lib, app = stripped_app
-    rounds = int(300 * max(1.0, 2 * slowdown() - 1))  # ~3 s, more on an emulated machine
-    target = subprocess.Popen([str(app), str(rounds)], stdout=subprocess.PIPE, text=True)
     out = tmp_path / "t.jsonl"
-    try:
-        assert target.stdout.readline() == "ready\n"
-        time.sleep(0.3)  # its handles fetched, its first launches untraced
-        tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
-                                   "-p", str(lib), "-d", str(target.pid),
-                                   "--functions", "cudaLaunchKernel"],
-                                  stderr=subprocess.PIPE, text=True, env=cli_env())
-        _, stderr = tracer.communicate(timeout=60)
-    finally:
-        target.kill()
-        target.wait()
+    # (the program registers at once and launches every 10 ms until it is ended)
+    status, stderr = attach_during([app, "100000"], ["-p", lib, "--functions",
+                                                     "cudaLaunchKernel"], out)
+    tracer = subprocess.CompletedProcess([], status)
     assert tracer.returncode == 0, stderr
     launches = [json.loads(line) for line in out.read_text().splitlines()]
     launches = [e for e in launches if e["phase"] == "exit"]
