@@ -152,6 +152,15 @@ def on_exec_notice(pid_ns: Optional[Tuple[int, int]] = None) -> list:
     ]
 
 
+def _run_on(tracepoint, program: Program, fds: List[syscalls.Fd]) -> None:
+    """Run the loaded `program` on `tracepoint`: its perf event is opened (kept in `fds`, to
+    be closed with them), given the program and enabled."""
+    event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
+    fds.append(event)
+    syscalls.perf_event_set_bpf(event.value, program.fd)
+    syscalls.perf_event_enable(event.value)
+
+
 class ExecNotices:
     """The exec notices' program on sched_process_exec (`on_exec_notice`), writing into
     `maps`' `events` ring and counting what it loses in its NOTICES_LOST map. Raises
@@ -165,11 +174,7 @@ class ExecNotices:
             on_exec_notice(pid_ns), {name: maps[name] for name in (layout.EVENTS, NOTICES_LOST)},
             name="exec_notices", prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT)
         try:
-            self._program.load()
-            event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
-            self._fds.append(event)
-            syscalls.perf_event_set_bpf(event.value, self._program.fd)
-            syscalls.perf_event_enable(event.value)
+            _run_on(tracepoint, self._program.load(), self._fds)
         except KernelError:
             self.close()
             raise
@@ -205,10 +210,7 @@ class ExecWatcher:
                                     dict(shared if notice else {}, **{EXECS_MAP: self.map}),
                                     name="exec_times",
                                     prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT).load()
-            event = syscalls.perf_event_open_tracepoint(tracepoint.id, tracepoint.name)
-            self._fds.append(event)
-            syscalls.perf_event_set_bpf(event.value, self._program.fd)
-            syscalls.perf_event_enable(event.value)
+            _run_on(tracepoint, self._program, self._fds)
         except KernelError:
             self.close()
             raise
