@@ -161,7 +161,21 @@ def _run_on(tracepoint, program: Program, fds: List[syscalls.Fd]) -> None:
     syscalls.perf_event_enable(event.value)
 
 
-class ExecNotices:
+class _OnExec:
+    """A program run on sched_process_exec, and its perf event (closed together)."""
+
+    _fds: List[syscalls.Fd]
+    _program: Optional[Program]
+
+    def close(self) -> None:
+        close_all(self._fds)
+        self._fds = []
+        if self._program is not None:
+            self._program.close()
+            self._program = None
+
+
+class ExecNotices(_OnExec):
     """The exec notices' program on sched_process_exec (`on_exec_notice`), writing into
     `maps`' `events` ring and counting what it loses in its NOTICES_LOST map. Raises
     UnsupportedKernelError when the tracepoint cannot be found, KernelError when the
@@ -179,15 +193,8 @@ class ExecNotices:
             self.close()
             raise
 
-    def close(self) -> None:
-        close_all(self._fds)
-        self._fds = []
-        if self._program is not None:
-            self._program.close()
-            self._program = None
 
-
-class ExecWatcher:
+class ExecWatcher(_OnExec):
     """The exec tracepoint's program and its `execs` map (module docstring). Raises
     UnsupportedKernelError when the tracepoint cannot be found, KernelError when the
     program cannot be loaded or attached. `pid_ns`: the (dev, inode) of the tracer's PID
@@ -235,9 +242,5 @@ class ExecWatcher:
         self.map.delete(pid)
 
     def close(self) -> None:
-        close_all(self._fds)
-        self._fds = []
-        if self._program is not None:
-            self._program.close()
-            self._program = None
+        super().close()
         self.map.close()
