@@ -140,7 +140,7 @@ def sum_of_squares(cell: int) -> int:
 
 
 def _agg_index(api: Api, fn_id) -> list:
-    """fp-144 = fn_id * KIND_SLOTS + the call's memcpy kind (0 when none or out of range)."""
+    """fp-152 = fn_id * KIND_SLOTS + the call's memcpy kind (0 when none or out of range)."""
     kind_cell = _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND)
     if kind_cell is None and fn_id is not layout.FROM_COOKIE:
         return [asm.st(W, FP, _AGG_KEY, fn_id * KIND_SLOTS)]

@@ -119,6 +119,10 @@ def _drop_stdout_buffer() -> None:
 @click.option("--stacks", is_flag=True,
               help="Capture the user call stack of memory calls (--leaks shows where each "
                    "leak was allocated).")
+@click.option("--py-stacks", is_flag=True,
+              help="Each call carries its thread's Python stack (file, executing line, "
+                   "function), walked by the probe: JSON `py_stack`, ` at FILE:LINE (FUNCTION)` "
+                   "on text lines, a summary table by Python line. CPython 3.8-3.14.")
 @click.option("--save", metavar="FILE",
               help="Record the raw trace to FILE, for `ebpf-cuda report FILE` later.")
 @click.option("--trace-out", metavar="FILE.json",
@@ -135,7 +139,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: Optional[str], spool_size: Optional[str], entries: bool,
           list_functions: bool, summary: bool, by_device: bool, by_container: bool,
-          leaks: bool, stacks: bool,
+          leaks: bool, stacks: bool, py_stacks: bool,
           save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
           command: Tuple[str, ...]) -> None:
@@ -152,7 +156,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     _check_split(summary, by_device, by_container)
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
-                           1 in _CLOSED_AT_START, by_device, by_container)
+                           1 in _CLOSED_AT_START, by_device, by_container, py_stacks)
     in_kernel = request.summary_only() and not no_returns  # the kernel sums the calls up
     _stopper.checkpoint()
     if pid is not None:
@@ -161,7 +165,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                     command=list(command), api=api, everything=everything,
                     follow_children=not no_follow, return_probes=not no_returns, entries=entries,
                     ring_size=plan.ring_size(ring_size, in_kernel, DEFAULT_RING_SIZE),
-                    stacks=stacks, aggregate=in_kernel, emit=not in_kernel, log=_log(verbose))
+                    stacks=stacks, aggregate=in_kernel, emit=not in_kernel, log=_log(verbose),
+                    py_stacks=py_stacks)
     _stopper.tracer = tracer
     _stopper.checkpoint()
     # Nothing is opened for writing before every output is known to be a file of its own.
@@ -203,6 +208,8 @@ def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losse
     unknown_graphs = tracer.stream.graphs.unknown_summary()
     if unknown_graphs:
         _say(unknown_graphs)
+    if tracer.stream.pystacks is not None and tracer.stream.pystacks.sentence():
+        _say(tracer.stream.pystacks.sentence())
     command = tracer.session.command
     if command is not None and command.exec_error is not None:
         _say("cannot run %s: %s" % (command.argv[0], command.exec_error.strerror))

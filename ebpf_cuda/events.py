@@ -8,7 +8,8 @@ Field names are the JSON keys (see `Event.to_json`).
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
+                    Tuple)
 
 from . import record
 from .apis import TABLE, Api, Kind, arg_cells
@@ -24,6 +25,19 @@ EXIT = "exit"
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))  # header + payload
 _OUT_FAULTS = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+
+
+class PyFrame(NamedTuple):
+    """One Python frame of the thread that made a call (pystacks.py): the file, the line
+    executing in it (None when the line table does not say) and the function's qualified
+    name (its plain name before Python 3.11, whose code objects have no qualified name)."""
+
+    file: str
+    line: Optional[int]
+    function: str
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
 
 
 @dataclass
@@ -48,6 +62,10 @@ class Event:
     stack_id: int = 0  # with --stacks: 1 + the id of the caller's user stack, else 0
     container: Optional[str] = None  # the process's container id (containers.py), if any
     device: Optional[int] = None  # the GPU the call targets (devices.py), when known
+    # With --py-stacks: the key of the thread's Python stack in the record (0: none) and the
+    # stack itself, innermost frame first (pystacks.py sets it; None: no Python frames)
+    py_stack_id: int = 0
+    py_stack: Optional[Tuple[PyFrame, ...]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""
@@ -62,6 +80,8 @@ class Event:
             obj.update(jsonable(self.outs))
             if self.faults:
                 obj["faults"] = list(self.faults)
+        if self.py_stack is not None:
+            obj["py_stack"] = [frame.to_json() for frame in self.py_stack]
         return obj
 
 
@@ -191,6 +211,7 @@ class Decoder:
     def events_of(self, fields: tuple) -> List[Event]:
         """Events of one unpacked record (fields as `record.LAYOUT` gives them)."""
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
+        py_stack_id = fields[-1]
         if phase == record.PHASE_HELLO:
             return []  # a thread's first traced call began: nothing to show
         try:
@@ -199,7 +220,7 @@ class Decoder:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
         enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
-                      args)
+                      args, py_stack_id=py_stack_id)
         if phase == record.PHASE_ENTER:
             return [enter]
         if phase != record.PHASE_CALL:
@@ -207,6 +228,7 @@ class Decoder:
         ret = fields[_RET_AT] & 0xFFFFFFFF
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
         done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
-                     args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id)
+                     args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id,
+                     py_stack_id=py_stack_id)
         # With --entries the enter event already came from its own record.
         return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]

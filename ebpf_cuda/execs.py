@@ -55,10 +55,17 @@ def _current_pid(pid_ns: Optional[Tuple[int, int]]) -> list:
     ]
 
 
-def on_exec(pid_ns: Optional[Tuple[int, int]] = None, notice: bool = False) -> list:
+def on_exec(pid_ns: Optional[Tuple[int, int]] = None, notice: bool = False,
+            python: bool = False, followed: bool = False) -> list:
     """sched_process_exec: execs[pid | n << 32] = now, then execs[pid] = n (n: this exec's
-    number for the process, from 1); with `notice`, the hello record (`_notice`)."""
-    return _current_pid(pid_ns) + [
+    number for the process, from 1); with `notice`, the hello record (`_notice`). With
+    `python` (--py-stacks) the process leaves `pyprocs` (its new program is not walked
+    with the old one's offsets) and, with `followed`, a followed process's exec sends the
+    hello record too, whatever its threads did: the reader reads its new interpreter."""
+    return _current_pid(pid_ns) + ([
+        asm.ld_map(R1, layout.PY_PROCS), asm.mov(R2, FP), asm.add(R2, _COUNT_KEY_AT),
+        asm.call(Helper.MAP_DELETE_ELEM),
+    ] if python else []) + [
         asm.ld_map(R1, EXECS_MAP), asm.mov(R2, FP), asm.add(R2, _COUNT_KEY_AT),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.mov(R6, 1),
@@ -76,21 +83,26 @@ def on_exec(pid_ns: Optional[Tuple[int, int]] = None, notice: bool = False) -> l
         asm.ld_map(R1, EXECS_MAP), asm.mov(R2, FP), asm.add(R2, _COUNT_KEY_AT),
         asm.mov(R3, FP), asm.add(R3, _VALUE_AT), asm.mov(R4, 0),
         asm.call(Helper.MAP_UPDATE_ELEM),
-    ] + (_notice(pid_ns) if notice else []) + [
+    ] + (_notice(pid_ns, python and followed) if notice else []) + [
         asm.Label("out"), asm.mov(R0, 0), asm.exit(),
     ]
 
 
-def _notice(pid_ns: Optional[Tuple[int, int]]) -> list:
+def _notice(pid_ns: Optional[Tuple[int, int]], followed: bool = False) -> list:
     """A hello record (record.PHASE_HELLO) of the exec'ing thread into the `events` ring,
     the reader woken, when the thread has the probes' task storage (it made traced calls:
-    other processes' execs tell nothing). A full ring drops it (it is no event)."""
-    return [
+    other processes' execs tell nothing), or with `followed` when its process is in the
+    `followed` map. A full ring drops it (it is no event)."""
+    check_followed = [
+        asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, _COUNT_KEY_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jne(R0, 0, "notice"),
+    ] if followed else []
+    return check_followed + [
         asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
         asm.ld_map(R1, layout.TASKS), asm.mov(R3, 0), asm.mov(R4, 0),
         asm.call(Helper.TASK_STORAGE_GET),
         asm.jeq(R0, 0, "out"),
-    ] + _hello_record(pid_ns, "out")
+    ] + ([asm.Label("notice")] if followed else []) + _hello_record(pid_ns, "out")
 
 
 def _hello_record(pid_ns: Optional[Tuple[int, int]], full: str, mark: int = 0) -> list:
@@ -213,8 +225,12 @@ class ExecWatcher(_OnExec):
             shared = {name: m for name, m in (maps or {}).items()
                       if name in (layout.EVENTS, layout.TASKS)}
             notice = len(shared) == 2
-            self._program = Program(on_exec(pid_ns, notice),
-                                    dict(shared if notice else {}, **{EXECS_MAP: self.map}),
+            python = {name: m for name, m in (maps or {}).items()
+                      if name in (layout.PY_PROCS, layout.FOLLOWED)}
+            code = on_exec(pid_ns, notice, layout.PY_PROCS in python,
+                           layout.FOLLOWED in python)
+            self._program = Program(code, dict(shared if notice else {}, **python,
+                                               **{EXECS_MAP: self.map}),
                                     name="exec_times",
                                     prog_type=syscalls.BPF_PROG_TYPE_TRACEPOINT).load()
             _run_on(tracepoint, self._program, self._fds)

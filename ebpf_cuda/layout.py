@@ -25,6 +25,15 @@ FOLLOWED = "followed"  # tgids traced with a command and its children (follow.py
 # In a PID namespace: children of followed processes by their kernel pid, until they are
 # known by their pid in the namespace (follow.py)
 FORKED = "forked"
+# With --py-stacks (pystack_probe.py): the processes whose interpreter is known, each
+# thread's PyThreadState, the stacks and code objects already sent, per-CPU room, and the
+# ring of stack and code object records.
+PY_PROCS = "pyprocs"
+PY_THREADS = "pythreads"
+PY_SEEN = "pyseen"
+PY_CODES = "pycodes"
+PY_SCRATCH = "pyscratch"
+PY_RING = "pystacks"
 
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms at 500k/s
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
@@ -100,25 +109,31 @@ def inflight_fallback() -> MapSpec:
 
 # Every uprobe program:
 INFLIGHT_KEY_AT = -record.INFLIGHT_KEY.size  # (pid_tgid, entry stack pointer): fp-16
-INFLIGHT_VALUE_AT = INFLIGHT_KEY_AT - record.INFLIGHT_VALUE_SIZE  # the map's value: fp-120
-STAT_KEY_AT = INFLIGHT_VALUE_AT - 8  # a u32 stats (or scratch) index: fp-128
+INFLIGHT_VALUE_AT = INFLIGHT_KEY_AT - record.INFLIGHT_VALUE_SIZE  # the map's value: fp-128
+STAT_KEY_AT = INFLIGHT_VALUE_AT - 8  # a u32 stats (or scratch) index: fp-136
 # Return programs:
-NOW_AT = STAT_KEY_AT - 8  # the exit time: fp-136
-AGG_KEY_AT = NOW_AT - 8  # u32 index into `agg`: fp-144
-LAUNCH_KEY_AT = AGG_KEY_AT - LAUNCH_KEY.size  # fp-232
-LAUNCH_VALUE_AT = LAUNCH_KEY_AT - LAUNCH_VALUE.size  # fp-248
-ERROR_KEY_AT = LAUNCH_VALUE_AT - 8  # fp-256
-ERROR_VALUE_AT = ERROR_KEY_AT - 8  # fp-264
-FN_ID_AT = ERROR_VALUE_AT - 8  # the function id read from the attach cookie: fp-272
-NAME_LEN_AT = FN_ID_AT - 8  # the length of the name chunk just read: fp-280
+NOW_AT = STAT_KEY_AT - 8  # the exit time: fp-144
+AGG_KEY_AT = NOW_AT - 8  # u32 index into `agg`: fp-152
+LAUNCH_KEY_AT = AGG_KEY_AT - LAUNCH_KEY.size  # fp-240
+LAUNCH_VALUE_AT = LAUNCH_KEY_AT - LAUNCH_VALUE.size  # fp-256
+ERROR_KEY_AT = LAUNCH_VALUE_AT - 8  # fp-264
+ERROR_VALUE_AT = ERROR_KEY_AT - 8  # fp-272
+FN_ID_AT = ERROR_VALUE_AT - 8  # the function id read from the attach cookie: fp-280
+NAME_LEN_AT = FN_ID_AT - 8  # the length of the name chunk just read: fp-288
 # In a PID namespace: the thread's (tid, tgid) as the namespace numbers them, written by
 # bpf_get_ns_current_pid_tgid at the start of every program (its struct bpf_pidns_info
-# {u32 pid; u32 tgid} read as one u64 is pid_tgid's layout): fp-288.
+# {u32 pid; u32 tgid} read as one u64 is pid_tgid's layout): fp-296.
 NS_PID_TGID_AT = NAME_LEN_AT - 8
+# Entry programs with --py-stacks (pystack_probe.py): the stack's key for the record
+# (fp-304), the thread's pid_tgid and its tgid as a u32 map key (fp-320), the key of a
+# code object (tgid, address) (fp-336).
+PY_STACK_AT = NS_PID_TGID_AT - 8
+PY_KEY_AT = PY_STACK_AT - 16
+PY_CODE_KEY_AT = PY_KEY_AT - 16
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -272 and NS_PID_TGID_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -280 and PY_CODE_KEY_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

@@ -76,13 +76,15 @@ class Request:
     stdout_closed: bool = False  # the standard output was closed when the run began
     by_device: bool = False  # the summary's tables once per device
     by_container: bool = False  # ... once per container
+    py_stacks: bool = False  # events carry their Python stacks (the kernel cannot sum them)
 
 
     def summary_only(self) -> bool:
         """--summary and nothing that needs every event: the kernel can sum the calls up."""
         return self.summary and not any((self.leaks, self.as_json, self.output, self.save,
                                          self.trace_out, self.report_html, self.pprof_out,
-                                         self.by_device, self.by_container))
+                                         self.by_device, self.by_container,
+                                         self.py_stacks))
         # (devices and containers come with the events)
 
     def reports_to_stderr(self) -> bool:

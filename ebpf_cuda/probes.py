@@ -13,7 +13,7 @@ Lost records and unpaired returns are counted in the per-CPU `stats` array.
 """
 from typing import Hashable, List, NamedTuple, Optional, Tuple
 
-from . import aggregates, asm, layout, record
+from . import aggregates, asm, layout, pystack_probe, record
 from .apis import Api, Kind, arg_cells
 from .arch import Arch
 from .asm import (B, DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, RB_NO_WAKEUP,
@@ -47,7 +47,7 @@ def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> H
 
 
 def _read_cookie() -> Items:
-    """fp-272 = the attach cookie (R6 = ctx)."""
+    """fp-280 = the attach cookie (R6 = ctx)."""
     return [asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE),
             asm.stx(DW, FP, layout.FN_ID_AT, R0)]
 
@@ -82,6 +82,9 @@ class ProbeOptions(NamedTuple):
     # once per program run), threads outside it not traced, children followed through the
     # `forked` map (follow.py). None: the kernel's pids (bpf_get_current_pid_tgid).
     pid_ns: Optional[Tuple[int, int]] = None
+    # --py-stacks: where task_struct keeps the thread pointer (kernel_btf.py); the entry
+    # walks the thread's Python frames (pystack_probe.py). None: no Python stacks.
+    py_stacks: Optional[int] = None
 
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
@@ -93,6 +96,8 @@ def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> I
                   and not options.emit_entry)
     if options.follow and not by_storage:
         prog += _only_followed(options)
+    if options.py_stacks is not None:  # (before the entry time is taken: not in the call's)
+        prog += pystack_probe.walk(options.py_stacks, _pid_tgid(options))
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)
@@ -147,7 +152,8 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
         prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
                  asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
     prog += layout.ret_into(R1, api.returns_value, arch.ret)
-    prog += [asm.stx(DW, R8, record.RET, R1)]
+    prog += [asm.stx(DW, R8, record.RET, R1),
+             asm.ldx(DW, R1, R7, record.INFLIGHT_PY), asm.stx(DW, R8, record.PY_STACK, R1)]
     prog += _read_outs(api, arch, record.FLAG_ENTRY_SENT if options.emit_entry else 0)
     if api.learn_name:
         prog += _learn_name(api, arch)
@@ -158,7 +164,7 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
 
 
 def _in_namespace(options: ProbeOptions) -> Items:
-    """In a PID namespace: fp-288 = this thread's (tid, tgid) as the namespace numbers them;
+    """In a PID namespace: fp-296 = this thread's (tid, tgid) as the namespace numbers them;
     a thread outside it (the host's, a nested namespace's) returns at once: the tracer can
     neither name nor follow it."""
     if options.pid_ns is None:
@@ -198,7 +204,7 @@ def _only_followed(options: ProbeOptions) -> Items:
 def _adopt_forked() -> Items:
     """In a PID namespace, a process not followed by its pid there may be a child of a
     followed one, which the fork tracepoint knows only by its kernel pid (`forked`, see
-    follow.py): if so it is followed from now on by its pid here (fp-128) and dropped from
+    follow.py): if so it is followed from now on by its pid here (fp-136) and dropped from
     `forked`; else return at once. The inflight key's slot (fp-16), written only after
     this check, holds the kernel tgid (key) and 1 (value) meanwhile."""
     key, one = layout.INFLIGHT_KEY_AT, layout.INFLIGHT_KEY_AT + 4
@@ -260,12 +266,20 @@ def _stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
             prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, R8, where, R1)]
         else:
             prog.append(asm.st(DW, R8, where, 0))
+    prog += _py_stack_into(R8, record.INFLIGHT_PY, options)
     return prog + [
         asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
         asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
     ] + _hello_once(options) + [
         asm.ja("stashed"), asm.Label("stash_lost"),
     ] + _count(record.STAT_INFLIGHT_FULL, "lost") + [asm.Label("stashed")]
+
+
+def _py_stack_into(base, offset: int, options: ProbeOptions) -> Items:
+    """base+offset = the key of the call's Python stack (pystack_probe.walk left it), or 0."""
+    if options.py_stacks is None:
+        return [asm.st(DW, base, offset, 0)]
+    return [asm.ldx(DW, R1, FP, layout.PY_STACK_AT), asm.stx(DW, base, offset, R1)]
 
 
 def _hello_once(options: ProbeOptions) -> Items:
@@ -330,6 +344,7 @@ def _stash_entry(api: Api, arch: Arch, options: ProbeOptions) -> Items:
             prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, FP, where, R1)]
         else:
             prog.append(asm.st(DW, FP, where, 0))
+    prog += _py_stack_into(FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_PY, options)
     prog += _inflight_key(arch, 0, options)
     return prog + [
         asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
@@ -344,6 +359,7 @@ def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions)
     prog += _load_args(api, arch, R6, R8, record.ARGS)
     prog += [asm.st(DW, R8, record.RET, 0)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
+    prog += _py_stack_into(R8, record.PY_STACK, options)
     prog += _submit(options)
     prog += [asm.ja("enter_done"), asm.Label("enter_lost")]
     prog += _count(record.STAT_RING_FULL)

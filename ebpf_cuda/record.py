@@ -24,7 +24,10 @@ COMM = 32
 ARGS = COMM + COMM_LEN
 RET = ARGS + 8 * ARG_CELLS
 OUTS = RET + 8
-SIZE = OUTS + 8 * OUT_CELLS
+# u64 with --py-stacks: the key of the calling thread's Python stack in the `pystacks` ring
+# (pystacks.py; the probe hashes the frames with the tgid), 0 when the call had none
+PY_STACK = OUTS + 8 * OUT_CELLS
+SIZE = PY_STACK + 8
 
 PHASE_ENTER = 0  # an entry record (return probes off, or --entries)
 PHASE_CALL = 1  # a complete call: entry arguments, return value, out-parameters, both times
@@ -45,7 +48,8 @@ INFLIGHT_KEY = struct.Struct("<QQ")
 INFLIGHT_TS = 0
 INFLIGHT_ARGS = 8
 INFLIGHT_OUTPTRS = INFLIGHT_ARGS + 8 * ARG_CELLS
-INFLIGHT_VALUE_SIZE = INFLIGHT_OUTPTRS + 8 * OUT_CELLS
+INFLIGHT_PY = INFLIGHT_OUTPTRS + 8 * OUT_CELLS  # the record's PY_STACK, found at entry
+INFLIGHT_VALUE_SIZE = INFLIGHT_PY + 8
 
 # With task storage (the fast path) each thread has a small stack of the same entries, each
 # followed by the entry stack pointer that identifies it: {u64 depth, slot[TASK_DEPTH],
@@ -64,9 +68,10 @@ STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignor
 # TASK_DEPTH on it (the stack is emptied: its TASK_DEPTH calls are lost, counted here).
 STAT_INFLIGHT_FULL = 2
 STAT_STACK_LOST = 3  # a user stack could not be captured
-STAT_COUNT = 4
+STAT_PY_LOST = 4  # a Python stack or code object record found the `pystacks` ring full
+STAT_COUNT = 5
 
-LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
+LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
 assert LAYOUT.size == SIZE, (LAYOUT.size, SIZE)
 
 # The ring hands records over as frames: an 8-byte header, then the record (SIZE is a

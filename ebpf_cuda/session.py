@@ -13,7 +13,8 @@ import threading
 from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from . import aggregates, apis, discovery, features, layout, loader_watch, maps, probes, record
+from . import (aggregates, apis, discovery, features, kernel_btf, layout, loader_watch, maps,
+               probes, pystack_probe, record)
 from .apis import Api
 from .arch import current as current_arch
 from .command import HeldCommand
@@ -50,6 +51,7 @@ class Options(NamedTuple):
     aggregate: bool = False
     emit: bool = True
     emit_memory: bool = False  # with aggregates: device allocations and frees still write
+    py_stacks: bool = False  # each call's Python stack (pystack_probe.py, pystacks.py)
 
     def checked(self) -> "Options":
         """These options, or UsageError for a combination that cannot work."""
@@ -62,6 +64,9 @@ class Options(NamedTuple):
                              "probes) is the only output")
         if self.entries and not self.return_probes:
             raise UsageError("--entries needs return probes; it cannot go with -r")
+        if self.py_stacks and not self.emit:
+            raise UsageError("--py-stacks needs event records: it cannot go with in-kernel "
+                             "aggregates alone")
         _check_ring_size(self.ring_size)
         return self
 
@@ -109,6 +114,14 @@ class Session:
         self._closed = False
         # Not the initial PID namespace: the probes use pids as this one numbers them.
         self.pid_ns = features.pid_namespace()
+        # --py-stacks: where the kernel keeps a thread's pthread_self() (kernel BTF)
+        self.thread_pointer: Optional[int] = None
+        if options.py_stacks:
+            self.thread_pointer = kernel_btf.thread_pointer_offset()
+            if self.thread_pointer is None:
+                raise UnsupportedKernelError(
+                    "--py-stacks needs the kernel's BTF (/sys/kernel/btf/vmlinux) to find "
+                    "task_struct.thread.fsbase; this kernel has none")
 
     def start(self) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is
@@ -152,8 +165,11 @@ class Session:
 
     def _create_maps(self) -> None:
         o = self.options
-        for spec in layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
-                                     o.follows, self.pid_ns is not None):
+        specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
+                                 o.follows, self.pid_ns is not None)
+        if o.py_stacks:
+            specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
+        for spec in specs:
             try:
                 self.maps[spec.name] = create_map(spec)
             except KernelError as err:
@@ -241,7 +257,7 @@ class Session:
         options = probes.ProbeOptions(
             stash=o.return_probes, emit_entry=o.entries, emit=o.emit, aggregate=o.aggregate,
             follow=layout.FOLLOWED in self.maps, task_storage=layout.TASKS in self.maps,
-            pid_ns=self.pid_ns,
+            pid_ns=self.pid_ns, py_stacks=self.thread_pointer,
             wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
             stacks=o.stacks and api.captures_stack)
         if api.teaches_names:
@@ -424,13 +440,14 @@ class Session:
         calls lost because their entry could not be kept (nested too deep on a thread)."""
         stats_map = self.maps.get(layout.STATS)
         if stats_map is None:
-            return {"lost": 0, "unpaired": 0, "too_deep": 0}
+            return {"lost": 0, "unpaired": 0, "too_deep": 0, "py_lost": 0}
 
         def total(index: int) -> int:
             return sum(stats_map[index])
 
         return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
-                "too_deep": total(record.STAT_INFLIGHT_FULL)}
+                "too_deep": total(record.STAT_INFLIGHT_FULL),
+                "py_lost": total(record.STAT_PY_LOST)}
 
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel

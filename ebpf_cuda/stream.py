@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import record
+from . import layout, record
 from .command import alive
 from .containers import Containers
 from .devices import DeviceTracker
@@ -25,6 +25,7 @@ from .graphs import GraphTracker
 from .losses import Losses
 from .names import KernelNamer
 from .nccl import Communicators
+from .pystacks import PyStacks
 from .reaper import Reaper
 from .session import Session
 
@@ -53,6 +54,9 @@ class Stream:
         self.devices = DeviceTracker()  # each call's device (devices.py)
         self.communicators = Communicators()  # NCCL calls' rank, size, id, seq (nccl.py)
         self.reaper = Reaper(names.seen_pids, self._forget)  # exited processes (reaper.py)
+        # --py-stacks: each call's Python stack (pystacks.py), once the maps exist
+        self.pystacks: Optional[PyStacks] = None
+        self._warn: Optional[Notice] = None
         self._read_bytes = 0  # frames read so far, and (behind a spool) written as lines
         self._lines_bytes = 0
         self.decoder = decoder
@@ -80,8 +84,17 @@ class Stream:
         """(frames, the (pid, func, kernel name) of their launches) until the end."""
         # (a command's processes are traced from their start: device 0 until they set one)
         self.devices.from_start = bool(self.session.options.command)
+        python = layout.PY_PROCS in self.session.maps and self.pystacks is None
+        if python:
+            self.pystacks = PyStacks(self.session.maps, self.session.log,
+                                     self.session.options.return_probes)
+            self.pystacks.warn = self._warn
+            if self.session.command is not None:  # (its file read before it runs)
+                self.pystacks.prepare(self.session.command.argv[0])
         if self.session.command is not None:
-            self.session.command.release()
+            self.session.command.release()  # (returns once it has exec'd)
+        if python:
+            self._first_interpreters()
         deadline = None if timeout is None else time.monotonic() + timeout
         with _Waiter(self.session) as waiter:
             while not self._stopping and not self._target_gone():
@@ -98,6 +111,14 @@ class Stream:
                                  else self._lines_bytes)
         yield from self._drain()
 
+    def _first_interpreters(self) -> None:
+        """The traced process's interpreter, or the command's once it is mapped."""
+        assert self.pystacks is not None
+        if self.session.options.pid is not None:
+            self.pystacks.register(self.session.options.pid)
+        elif self.session.command is not None and self.session.command.execed:
+            self.pystacks.watch(self.session.command.pid)
+
     def _drain(self) -> Iterator[Tuple[bytes, Named]]:
         ring = self.session.ring
         assert ring is not None
@@ -105,6 +126,9 @@ class Stream:
             frames = ring.drain_frames(record.SIZE, BATCH_RECORDS)
             if not frames:
                 return
+            if self.pystacks is not None:  # (the stacks of these records came before them)
+                self.pystacks.drain()
+                self.pystacks.observe(frames)
             self._read_bytes += len(frames)
             self.session.note_loads(frames)  # libraries just mapped: probed first
             self.names.observe_frames(frames)
@@ -131,6 +155,8 @@ class Stream:
         whoever decodes them for the outputs (this thread, or the lines thread behind a
         spool)."""
         self.names.annotate(events)
+        if self.pystacks is not None:
+            self.pystacks.annotate(events)
         self.graphs.annotate(events)
         self.communicators.annotate_batch(events)
         self.containers.annotate(events)
@@ -139,6 +165,8 @@ class Stream:
     def _forget(self, pid: int) -> None:
         """Drop what is kept of a process that exited (the Reaper says when)."""
         self.names.forget(pid)
+        if self.pystacks is not None:
+            self.pystacks.forget(pid)
         self.communicators.forget(pid)
         self.containers.forget(pid)
         self.devices.forget(pid)
@@ -169,6 +197,7 @@ class Stream:
         batch on is counted (`failures`). When none is left, a command is still read to
         its end (its records counted as not written), so that its exit status is known;
         without a command the reading stops."""
+        self._warn = notice  # (told of an interpreter --py-stacks does not know)
         sinks = list(sinks)
         for sink in sinks:  # text and JSON lines name containers, JSON devices (lines.py)
             if hasattr(sink, "containers"):

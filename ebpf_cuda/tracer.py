@@ -58,11 +58,11 @@ class Tracer:
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
                  stacks: bool = False, aggregate: bool = False, emit: bool = True,
                  log: Optional[Callable[[str], None]] = None,
-                 emit_memory: bool = False) -> None:
+                 emit_memory: bool = False, py_stacks: bool = False) -> None:
         options = Options(tuple(functions) if functions else None, tuple(library or ()), pid,
                           tuple(command or ()), api, everything, follow_children,
                           return_probes, entries, ring_size, stacks, aggregate, emit,
-                          emit_memory)
+                          emit_memory, py_stacks)
         self.session = Session(options, log)
         self.names = KernelNamer(probe_names=self.session.probe_name,
                                  exec_times=self.session.exec_times)

@@ -20,7 +20,7 @@ def frame(fn: str, ts: int, args=(), ret: int = 0, outs=(), phase: int = record.
     out_cells = list(outs) + [0] * (record.OUT_CELLS - len(outs))
     fn_id = apis.FN_ID[fn] if isinstance(fn, str) else fn
     payload = record.LAYOUT.pack(ts, ts + 700, tid, pid, fn_id, phase, flags, 0, b"app",
-                                 *cells, ret, *out_cells)
+                                 *cells, ret, *out_cells, 0)
     return struct.pack("<II", len(payload), 0) + payload
 
 

@@ -70,7 +70,7 @@ def test_an_out_of_memory_return_dumps_the_last_seconds(tmp_path, prog, lib):
 def frame(fn_id: int, enter_ns: int, exit_ns: int, ret: int = 0, pid: int = 7) -> bytes:
     payload = record.LAYOUT.pack(enter_ns, exit_ns, pid, pid, fn_id, record.PHASE_CALL, 0, 0,
                                  b"app", *[0] * record.ARG_CELLS, ret,
-                                 *[0] * record.OUT_CELLS)
+                                 *[0] * record.OUT_CELLS, 0)
     return struct.pack("<II", len(payload), 0) + payload
 
 

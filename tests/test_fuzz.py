@@ -332,7 +332,7 @@ def _saved_frame(fn: str, ts: int, args=(), fn_id=None) -> bytes:
     cells = list(args) + [0] * (record.ARG_CELLS - len(args))
     payload = record.LAYOUT.pack(ts, ts + 700, 42, 42, apis.FN_ID[fn] if fn_id is None
                                  else fn_id, record.PHASE_CALL, 0, 0, b"app", *cells, 0,
-                                 *[0] * record.OUT_CELLS)
+                                 *[0] * record.OUT_CELLS, 0)
     return struct.pack("<II", len(payload), 0) + payload
 
 

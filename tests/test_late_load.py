@@ -267,7 +267,7 @@ def test_files_named_with_p_are_all_that_is_probed(root, late_prog, folder, lib,
 def _frame(fn_id: int, phase: int, pid: int, first_cell: int, ts: int) -> bytes:
     cells = [first_cell] + [0] * (record.ARG_CELLS - 1)
     payload = record.LAYOUT.pack(ts, 0, pid, pid, fn_id, phase, 0, 0, b"x", *cells, 0,
-                                 *[0] * record.OUT_CELLS)
+                                 *[0] * record.OUT_CELLS, 0)
     return struct.pack("<II", len(payload), 0) + payload
 
 

@@ -44,7 +44,7 @@ def _frame(rng: random.Random, fn_id: int) -> bytes:
     body = record.LAYOUT.pack(
         ts, ts + rng.randrange(0, 10**7), tid, pid, fn_id, phase, flags, 0, rng.choice(COMMS),
         *[cell() for _ in range(record.ARG_CELLS)], rng.choice(RETS),
-        *[cell() for _ in range(record.OUT_CELLS)])
+        *[cell() for _ in range(record.OUT_CELLS)], 0)
     return struct.pack("<II", record.SIZE, 0) + body
 
 

@@ -11,7 +11,7 @@ def _frames_of(pids) -> bytes:
     return b"".join(b"\0" * 8 + record.LAYOUT.pack(0, 0, pid, pid, record.HELLO_FN,
                                                     record.PHASE_HELLO, 0, 0, b"p",
                                                     *[0] * record.ARG_CELLS, 0,
-                                                    *[0] * record.OUT_CELLS) for pid in pids)
+                                                    *[0] * record.OUT_CELLS, 0) for pid in pids)
 
 
 def test_a_teaching_call_names_its_handle_from_what_the_probe_stored():

@@ -23,7 +23,7 @@ def frame(fn: str, ts: int, args=(), ret: int = 0, outs=(), pid: int = 42) -> by
     cells = list(args) + [0] * (record.ARG_CELLS - len(args))
     out_cells = list(outs) + [0] * (record.OUT_CELLS - len(outs))
     payload = record.LAYOUT.pack(ts, ts + 700, pid, pid, apis.FN_ID[fn], record.PHASE_CALL, 0,
-                                 0, b"app", *cells, ret, *out_cells)
+                                 0, b"app", *cells, ret, *out_cells, 0)
     return struct.pack("<II", len(payload), 0) + payload
 
 

@@ -137,7 +137,7 @@ def _cells(rng: random.Random, n: int) -> List[int]:
 
 def _frame(fn_id: int, cells: List[int], outs: List[int]) -> bytes:
     body = record.LAYOUT.pack(10**12, 10**12 + 2500, 7, 7, fn_id, record.PHASE_CALL, 0, 0,
-                              b"app", *cells, 0, *outs)
+                              b"app", *cells, 0, *outs, 0)
     return struct.pack("<II", record.SIZE, 0) + body
 
 

@@ -11,6 +11,7 @@ _HOMES = {
     "kernels": ("AddressResolver", "Frame", "ProcessMaps"),
     "memory": ("ALLOCATORS", "FREES", "Allocation", "Allocator", "LeakTracker", "MemoryWarning",
                "format_leaks", "format_stack"),
+    "python_lines": ("PythonLines", "frame_text", "user_frame", "user_line"),
     "summary": ("Summary", "copy_operation", "percentile", "stats"),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}

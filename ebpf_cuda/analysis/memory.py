@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..apis import TABLE, Api, Role
-from ..events import EXIT, Event
+from ..events import EXIT, Event, PyFrame
 from ._table import clock, integer, table
 from .kernels import AddressResolver
 from .layers import LayerFilter
+from .python_lines import stack_lines
 
 
 class Allocator(NamedTuple):
@@ -61,6 +62,7 @@ class Allocation:
     stack_id: int = 0
     freed_by: Optional[str] = None  # the free's api once released
     freed_ts: Optional[float] = None
+    py_stack: Optional[Tuple[PyFrame, ...]] = None  # --py-stacks: the allocating call's
 
 
 @dataclass
@@ -162,7 +164,8 @@ class LeakTracker:
         self.freed.pop(key, None)
         self.allocations += 1
         self.live[key] = Allocation(event.pid, event.tid, event.comm, ptr, size, event.api,
-                                    event.ts, event.ts_ns, event.stack_id)
+                                    event.ts, event.ts_ns, event.stack_id,
+                                    py_stack=event.py_stack)
         self._change(event, size)
 
     def _freed(self, event: Event, ptr: Optional[int]) -> List[MemoryWarning]:
@@ -248,7 +251,9 @@ StackOf = Callable[[int], List[int]]  # stack id → return addresses, innermost
 def format_leaks(tracker: LeakTracker, stack_of: Optional[StackOf] = None,
                  resolver: Optional[AddressResolver] = None) -> str:
     """The leak report: allocations never freed (pointer, size, allocator, time, thread) and,
-    with `stack_of`, each one's user call stack symbolized through `resolver`."""
+    with `stack_of`, each one's user call stack symbolized through `resolver`; then, for
+    those that have one (--py-stacks), its Python stack (`py#0 FILE:LINE FUNCTION`, innermost
+    first)."""
     leaks = tracker.leaks()
     if not leaks:
         return "Leaks: none (%d allocations, all freed)" % tracker.allocations
@@ -266,6 +271,7 @@ def format_leaks(tracker: LeakTracker, stack_of: Optional[StackOf] = None,
         lines.append(row)
         if stack_of is not None:
             lines += format_stack(allocation.pid, stack_of(allocation.stack_id), resolver)
+        lines += stack_lines(allocation.py_stack)
     return "\n".join(lines)
 
 

@@ -102,6 +102,24 @@ def is_synchronous_copy(event: Event) -> bool:
     return found is not None and found.role == Role.COPY and not found.asynchronous
 
 
+# Rows whose calls return only once the GPU has caught up (cudaStreamSynchronize & co.;
+# flight.py's latency trigger reads the same category).
+BLOCKING_CATEGORIES = ("sync",)
+
+
+def blocks(api: Api) -> bool:
+    """Whether a function's calls block their thread until the GPU is done: a synchronising
+    row, or a synchronous copy."""
+    return api.category in BLOCKING_CATEGORIES or (api.role == Role.COPY
+                                                   and not api.asynchronous)
+
+
+def is_blocking(event: Event) -> bool:
+    """A call that blocks its thread until the GPU is done (see `blocks`)."""
+    found = BY_NAME.get(event.api)
+    return found is not None and blocks(found)
+
+
 def is_launch(event: Event) -> bool:
     """A kernel launch (it carries the kernel as `func`)."""
     found = BY_NAME.get(event.api)

@@ -12,7 +12,8 @@ captured). Durations are those of the API calls
 (host side): a kernel launch's duration is the launch call, not the kernel's run on the GPU.
 Only completed calls (exit events) count. What a call is (copy, memset, launch), its
 direction and bytes come from the function table's roles (operations.py); with both layers
-traced each operation counts once (layers.py).
+traced each operation counts once (layers.py). With --py-stacks, a table by Python line
+(python_lines.py): calls, API time, launches, bytes and sync time per innermost user frame.
 """
 import math
 from collections import Counter, defaultdict
@@ -25,6 +26,7 @@ from .layers import LayerFilter
 from .operations import (MB, Geometry, copy_bytes, copy_operation, is_launch,
                          is_synchronous_copy, launch_geometry)
 from .operations import operation_of  # noqa: F401 (importable from here, as before)
+from .python_lines import PythonLines
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
 KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)
@@ -68,9 +70,11 @@ class Summary:
     """Collects completed calls (a sink, or `add(events)` on any iterable) and renders the
     summary tables with `report()`. `namer(event, func)` names kernels (a `KernelNamer`); it
     is asked once per process and launch address, as the events arrive (while the process
-    still lives)."""
+    still lives). `py_stacks`: the trace has Python stacks (--py-stacks): the table by
+    Python line counts every call, also those before the first with a stack (without it,
+    it starts at that one: see python_lines.PythonLines)."""
 
-    def __init__(self, namer: Optional[Namer] = None) -> None:
+    def __init__(self, namer: Optional[Namer] = None, py_stacks: bool = False) -> None:
         self.namer = namer
         self.durations: Dict[str, List[int]] = defaultdict(list)
         self.errors: Counter = Counter()  # (api, ret, ret_name) → calls
@@ -87,10 +91,15 @@ class Summary:
         from .collectives import CollectiveSummary  # (it uses this module's stats)
 
         self.collectives = CollectiveSummary()  # NCCL calls per communicator
+        self.python_lines = PythonLines(py_stacks)  # --py-stacks: calls by Python line
 
     def add(self, events: Iterable[Event]) -> None:
-        """Account for completed calls; other events are ignored."""
+        """Account for completed calls; other events are ignored (but for whether they had
+        a Python stack: the table by Python line is shown then)."""
+        python_lines = self.python_lines
         for event in events:
+            if event.py_stack is not None or event.phase == EXIT:
+                python_lines.add_event(event)
             if event.phase == EXIT:
                 self._add(event)
 
@@ -188,7 +197,11 @@ class Summary:
                                + self._nccl_tables())
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
                             self.bandwidth_table(), self.error_table(), self.kernel_table()]
-                           + self._nccl_tables())
+                           + self._python_tables() + self._nccl_tables())
+
+    def _python_tables(self) -> List[str]:
+        """The table by Python line, when some event had a Python stack (--py-stacks)."""
+        return [self.python_lines.table()] if self.python_lines.seen else []
 
     def _nccl_tables(self) -> List[str]:
         """The NCCL table, when NCCL collectives or point-to-point calls were seen."""
@@ -332,8 +345,9 @@ class SplitSummary:
     container under "no container"."""
 
     def __init__(self, namer: Optional[Namer] = None, by_device: bool = True,
-                 by_container: bool = False) -> None:
+                 by_container: bool = False, py_stacks: bool = False) -> None:
         self.namer = namer
+        self.py_stacks = py_stacks
         self._fields = (("device",) if by_device else ()) + (
             ("container",) if by_container else ())
         self.parts: Dict[tuple, Summary] = {}
@@ -346,7 +360,7 @@ class SplitSummary:
         for key, batch in batches.items():
             summary = self.parts.get(key)
             if summary is None:
-                summary = self.parts[key] = Summary(namer=self.namer)
+                summary = self.parts[key] = Summary(self.namer, self.py_stacks)
             summary.add(batch)
 
     def report(self, aggregates=None) -> str:

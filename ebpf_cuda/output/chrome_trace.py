@@ -20,20 +20,25 @@ thus lie one under the other, each collective titled with its sequence number
 (besides, not instead): there they nest what NCCL itself calls (its kernel launches) and the
 thread's time shows where it waited.
 
+With --py-stacks, each call's slice (and marker) has its Python stack in its arguments
+(`py_args`: the innermost frame, the innermost user frame, every frame), and so has each
+leaked allocation's marker.
+
 The array is streamed: `[` at `header()`, each batch as it comes, `]` at `close()`; memory
 stays constant whatever the number of events (only per-process state and live allocations
 are kept).
 """
 import json
-from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import ALLOCATORS, DOUBLE_FREE, FREES, LeakTracker, MemoryWarning
 from ..analysis.operations import copy_bytes, copy_label, copy_operation
+from ..analysis.python_lines import frame_text, user_line
 from ..apis import BY_NAME, DEVICE, Role
 from ..elf import demangle
 from ..apis import NCCL
-from ..events import ENTER, EXIT, Event
+from ..events import ENTER, EXIT, Event, PyFrame
 from ..values import field_kinds, trace_value
 from . import finish
 
@@ -103,6 +108,25 @@ def _node_slice(node: dict) -> Tuple[str, Dict[str, Any]]:
         return "memset", {"size": node.get("size")}
     inner = node.get("nodes")
     return "graph", {"nodes": len(inner) if inner is not None else None}
+
+
+def py_args(stack: Optional[Sequence[PyFrame]]) -> Dict[str, Any]:
+    """The arguments a call with a Python stack gains (none without one): `py_frame`, its
+    innermost frame, `py_line`, its innermost user frame (the summary's row by Python line),
+    and `py_stack`, every frame innermost first; each frame as `FILE:LINE FUNCTION`."""
+    if not stack:
+        return {}
+    key = tuple(stack)
+    args = _PY_ARGS.get(key)
+    if args is None:  # (kept: a loop makes the same stacks again and again)
+        if len(_PY_ARGS) > 16384:
+            _PY_ARGS.clear()
+        args = _PY_ARGS[key] = {"py_frame": frame_text(stack[0]), "py_line": user_line(stack),
+                                "py_stack": [frame_text(frame) for frame in stack]}
+    return args
+
+
+_PY_ARGS: Dict[Tuple[PyFrame, ...], Dict[str, Any]] = {}
 
 
 def _us(ns: int) -> float:
@@ -211,6 +235,8 @@ class ChromeTraceWriter:
         args = {name: trace_value(kinds.get(name), v) for name, v in ev.args.items()}
         if kernel:
             args["kernel"] = kernel
+        if ev.py_stack:
+            args.update(py_args(ev.py_stack))
         return args
 
     def _kernel(self, ev: Event) -> Optional[str]:
@@ -304,8 +330,9 @@ class ChromeTraceWriter:
             ts = self._last_ns.get(alloc.pid, alloc.ts_ns)
             emit({"name": "leak", "cat": "memory", "ph": "i", "s": "p", "ts": _us(ts),
                   "pid": alloc.pid, "tid": alloc.tid,
-                  "args": {"ptr": "0x%x" % alloc.ptr, "size": alloc.size, "api": alloc.api,
-                           "allocated_at_us": _us(alloc.ts_ns)}})
+                  "args": dict({"ptr": "0x%x" % alloc.ptr, "size": alloc.size,
+                                "api": alloc.api, "allocated_at_us": _us(alloc.ts_ns)},
+                               **py_args(alloc.py_stack))})
 
 
 class CommTracks:

@@ -7,7 +7,8 @@ as `--summary` and `--leaks` (analysis/): with both layers traced each operation
 once, and the memory section is the leak tracker's (its allocations, frees, double frees).
 Kernels are counted as the summary's kernel table counts them (graphs.py): a launch a stream
 capture recorded into a graph did not run then (it is counted as captured), and each graph
-launch runs the kernels of its nodes (counted as launches, and as run in graphs).
+launch runs the kernels of its nodes (counted as launches, and as run in graphs). With
+--py-stacks, calls by Python line as the summary has them, and each leak's innermost frame.
 """
 import html
 from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -15,6 +16,7 @@ from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import LeakTracker
 from ..analysis.operations import copy_bytes, copy_label, copy_operation, is_launch
+from ..analysis.python_lines import HEADERS as PY_HEADERS, PythonLines, frame_text
 from ..apis import BY_NAME, Role
 from ..events import EXIT, Event
 from . import finish
@@ -90,7 +92,7 @@ class HtmlReport:
     too unless it is stdout or stderr). `namer(event, address)` names kernels."""
 
     def __init__(self, stream: IO[str], namer: Optional[Namer] = None,
-                 title: str = "ebpf-cuda report") -> None:
+                 title: str = "ebpf-cuda report", py_stacks: bool = False) -> None:
         self.stream = stream
         self.namer = namer
         self.title = title
@@ -113,6 +115,8 @@ class HtmlReport:
         self.first_ns: Optional[int] = None
         self.last_ns = 0
         self.lost = ""  # what the report did not see, in words (note_losses)
+        # --py-stacks: calls by Python line, as the summary's table (`py_stacks`: see it)
+        self.python_lines = PythonLines(py_stacks)
 
     def header(self) -> None:
         """Nothing is written before the end."""
@@ -128,6 +132,8 @@ class HtmlReport:
             if self.first_ns is None:
                 self.first_ns = ev.ts_ns
             self.last_ns = max(self.last_ns, ev.ts_ns)
+            if ev.py_stack is not None or ev.phase == EXIT:
+                self.python_lines.add_event(ev)
             if ev.phase == EXIT:
                 self._call(ev)
 
@@ -289,7 +295,8 @@ def render(report: HtmlReport) -> str:
                if report.lost else "")
     parts = [warning, _overview(report), _function_table(report), _time_plots(report),
              _histograms(report), _copy_table(report), _memory_table(report),
-             _kernel_section(report), _nccl_table(report), _error_table(report)]
+             _kernel_section(report), _python_table(report), _nccl_table(report),
+             _error_table(report)]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<title>%s</title><style>%s</style></head><body><h1>%s</h1>%s</body></html>\n'
             % (_esc(report.title), _STYLE, _esc(report.title), "".join(parts)))
@@ -372,10 +379,30 @@ def _memory_table(r: HtmlReport) -> str:
     text += "<p>allocations: %d</p><p>frees: %d</p><p>double frees: %d</p>" % (
         m.allocations, m.releases, m.double_frees)
     if leaks:
-        text += "<h2>Leaks (not freed by the end)</h2>" + table(
-            ["pid", "pointer", "bytes", "allocated by"],
-            [(a.pid, "0x%x" % a.ptr, a.size, a.api) for a in leaks[:100]])
+        shown = leaks[:100]
+        headers = ["pid", "pointer", "bytes", "allocated by"]
+        rows = [[a.pid, "0x%x" % a.ptr, a.size, a.api] for a in shown]
+        if any(a.py_stack for a in shown):  # --py-stacks: where in Python each one was made
+            headers.append("Python frame")
+            for cells, a in zip(rows, shown):
+                cells.append(frame_text(a.py_stack[0]) if a.py_stack else "")
+        text += "<h2>Leaks (not freed by the end)</h2>" + table(headers, rows)
     return text
+
+
+def _python_table(r: HtmlReport) -> str:
+    """Calls by innermost user Python frame (--py-stacks), as the text summary's table."""
+    if not r.python_lines.seen:
+        return ""
+    rows = r.python_lines.rows()
+    if not rows:
+        return ""
+    # (the line first, as every table here has its key first)
+    return ("<h2>Calls by Python line (innermost user frame)</h2>"
+            + table((PY_HEADERS[-1],) + PY_HEADERS[:-1], [(row[-1],) + row[:-1] for row in rows])
+            + "<p>Each call counts at its innermost frame outside the interpreter's library "
+              "and installed packages; sync time: synchronising calls and synchronous "
+              "copies.</p>")
 
 
 def _kernel_section(r: HtmlReport) -> str:

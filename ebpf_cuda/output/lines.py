@@ -13,6 +13,10 @@ graph calls always (a graph launch's line shows the nodes it ran), and while som
 captures, those of launches, copies, memsets and event calls (what a capture records is
 marked `captured`). Only records on the slow path change whether a stream captures, so the
 rows in use are chosen again after each of them.
+
+Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0) take the
+slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the
+record's key), and the writers show it (output/text.py, Event.to_json).
 """
 import json
 import struct
@@ -27,6 +31,7 @@ from ..values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
 from ..values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))
+_PY_STACK_AT = len(_FRAME.unpack(bytes(_FRAME.size))) - 1  # record.PY_STACK, the last field
 _M32 = 0xFFFFFFFF
 CHUNK_RECORDS = 1024  # records formatted and written at once: bounds the text held in memory
 
@@ -189,14 +194,15 @@ class _FrameLines:
         offset = self.decoder.clock_offset_ns
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
-        add, ret_at, m32 = out.append, _RET_AT, _M32
+        add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
         second, clock = -1, ""  # the last second seen and its HH:MM:SS
         self._devices_now()
         for f in _FRAME.iter_unpack(frames):
             row = rows[f[4]]
             if row is _UNCOMPILED:
                 row = compiled(f[4])
-            if row is None or f[6] & odd_flags or f[5] > call:
+            # (a call with a Python stack: its lines show it once annotated, see above)
+            if row is None or f[6] & odd_flags or f[5] > call or f[py_at]:
                 out += self.slow(self.decoder.events_of(f))
                 rows = self._rows_now()  # (a capture may have begun or ended)
                 self._devices_now()  # (a thread may be on another device)

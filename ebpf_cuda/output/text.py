@@ -3,10 +3,14 @@
     TIME            PROCESS          PID     EVENT                TYPE     DETAILS
     16:40:01.123456 basic02          4242    cudaMalloc            [ENTER] size=4000 bytes
     16:40:01.123470 basic02          4242    cudaMalloc             [EXIT] returned=cudaSuccess ptr=0x7f2a00000000 (12.3 us)
+
+With --py-stacks a line ends with ` at FILE:LINE (FUNCTION)`: the innermost Python frame of
+the thread that made the call (both lines of a call: they share the stack).
 """
 import time
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
+from ..analysis.python_lines import line_suffix
 from ..apis import BY_NAME
 from ..events import ENTER, Decoder, Event
 from ..values import field_kinds
@@ -51,13 +55,16 @@ def details(event: Event, kernel_name: Optional[str] = None) -> str:
 
 def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[str] = None,
                  container: Optional[str] = None) -> str:
-    """One line for one event (no newline); `container`: the one to name at its end."""
+    """One line for one event (no newline); `container`: the one to name near its end; last,
+    with --py-stacks, ` at FILE:LINE (FUNCTION)` of the innermost Python frame."""
     tag = "[ENTER]" if event.phase == ENTER else "[EXIT]"
     text = details(event, kernel_name)
     if event.tid != event.pid:
         text += " tid=%d" % event.tid
     if container:
         text += " container=%s" % container
+    if event.py_stack:
+        text += line_suffix(event.py_stack)
     line = "%-16s %-7d %-20s %8s %s" % (event.comm, event.pid, event.api, tag, text)
     if timestamps:
         clock = time.strftime("%H:%M:%S", time.localtime(event.ts))

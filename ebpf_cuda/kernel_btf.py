@@ -1,0 +1,106 @@
+"""Offsets of kernel struct members, read from the kernel's own BTF (/sys/kernel/btf/vmlinux).
+
+The Python stack walker (pystacks_probe.py) needs one: where `task_struct.thread.fsbase`
+lies, the thread pointer that glibc and musl hand out as pthread_self() and CPython keeps
+in each thread state. BTF is the UAPI `linux/btf.h` format: a header, a type section of
+variable-size entries (type ids count from 1) and a string section.
+"""
+import struct
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+VMLINUX = "/sys/kernel/btf/vmlinux"
+BTF_MAGIC = 0xEB9F
+_HEADER = struct.Struct("<HBBIIIII")
+_TYPE = struct.Struct("<III")  # name_off, info, size or type
+_MEMBER = struct.Struct("<III")  # name_off, type, offset
+KIND_STRUCT, KIND_UNION = 4, 5
+_QUALIFIERS = (8, 9, 10, 11, 18)  # typedef, volatile, const, restrict, type tag
+# Bytes after the common entry, by kind: a constant, or per vlen item.
+_FIXED = {1: 4, 3: 12, 14: 4, 17: 4}
+_PER_ITEM = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
+
+_cache: Dict[Tuple[str, Tuple[str, ...]], Optional[int]] = {}
+
+
+def _types(data: bytes) -> Iterator[Tuple[int, int, int, int, int]]:
+    """(kind, kind_flag, name_off, size_or_type, offset of the kind data) of each type."""
+    magic, _, _, hdr_len, type_off, type_len, _, _ = _HEADER.unpack_from(data)
+    if magic != BTF_MAGIC:
+        raise ValueError("not BTF (magic %#x)" % magic)
+    at, end = hdr_len + type_off, hdr_len + type_off + type_len
+    while at < end:
+        name_off, info, size = _TYPE.unpack_from(data, at)
+        kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+        at += _TYPE.size
+        yield kind, info >> 31, name_off, size, at
+        at += _FIXED.get(kind, 0) + _PER_ITEM.get(kind, 0) * vlen
+
+
+def _string(data: bytes, strings: int, off: int) -> str:
+    end = data.index(b"\0", strings + off)
+    return data[strings + off:end].decode("ascii", "replace")
+
+
+def member_offset(path: Sequence[str], btf_path: str = VMLINUX) -> Optional[int]:
+    """Byte offset of a member path such as ("task_struct", "thread", "fsbase"): the first
+    name is a struct, the others members of members. None when the kernel has no BTF or
+    no such member."""
+    key = (btf_path, tuple(path))
+    if key not in _cache:
+        try:
+            with open(btf_path, "rb") as f:
+                data = f.read()
+            _cache[key] = _member_offset(data, path)
+        except (OSError, ValueError, struct.error):
+            _cache[key] = None
+    return _cache[key]
+
+
+def _member_offset(data: bytes, path: Sequence[str]) -> Optional[int]:
+    _, _, _, hdr_len, _, _, str_off, str_len = _HEADER.unpack_from(data)
+    strings = hdr_len + str_off
+    types = [(0, 0, 0, 0, 0)] + list(_types(data))  # (type ids count from 1)
+    name_off = _string_offset(data[strings:strings + str_len], path[0])
+    if name_off is None:
+        return None
+    first = next((t for t in types[1:] if t[0] == KIND_STRUCT and t[2] == name_off
+                  and _vlen(data, t)), None)
+    if first is None:
+        return None
+    bits, current = 0, first
+    for name in path[1:]:
+        found = next((m for m in _members(data, current) if
+                      _string(data, strings, m[0]) == name), None)
+        if found is None:
+            return None
+        bits += found[2]
+        current = types[found[1]]
+        while current[0] in _QUALIFIERS:
+            current = types[current[3]]
+    return bits // 8 if bits % 8 == 0 else None
+
+
+def _string_offset(strings: bytes, name: str) -> Optional[int]:
+    """The offset of `name` in a string section (BTF keeps each string once)."""
+    at = strings.find(b"\0" + name.encode() + b"\0")
+    return None if at < 0 else at + 1
+
+
+def _vlen(data: bytes, entry: Tuple[int, int, int, int, int]) -> int:
+    return struct.unpack_from("<I", data, entry[4] - 8)[0] & 0xFFFF
+
+
+def _members(data: bytes, entry: Tuple[int, int, int, int, int]) -> List[Tuple[int, int, int]]:
+    """(name offset, type id, bit offset) of a struct's members."""
+    if entry[0] not in (KIND_STRUCT, KIND_UNION):
+        return []
+    members = []
+    for j in range(_vlen(data, entry)):
+        m_name, m_type, m_off = _MEMBER.unpack_from(data, entry[4] + 12 * j)
+        members.append((m_name, m_type, m_off & 0xFFFFFF if entry[1] else m_off))
+    return members
+
+
+def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
+    """Where x86-64 keeps a thread's fs base (its pthread_self()) in task_struct."""
+    return member_offset(("task_struct", "thread", "fsbase"), btf_path)
