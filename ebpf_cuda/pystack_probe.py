@@ -26,7 +26,7 @@ MAX_FRAMES = 64  # frames kept per stack, innermost first
 MAX_THREADS = 32  # thread states looked at to find a thread's own
 MAX_FILENAME = 512  # bytes of a file name kept (a longer one is cut)
 MAX_NAME = 256
-MAX_LINETABLE = 8192  # bytes of a line table kept (lines past it are unknown, not guessed)
+MAX_LINETABLE = 8192  # bytes of a line table kept (lines of a longer one are unknown, not guessed)
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 NONE = 0xFFFFFFFF  # an offset that does not apply (cframe before 3.11 and from 3.13)
@@ -51,7 +51,8 @@ STACK_TRUNCATED = 1 << 31  # in the frame count: the walk stopped before the out
 STACK_HEAD = struct.Struct("<IIQQ")  # type, frames, pid_tgid, key; then (code, instr) pairs
 FRAME = struct.Struct("<QQ")
 CODE_HEAD = struct.Struct("<IiQQIIIIII")  # type, first line, pid_tgid, code address, file
-#   name's state and bytes, name's state and bytes, line table bytes, 0; then the data:
+#   name's state and bytes, name's state and bytes, line table bytes read and its length;
+#   then the data:
 CODE_FILENAME_AT = CODE_HEAD.size
 CODE_NAME_AT = CODE_FILENAME_AT + MAX_FILENAME
 CODE_LINETABLE_AT = CODE_NAME_AT + MAX_NAME
@@ -300,8 +301,8 @@ def _zero_on_error(at: int) -> Items:
 
 
 def _linetable(code: int) -> Items:
-    """The line table's length at code+40 and its bytes (MAX_LINETABLE at most; branch-free
-    as _string)."""
+    """The line table's bytes read at code+40, its whole length at code+44, and its bytes
+    (MAX_LINETABLE at most; branch-free as _string)."""
     at = code + 40
     return [
         asm.mov(R1, R8), asm.add(R1, S_TMP), asm.mov(R2, 8),
@@ -309,7 +310,7 @@ def _linetable(code: int) -> Items:
         asm.add(R3, R4), asm.call(Helper.PROBE_READ_USER),
         asm.ldx(DW, R3, R8, S_LINETABLE), asm.ldx(W, R4, R7, PROC_AT["bytes_data"]),
         asm.add(R3, R4),
-        asm.ldx(DW, R2, R8, S_TMP),
+        asm.ldx(DW, R2, R8, S_TMP), asm.stx(W, R8, at + 4, R2),  # (its whole length)
         asm.jle(R2, MAX_LINETABLE, "py_lines_fit"), asm.mov(R2, MAX_LINETABLE),
         asm.Label("py_lines_fit"),
         asm.stx(W, R8, at, R2),

@@ -42,7 +42,7 @@ class Code(NamedTuple):
     file: Optional[str]
     function: Optional[str]
     firstlineno: int
-    linetable: bytes
+    linetable: Optional[bytes]
 
 
 class Registered(NamedTuple):
@@ -195,10 +195,13 @@ class PyStacks:
 
     def _code(self, raw: bytes) -> None:
         (_, first, pid_tgid, address, file_state, file_bytes, name_state, name_bytes,
-         table_bytes, _) = CODE_HEAD.unpack_from(raw)
+         table_bytes, table_length) = CODE_HEAD.unpack_from(raw)
         file = _text(file_state, raw[CODE_FILENAME_AT:CODE_FILENAME_AT + file_bytes])
         name = _text(name_state, raw[CODE_NAME_AT:CODE_NAME_AT + name_bytes])
-        table = raw[CODE_LINETABLE_AT:CODE_LINETABLE_AT + table_bytes]
+        # (None: not read whole, its lines unknown; b"": an empty table, which means the
+        # first line in 3.8-3.10)
+        table = raw[CODE_LINETABLE_AT:CODE_LINETABLE_AT + table_bytes] \
+            if table_bytes == table_length else None
         self.codes[(pid_tgid >> 32, address)] = Code(file, name, first, table)
 
     # -- events --------------------------------------------------------------------------
@@ -260,13 +263,25 @@ class PyStacks:
             if code is None or code.file is None or code.function is None:
                 return None, "a code object of its stack could not be read"
             offset = lay.instruction_offset(address, raw)
-            line = None if offset is None or not code.linetable else line_number(
+            line = None if offset is None or code.linetable is None else line_number(
                 lay.line_format, code.linetable, code.firstlineno, offset)
             out.append(PyFrame(code.file, line, code.function))
         return (tuple(out), None) if out else (None, None)
 
+    def export(self) -> Dict[int, List[list]]:
+        """Every stack shown whole, key -> [[file, line, function], ...] innermost first
+        (a saved trace's trailer)."""
+        for key, (pid, _, _) in list(self.stacks.items()):
+            self.frames(pid, key)
+        return {key: [list(frame) for frame in frames]
+                for key, (frames, _) in self._shown.items() if frames is not None}
+
     def forget(self, pid: int) -> None:
-        """Drop what is kept of a process that exited."""
+        """Drop what is kept of a process that exited (its stacks' frames stay, resolved
+        now: a saved trace's trailer or a late reader may still ask)."""
+        for key, (owner, _, _) in list(self.stacks.items()):
+            if owner == pid:
+                self.frames(pid, key)
         self.registered.pop(pid, None)
         self._since.pop(pid, None)
         self.not_python.discard(pid)
@@ -278,7 +293,6 @@ class PyStacks:
             del self.codes[key]
         for key in [k for k, v in self.stacks.items() if v[0] == pid]:
             del self.stacks[key]
-            self._shown.pop(key, None)
 
     def close(self) -> None:
         self._closed = True

@@ -38,7 +38,7 @@ from . import apis, record
 from .apis import Api
 from .devices import DeviceTracker
 from .errors import DecodeError, UsageError
-from .events import Decoder, Event
+from .events import Decoder, Event, PyFrame
 from .losses import Losses
 from .nccl import Communicators
 
@@ -71,6 +71,8 @@ class SaveWriter:
         # True: the processes were traced from their start (a command's), so a thread
         # that set no device was on device 0 (devices.py); for the trailer
         self.from_start: Optional[bool] = None
+        # --py-stacks: the stacks' frames by key, for the trailer (note_py_stacks)
+        self.py_stacks: Dict[int, List[list]] = {}
         self._frame_bytes = 0
         self._lost_noted = 0
         names = "\n".join(api.name for api in table).encode()
@@ -108,6 +110,11 @@ class SaveWriter:
             self._lost_noted = ring_full
             self.write_frames(loss_note(ring_full))
 
+    def note_py_stacks(self, stacks: Dict[int, List[list]]) -> None:
+        """The Python stacks the records name, key -> [[file, line, function], ...]
+        innermost first (pystacks.PyStacks.export), for the trailer (told before close)."""
+        self.py_stacks = dict(stacks)
+
     def note_losses(self, losses: Losses) -> None:
         """What the trace lost, by cause, for the trailer (told before `close`)."""
         self.losses = losses
@@ -122,6 +129,8 @@ class SaveWriter:
             trailer["lost"] = self.losses.to_json()
         if self.from_start is not None:
             trailer["from_start"] = self.from_start
+        if self.py_stacks:
+            trailer["py_stacks"] = [[key, frames] for key, frames in self.py_stacks.items()]
         self.stream.write(json.dumps(trailer).encode())
         if self.stream.seekable():
             self.stream.seek(_FBYTES_AT)
@@ -181,6 +190,7 @@ class SavedTrace:
         self.lost_noted: Optional[int] = None  # the last loss note's count, once read
         self._trailer_losses: Optional[Losses] = None
         self.from_start = False  # (the trailer says; a killed writer's file has none)
+        self.py_stacks: Dict[int, Tuple[PyFrame, ...]] = {}  # (the trailer says)
         with self._open() as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(_HEADER.size)
@@ -224,6 +234,7 @@ class SavedTrace:
             if "lost" in trailer:
                 self._trailer_losses = Losses.from_json(trailer["lost"])
             self.from_start = trailer.get("from_start") is True
+            self.py_stacks = _py_stacks(trailer.get("py_stacks", []))
             return names
         except (ValueError, TypeError, RecursionError) as err:
             raise DecodeError("%s has a damaged trailer: %s" % (self.path, err)) from None
@@ -317,6 +328,10 @@ class SavedTrace:
             raise DecodeError("%s has a damaged record: %s" % (self.path, err)) from None
         self.communicators.annotate_batch(events)  # as the live stream does
         self.devices.annotate(events)
+        if self.py_stacks:
+            for event in events:
+                if event.py_stack_id:
+                    event.py_stack = self.py_stacks.get(event.py_stack_id)
         return events
 
     def _new_pass(self) -> Decoder:
@@ -326,6 +341,27 @@ class SavedTrace:
         self.communicators = Communicators()
         self.devices = DeviceTracker(self.from_start)
         return self.decoder
+
+
+def _py_stacks(entries) -> Dict[int, Tuple[PyFrame, ...]]:
+    """A trailer's Python stacks: [[key, [[file, line, function], ...]], ...]."""
+    if not isinstance(entries, list):
+        raise ValueError("its Python stacks are not a list")
+    stacks = {}
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)
+                and isinstance(entry[1], list)):
+            raise ValueError("a Python stack is not [key, frames]: %.60r" % (entry,))
+        frames = []
+        for frame in entry[1]:
+            if not (isinstance(frame, list) and len(frame) == 3 and isinstance(frame[0], str)
+                    and (frame[1] is None or isinstance(frame[1], int))
+                    and isinstance(frame[2], str)):
+                raise ValueError("a Python frame is not [file, line, function]: %.60r"
+                                 % (frame,))
+            frames.append(PyFrame(*frame))
+        stacks[entry[0]] = tuple(frames)
+    return stacks
 
 
 def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, int, List[str]]:

@@ -275,6 +275,9 @@ class Stream:
         losses (the HTML report, the saved trace's trailer) what was lost."""
         if save is not None and outputs.alive(save):
             self._note_lost(outputs, save, final=True)
+            if self.pystacks is not None:
+                self.pystacks.drain()
+                outputs.call(save, save.note_py_stacks, self.pystacks.export())
         losses = self.losses()
         for sink in outputs.sinks:
             tell = getattr(sink, "note_losses", None)

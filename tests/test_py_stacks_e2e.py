@@ -1,0 +1,186 @@
+"""--py-stacks end to end: real interpreters calling the real libcudart.so.12 through
+ctypes, traced through real probes; each call's `py_stack` equals the stack the interpreter
+itself gave at that call (traceback.extract_stack, with qualified names on 3.11+), file,
+line and function, innermost frame down to the script's outermost one.
+
+The target (tests/pystacks/target.py) calls from a nested function, a method, a generator
+(list() calls it from C: 3.12+'s shim frame mid-stack), a lambda, a line inside a
+multi-line expression, a second thread, an asyncio task and a 21-deep recursion.
+"""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fakecuda import wheel_libcudart
+from helpers import REPO, need_root, run_cli
+
+PYENV = Path.home() / ".pyenv" / "versions"
+INTERPRETERS = {
+    "3.8": PYENV / "3.8.18" / "bin" / "python3.8",
+    "3.9": PYENV / "3.9.18" / "bin" / "python3.9",
+    "3.10": PYENV / "3.10.13" / "bin" / "python3.10",
+    "3.11": PYENV / "3.11.7" / "bin" / "python3.11",
+    "3.12": PYENV / "3.12.1" / "bin" / "python3.12",
+    "3.13": PYENV / "3.13.0" / "bin" / "python3.13",
+    "debian-3.11-static": Path("/usr/bin/python3"),
+}
+TARGET = REPO / "tests" / "pystacks" / "target.py"
+CALLS = 10  # cudaGetDeviceCount calls the target makes
+
+
+def _cudart() -> Path:
+    lib = wheel_libcudart()
+    if lib is None:
+        pytest.skip("nvidia-cuda-runtime-cu12 is not installed")
+    return Path(lib)
+
+
+def _trace(python: Path, tmp_path: Path, *options: str):
+    """(events of cudaGetDeviceCount's exits, the target's own record, the CLI's result)."""
+    need_root()
+    if not python.exists():
+        pytest.skip("%s is not installed" % python)
+    lib, truth, events = _cudart(), tmp_path / "truth.json", tmp_path / "events.json"
+    result = run_cli("--json", "-o", events, "--py-stacks", "--functions", "cudaGetDeviceCount",
+                     *options, "--", python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    exits = [e for e in map(json.loads, events.read_text().splitlines())
+             if e["phase"] == "exit"]
+    return exits, json.loads(truth.read_text()), result
+
+
+@pytest.mark.parametrize("name", sorted(INTERPRETERS))
+def test_every_call_carries_the_interpreters_own_stack(name, tmp_path):
+    exits, truth, result = _trace(INTERPRETERS[name], tmp_path)
+    assert len(truth) == CALLS and len(exits) == CALLS, (len(truth), len(exits))
+    assert "without their Python stack" not in result.stderr, result.stderr
+    for tid in {call["tid"] for call in truth}:
+        seen = [e for e in exits if e["tid"] == tid]
+        expected = [c["stack"] for c in truth if c["tid"] == tid]
+        assert len(seen) == len(expected)
+        for event, stack in zip(seen, expected):
+            got = [[f["file"], f["line"], f["function"]] for f in event["py_stack"]]
+            assert got == stack, (name, event["ts"])
+    # what the constructs look like, so that a walk stopping early cannot pass
+    innermost = [e["py_stack"][0]["function"] for e in exits]
+    qualified = name not in ("3.8", "3.9", "3.10")
+    assert innermost.count("nested.<locals>.inner" if qualified else "inner") == 2
+    assert ("Model.forward" if qualified else "forward") in innermost
+    assert innermost.count("generator") == 2 and innermost.count("task_body") == 2
+    assert any(f.endswith("<lambda>") for f in innermost)
+    deepest = max(exits, key=lambda e: len(e["py_stack"]))
+    assert [f["function"] for f in deepest["py_stack"]].count("deep") == 21
+
+
+def test_text_lines_end_with_the_innermost_frame(tmp_path):
+    python = INTERPRETERS["3.12"]
+    need_root()
+    if not python.exists():
+        pytest.skip("no Python 3.12")
+    lib, truth, out = _cudart(), tmp_path / "truth.json", tmp_path / "trace.txt"
+    result = run_cli("-o", out, "--py-stacks", "--functions", "cudaGetDeviceCount", "--",
+                     python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [ln for ln in out.read_text().splitlines() if "cudaGetDeviceCount" in ln]
+    assert len(lines) == 2 * CALLS
+    model = [ln for ln in lines if ln.endswith("(Model.forward)")]
+    assert len(model) == 2  # its enter and exit lines
+    assert model[0].endswith(" at %s:%d (Model.forward)" % (TARGET, _line_of("def forward") + 1))
+
+
+def _line_of(text: str) -> int:
+    for number, line in enumerate(TARGET.read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(text)
+
+
+def test_summary_counts_calls_by_python_line(tmp_path):
+    python = INTERPRETERS["debian-3.11-static"]
+    need_root()
+    lib, truth = _cudart(), tmp_path / "truth.json"
+    result = run_cli("--summary", "--py-stacks", "--functions", "cudaGetDeviceCount", "--",
+                     python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split("by Python Line", 1)[1]
+    rows = {}
+    for line in table.splitlines()[3:]:
+        if "target.py:" in line:
+            where = line.split()[-2]  # "file:line function"
+            rows[int(where.rsplit(":", 1)[1])] = int(line.split()[2])
+    assert rows[_line_of("def inner") + 1] == 2  # nested() runs in two threads
+    assert rows[_line_of("def forward") + 1] == 1
+    assert sum(rows.values()) == CALLS
+
+
+def test_a_saved_trace_keeps_the_stacks(tmp_path):
+    python = INTERPRETERS["3.13"]
+    need_root()
+    if not python.exists():
+        pytest.skip("no Python 3.13")
+    lib, truth, saved = _cudart(), tmp_path / "truth.json", tmp_path / "run.ebpfcuda"
+    result = run_cli("--save", saved, "--py-stacks", "--functions", "cudaGetDeviceCount", "--",
+                     python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    replay = run_cli("report", "--json", saved)
+    assert replay.returncode == 0, replay.stderr
+    exits = [e for e in map(json.loads, replay.stdout.splitlines()) if e["phase"] == "exit"]
+    expected = json.loads(truth.read_text())
+    assert len(exits) == CALLS
+    main_tid = expected[0]["tid"]
+    got = [[[f["file"], f["line"], f["function"]] for f in e["py_stack"]]
+           for e in exits if e["tid"] == main_tid]
+    assert got == [c["stack"] for c in expected if c["tid"] == main_tid]
+
+
+def test_an_interpreter_it_does_not_know_gets_no_stack_and_one_warning(tmp_path):
+    python = PYENV / "3.7.16" / "bin" / "python3.7"
+    need_root()
+    if not python.exists():
+        pytest.skip("no Python 3.7")
+    lib, truth, events = _cudart(), tmp_path / "truth.json", tmp_path / "events.json"
+    script = tmp_path / "old.py"
+    script.write_text("import ctypes, sys\nlib = ctypes.CDLL(sys.argv[1])\n"
+                      "for i in range(3):\n    lib.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n")
+    result = run_cli("--json", "-o", events, "--py-stacks", "--functions", "cudaGetDeviceCount",
+                     "--", python, script, lib, timeout=120)
+    assert result.returncode == 0, result.stderr
+    exits = [e for e in map(json.loads, events.read_text().splitlines()) if e["phase"] == "exit"]
+    assert len(exits) == 3 and not any("py_stack" in e for e in exits)
+    warnings = [ln for ln in result.stderr.splitlines() if "no Python stacks" in ln]
+    assert len(warnings) == 1 and "3.7" in warnings[0], result.stderr
+
+
+def test_attached_to_a_running_process(tmp_path):
+    """-p: the interpreter is read at the start; the calls after carry their stacks."""
+    python = INTERPRETERS["3.10"]
+    need_root()
+    if not python.exists():
+        pytest.skip("no Python 3.10")
+    lib, events, ready = _cudart(), tmp_path / "events.json", tmp_path / "ready"
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import ctypes, sys, time, os\nlib = ctypes.CDLL(sys.argv[1])\n"
+        "def step():\n    lib.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "end = time.time() + 6\n"
+        "while time.time() < end:\n    step()\n    time.sleep(0.01)\n")
+    target = subprocess.Popen([str(python), str(script), str(lib), str(ready)])
+    try:
+        while not ready.exists():
+            assert target.poll() is None
+        result = run_cli("--json", "-o", events, "--py-stacks", "--functions",
+                         "cudaGetDeviceCount", "-d", target.pid, timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    exits = [e for e in map(json.loads, events.read_text().splitlines()) if e["phase"] == "exit"]
+    # (calls in the moment between the probes going on and the interpreter being read have
+    # none, and are counted: every call after the first with a stack has one)
+    first = next(i for i, e in enumerate(exits) if "py_stack" in e)
+    assert len(exits) - first > 20, result.stderr
+    for event in exits[first:]:
+        assert [(f["line"], f["function"]) for f in event["py_stack"]] == [(4, "step"),
+                                                                         (8, "<module>")]
