@@ -64,7 +64,7 @@ class MapSpec(NamedTuple):
     """One map to create: its type (a maps.py class name), sizes and value layout."""
 
     name: str
-    type: str  # RingBuf, Hash, LruHash, PerCpuArray, StackTrace, TaskStorage
+    type: str  # RingBuf, Hash, LruHash, Array, PerCpuArray, StackTrace, TaskStorage
     key_size: int
     value_size: int
     entries: int

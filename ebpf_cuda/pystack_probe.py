@@ -24,6 +24,8 @@ from .asm import B, DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, W, Helper
 
 MAX_FRAMES = 64  # frames kept per stack, innermost first
 MAX_THREADS = 32  # thread states looked at to find a thread's own
+THREAD_SLOTS = 16384  # `pythreads`: (pid_tgid, thread state) by tid
+SEEN_SLOTS = 65536  # `pyseen`: the keys of stacks sent, by key
 MAX_FILENAME = 512  # bytes of a file name kept (a longer one is cut)
 MAX_NAME = 256
 MAX_LINETABLE = 8192  # bytes of a line table kept (lines of a longer one are unknown, not guessed)
@@ -109,11 +111,19 @@ def _read(dst_at: int, size: int, src_var: int, field: str) -> Items:
 
 
 def _thread_state() -> Items:
-    """scratch[S_TSTATE] = this thread's PyThreadState, or jump to py_done."""
+    """scratch[S_TSTATE] = this thread's PyThreadState, or jump to py_done. The cache
+    `pythreads` is an array indexed by tid (a lookup the verifier inlines): (pid_tgid,
+    thread state), its thread state checked by its thread_id at every use."""
+    slot, spill = layout.PY_CODE_KEY_AT, layout.PY_CODE_KEY_AT + 8
     return [
-        asm.ld_map(R1, layout.PY_THREADS), asm.mov(R2, FP), asm.add(R2, layout.PY_KEY_AT),
-        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "py_find"),
-        asm.ldx(DW, R1, R0, 0), asm.stx(DW, R8, S_TSTATE, R1),
+        asm.ldx(DW, R1, FP, layout.PY_KEY_AT), asm.and_(R1, THREAD_SLOTS - 1),
+        asm.stx(W, FP, slot, R1),
+        asm.ld_map(R1, layout.PY_THREADS), asm.mov(R2, FP), asm.add(R2, slot),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "py_done"),
+        asm.stx(DW, FP, spill, R0),
+        asm.ldx(DW, R1, R0, 0), asm.ldx(DW, R2, FP, layout.PY_KEY_AT),
+        asm.jne(R1, R2, "py_find"),
+        asm.ldx(DW, R1, R0, 8), asm.stx(DW, R8, S_TSTATE, R1),
         asm.mov(R1, R8), asm.add(R1, S_TMP), asm.mov(R2, 8),
         asm.ldx(DW, R3, R8, S_TSTATE), asm.ldx(W, R4, R7, PROC_AT["tstate_thread_id"]),
         asm.add(R3, R4), asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, "py_find"),
@@ -133,10 +143,10 @@ def _thread_state() -> Items:
     ] + _read(S_TSTATE, 8, S_TSTATE, "tstate_next") + [
         asm.add(R9, 1), asm.ja("py_thread_loop"),
         asm.Label("py_found"),
-        asm.ld_map(R1, layout.PY_THREADS), asm.mov(R2, FP), asm.add(R2, layout.PY_KEY_AT),
-        asm.mov(R3, R8), asm.add(R3, S_TSTATE), asm.mov(R4, 0),
-        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.ldx(DW, R1, FP, spill), asm.ldx(DW, R2, FP, layout.PY_KEY_AT),
+        asm.stx(DW, R1, 0, R2), asm.ldx(DW, R2, R8, S_TSTATE), asm.stx(DW, R1, 8, R2),
         asm.Label("py_have_tstate"),
+        asm.st(DW, FP, spill, 0),  # (no map pointer left on the stack: fewer states to verify)
     ]
 
 
@@ -192,22 +202,30 @@ def _frames() -> Items:
 
 
 def _send_stack() -> Items:
-    """The key (hash with the tgid, never 0) to fp[PY_STACK_AT] and the record; a stack
-    not seen before goes to the ring."""
+    """The key (hash with the process's key, never 0) to fp[PY_STACK_AT] and the record; a
+    stack not seen before goes to the ring. `pyseen` is an array of keys indexed by key (a
+    collision only sends a stack again)."""
+    slot, spill = layout.PY_CODE_KEY_AT, layout.PY_CODE_KEY_AT + 8
     return [
         asm.ldx(DW, R4, R8, S_HASH), asm.ldx(DW, R1, FP, layout.PY_KEY_AT + 8),
         asm.xor(R4, R1), asm.ld_imm64(R5, FNV_PRIME), asm.mul(R4, R5), asm.or_(R4, 1),
         asm.stx(DW, R8, 16, R4), asm.stx(DW, FP, layout.PY_STACK_AT, R4),
-        asm.ld_map(R1, layout.PY_SEEN), asm.mov(R2, R8), asm.add(R2, 16),
-        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jne(R0, 0, "py_done"),
+        asm.rsh(R4, 1), asm.and_(R4, SEEN_SLOTS - 1), asm.stx(W, FP, slot, R4),
+        asm.ld_map(R1, layout.PY_SEEN), asm.mov(R2, FP), asm.add(R2, slot),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "py_done"),
+        asm.stx(DW, FP, spill, R0),
+        asm.ldx(DW, R1, R0, 0), asm.ldx(DW, R2, R8, 16), asm.jeq(R1, R2, "py_done"),
         asm.ldx(W, R3, R8, 4), asm.and_(R3, 0x7F), asm.jgt(R3, MAX_FRAMES, "py_done"),
         asm.lsh(R3, 4), asm.add(R3, S_FRAMES),
         asm.ld_map(R1, layout.PY_RING), asm.mov(R2, R8), asm.mov(R4, 0),
         asm.call(Helper.RINGBUF_OUTPUT), asm.jne(R0, 0, "py_lost"),
-        asm.ld_map(R1, layout.PY_SEEN), asm.mov(R2, R8), asm.add(R2, 16),
-        asm.mov(R3, R8), asm.add(R3, 16), asm.mov(R4, 0),
-        asm.call(Helper.MAP_UPDATE_ELEM),
+        asm.ldx(DW, R1, FP, spill), asm.ldx(DW, R2, R8, 16), asm.stx(DW, R1, 0, R2),
     ]
+
+
+def seen_slot(key: int) -> int:
+    """The `pyseen` slot of a stack key."""
+    return (key >> 1) & (SEEN_SLOTS - 1)
 
 
 def _send_codes() -> Items:
@@ -310,12 +328,13 @@ def _linetable(code: int) -> Items:
         asm.add(R3, R4), asm.call(Helper.PROBE_READ_USER),
         asm.ldx(DW, R3, R8, S_LINETABLE), asm.ldx(W, R4, R7, PROC_AT["bytes_data"]),
         asm.add(R3, R4),
-        asm.ldx(DW, R2, R8, S_TMP), asm.stx(W, R8, at + 4, R2),  # (its whole length)
+        asm.ldx(DW, R2, R8, S_TMP),
         asm.jle(R2, MAX_LINETABLE, "py_lines_fit"), asm.mov(R2, MAX_LINETABLE),
         asm.Label("py_lines_fit"),
         asm.stx(W, R8, at, R2),
         asm.mov(R1, R8), asm.add(R1, code + CODE_LINETABLE_AT),
         asm.call(Helper.PROBE_READ_USER),
+        asm.ldx(DW, R1, R8, S_TMP), asm.stx(W, R8, at + 4, R1),  # (its whole length)
     ] + _zero_on_error(at)
 
 
@@ -335,8 +354,9 @@ def map_specs(ring_size: int) -> List[layout.MapSpec]:
     return [
         layout.MapSpec(layout.PY_PROCS, "Hash", 4, PROC.size, layout.MAX_PROCESSES,
                        key_struct=layout.PID),
-        layout.MapSpec(layout.PY_THREADS, "LruHash", 8, 8, 16384),
-        layout.MapSpec(layout.PY_SEEN, "LruHash", 8, 8, 65536),
+        layout.MapSpec(layout.PY_THREADS, "Array", 4, 16, THREAD_SLOTS),
+        layout.MapSpec(layout.PY_SEEN, "Array", 4, 8, SEEN_SLOTS, key_struct=layout.PID,
+                       value_struct=layout.U64),
         layout.MapSpec(layout.PY_CODES, "LruHash", 16, 16, 65536),
         layout.MapSpec(layout.PY_SCRATCH, "PerCpuArray", 4, SCRATCH_SIZE, 1),
         layout.MapSpec(layout.PY_RING, "RingBuf", 0, 0, ring_size),

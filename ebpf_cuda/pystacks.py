@@ -24,8 +24,8 @@ from .errors import TracerError
 from .events import Event, PyFrame
 from .maps import Map
 from .pystack_probe import (CODE_FILENAME_AT, CODE_HEAD, CODE_LINETABLE_AT, CODE_NAME_AT,
-                            CODE_RECORD, FRAME, NONE, PROC, PROC_FIELDS, STACK_HEAD,
-                            STACK_RECORD, STACK_TRUNCATED)
+                            CODE_RECORD, FRAME, MAX_FRAMES, NONE, PROC, PROC_FIELDS, STACK_HEAD,
+                            STACK_RECORD, STACK_TRUNCATED, seen_slot)
 from .python_layouts import (Interpreter, Layout, UnknownInterpreter, decode_unicode,
                              find_interpreter, line_number, unicode_kind)
 from .ringbuf import RingBuffer
@@ -56,6 +56,7 @@ class PyStacks:
     def __init__(self, maps: Dict[str, Map], log: Optional[Log] = None,
                  exits: bool = True) -> None:
         self.procs = maps[layout.PY_PROCS]
+        self.seen = maps[layout.PY_SEEN]  # (a stack whose code objects were lost: sent again)
         self.ring = RingBuffer.from_map(maps[layout.PY_RING])
         self.log = log or (lambda message: None)
         self.warn: Optional[Log] = None  # told, once per file, of an interpreter not known
@@ -229,27 +230,38 @@ class PyStacks:
 
     def sentence(self) -> str:
         """The "calls without their Python stack" line, "" when none."""
+        deep = ("; %d stacks deeper than %d frames kept their innermost %d"
+                % (self.truncated, MAX_FRAMES, MAX_FRAMES)) if self.truncated else ""
         if not self.missing:
-            return ""
+            return deep.lstrip("; ")
         causes = ", ".join("%d %s" % (n, why) for why, n in sorted(self.missing.items()))
-        return "%d calls without their Python stack: %s" % (sum(self.missing.values()),
-                                                            causes)
+        return "%d calls without their Python stack: %s%s" % (sum(self.missing.values()),
+                                                              causes, deep)
 
     def frames(self, pid: int, key: int) -> Tuple[Optional[Tuple[PyFrame, ...]], Optional[str]]:
-        """(the frames of stack `key`, innermost first, or None; why not)."""
+        """(the frames of stack `key`, innermost first, or None; why not). A stack that
+        cannot be shown yet (its record, or one of its code objects' records, found the
+        ring full) is asked for again: the probes send it, and what is missing of it, at its
+        next call."""
         shown = self._shown.get(key)
         if shown is not None:
             return shown
         stack = self.stacks.get(key)
         registered = self.registered.get(pid)
         if stack is None:
-            shown = (None, "its stack record was lost (ring full)")
-        elif registered is None:
-            shown = (None, "its process was forgotten before it was shown")
-        else:
-            shown = self._resolve(pid, registered.interpreter.layout, stack[2])
-            if shown[0] is not None and stack[1]:
-                self.truncated += 1
+            return None, "its stack record was lost (ring full)"  # (not marked sent)
+        if registered is None:
+            return None, "its process was forgotten before it was shown"
+        shown = self._resolve(pid, registered.interpreter.layout, stack[2])
+        if shown[0] is None and shown[1] is not None:
+            try:
+                if self.seen.get(seen_slot(key)) == key:
+                    self.seen[seen_slot(key)] = 0
+            except (OSError, TracerError):
+                pass
+            return shown
+        if shown[0] is not None and stack[1]:
+            self.truncated += 1
         self._shown[key] = shown
         return shown
 

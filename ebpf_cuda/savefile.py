@@ -52,6 +52,8 @@ READ_FRAMES = 4096  # frames per batch when reading back
 MAX_NAMES = 1 << 20  # bytes of function names a header may hold (the table takes ~3 KB)
 LOSS_COMM = b"\0ebpf-cuda lost"  # the comm of a loss note (no process has a comm "")
 _FRAME_HEAD = struct.Struct("<II")
+# Files saved before records had their PY_STACK field: read, each record widened.
+RECORD_SIZE_BEFORE_PY_STACK = record.SIZE - 8
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) -> kernel name
 
@@ -149,7 +151,7 @@ def loss_note(ring_full: int) -> bytes:
     cells = [ring_full] + [0] * (record.ARG_CELLS - 1)
     payload = record.LAYOUT.pack(time.monotonic_ns(), 0, 0, 0, record.HELLO_FN,
                                  record.PHASE_HELLO, 0, 0, LOSS_COMM, *cells, 0,
-                                 *[0] * record.OUT_CELLS)
+                                 *[0] * record.OUT_CELLS, 0)
     return _FRAME_HEAD.pack(len(payload), 0) + payload
 
 
@@ -196,6 +198,7 @@ class SavedTrace:
             head = f.read(_HEADER.size)
             self._clock_offset_ns, self._frame_bytes, self.function_names = _parse_header(
                 path, head, f)
+            self._record_size = _HEADER.unpack(head)[2]
             self._data_start = f.tell()
             if self._frame_bytes != _UNKNOWN and \
                     self._frame_bytes > size - self._data_start:
@@ -289,8 +292,15 @@ class SavedTrace:
         return self._clock_offset_ns
 
     def frames(self, per_batch: int = READ_FRAMES) -> Iterator[bytes]:
-        """Batches of whole raw frames, in the order they were saved."""
-        size = record.FRAME_SIZE
+        """Batches of whole raw frames, in the order they were saved (records of an older
+        size widened to this one's)."""
+        if self._record_size != record.SIZE:
+            for chunk in self._frames(per_batch, record.FRAME_HEADER + self._record_size):
+                yield _widened(chunk, self._record_size)
+            return
+        yield from self._frames(per_batch, record.FRAME_SIZE)
+
+    def _frames(self, per_batch: int, size: int) -> Iterator[bytes]:
         left = None if self._frame_bytes == _UNKNOWN else self._frame_bytes  # None: to EOF
         with self._open() as f:
             f.seek(self._data_start)
@@ -343,6 +353,15 @@ class SavedTrace:
         return self.decoder
 
 
+def _widened(chunk: bytes, old_size: int) -> bytes:
+    """Frames of `old_size`-byte records as frames of this version's records (the new fields
+    zero)."""
+    step, pad = record.FRAME_HEADER + old_size, bytes(record.SIZE - old_size)
+    head = _FRAME_HEAD.pack(record.SIZE, 0)
+    return b"".join(head + chunk[at + record.FRAME_HEADER:at + step] + pad
+                    for at in range(0, len(chunk), step))
+
+
 def _py_stacks(entries) -> Dict[int, Tuple[PyFrame, ...]]:
     """A trailer's Python stacks: [[key, [[file, line, function], ...]], ...]."""
     if not isinstance(entries, list):
@@ -373,7 +392,7 @@ def _parse_header(path: str, head: bytes, f: BinaryIO) -> Tuple[int, int, List[s
     if version not in READABLE_VERSIONS:
         raise DecodeError("%s has format version %d; this ebpf-cuda reads version %d"
                           % (path, version, FORMAT_VERSION))
-    if rsize != record.SIZE:
+    if rsize not in (record.SIZE, RECORD_SIZE_BEFORE_PY_STACK):
         raise DecodeError("%s has %d-byte records; this ebpf-cuda uses %d-byte records"
                           % (path, rsize, record.SIZE))
     if nlen > MAX_NAMES:

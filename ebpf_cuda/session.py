@@ -437,17 +437,20 @@ class Session:
     def stats(self) -> Dict[str, int]:
         """Counters kept by the probes, summed over CPUs: `lost` records (ring buffer full),
         `unpaired` returns (no entry seen: attached mid-call, or an entry dropped), `too_deep`
-        calls lost because their entry could not be kept (nested too deep on a thread)."""
+        calls lost because their entry could not be kept (nested too deep on a thread);
+        with --py-stacks `py_lost`, the stack and code object records lost."""
         stats_map = self.maps.get(layout.STATS)
         if stats_map is None:
-            return {"lost": 0, "unpaired": 0, "too_deep": 0, "py_lost": 0}
+            return {"lost": 0, "unpaired": 0, "too_deep": 0}
 
         def total(index: int) -> int:
             return sum(stats_map[index])
 
-        return {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
-                "too_deep": total(record.STAT_INFLIGHT_FULL),
-                "py_lost": total(record.STAT_PY_LOST)}
+        counts = {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
+                  "too_deep": total(record.STAT_INFLIGHT_FULL)}
+        if self.options.py_stacks:  # stack and code records the `pystacks` ring could not take
+            counts["py_lost"] = total(record.STAT_PY_LOST)
+        return counts
 
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
@@ -553,6 +556,9 @@ def create_map(spec: layout.MapSpec) -> maps.Map:
     if spec.type == "PerCpuArray":
         return maps.PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
                                    value_struct=spec.value_struct)
+    if spec.type == "Array":
+        return maps.ArrayMap(spec.value_size, spec.entries, name=spec.name,
+                             value_struct=spec.value_struct)
     kind = {"Hash": maps.HashMap, "LruHash": maps.LruHashMap}[spec.type]
     return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
                 key_struct=spec.key_struct, value_struct=spec.value_struct)

@@ -43,6 +43,7 @@ NAMED_CATEGORIES = ("module",)
 # sched_process_exit's group_dead): fixed here, read from tracefs by the real follower.
 FORK_CHILD_PID_OFFSET = 20
 EXIT_GROUP_DEAD_OFFSET = 32
+THREAD_POINTER = 3128  # task_struct.thread.fsbase in 6.18's BTF (kernel_btf.py reads it)
 
 
 class Variant(NamedTuple):
@@ -56,6 +57,7 @@ class Variant(NamedTuple):
     follow: bool = True  # a command and its children (else one process, or every one)
     task_storage: bool = True  # the kernel has task-local storage (else the inflight map)
     uprobe_multi: bool = True  # shared programs, function id from the attach cookie
+    py_stacks: bool = False  # the entry walks the Python stack (thread pointer at fp 3128)
 
 
 VARIANTS = {
@@ -74,6 +76,9 @@ VARIANTS = {
                       " on a kernel without uprobe_multi (one program per function)",
                       functions=("cudaMalloc", "cudaLaunchKernel", "cuModuleGetFunction"),
                       uprobe_multi=False),
+    "py-stacks": Variant("ebpf-cuda --py-stacks -f cudaMalloc,cudaLaunchKernel -- COMMAND "
+                         "(6.18's task_struct.thread.fsbase at 3128)",
+                         functions=("cudaMalloc", "cudaLaunchKernel"), py_stacks=True),
 }
 
 
@@ -109,7 +114,8 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
     names = {api.name for api in wanted}
     plain = probes.ProbeOptions(stash=spec.return_probes, emit_entry=spec.entries,
                                 emit=spec.emit, aggregate=spec.aggregate, follow=spec.follow,
-                                task_storage=spec.task_storage, wakeup_bytes=WAKEUP_BYTES)
+                                task_storage=spec.task_storage, wakeup_bytes=WAKEUP_BYTES,
+                                py_stacks=THREAD_POINTER if spec.py_stacks else None)
     with_stack = plain._replace(stacks=True)
     shared = spec.uprobe_multi
     loaded: Dict[object, _Generated] = {}

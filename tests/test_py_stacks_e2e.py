@@ -140,7 +140,7 @@ def test_an_interpreter_it_does_not_know_gets_no_stack_and_one_warning(tmp_path)
     need_root()
     if not python.exists():
         pytest.skip("no Python 3.7")
-    lib, truth, events = _cudart(), tmp_path / "truth.json", tmp_path / "events.json"
+    lib, events = _cudart(), tmp_path / "events.json"
     script = tmp_path / "old.py"
     script.write_text("import ctypes, sys\nlib = ctypes.CDLL(sys.argv[1])\n"
                       "for i in range(3):\n    lib.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n")

@@ -199,3 +199,38 @@ def test_version_1_files_still_load(tmp_path):
     data[8:10] = struct.pack("<H", 1)
     path.write_bytes(bytes(data))
     assert [ev.to_json() for ev in savefile.load(str(path))] == live_events(FRAMES)
+
+
+def test_files_saved_before_the_py_stack_field_read_the_same(tmp_path):
+    """Records were 8 bytes shorter before --py-stacks (no PY_STACK field): such a file's
+    frames are widened as they are read."""
+    path = tmp_path / "new.ebpfcuda"
+    write(path, [b"".join(FRAMES)])
+    data = path.read_bytes()
+    magic, version, rsize, offset, fbytes, nlen = savefile._HEADER.unpack_from(data)
+    start = savefile._HEADER.size + nlen
+    step, old_size = record.FRAME_SIZE, record.SIZE - 8
+    old = b"".join(struct.pack("<II", old_size, 0) + data[start + at + 8:start + at + 8 + old_size]
+                   for at in range(0, fbytes, step))
+    old_path = tmp_path / "old.ebpfcuda"
+    old_path.write_bytes(savefile._HEADER.pack(magic, version, old_size, offset, len(old), nlen)
+                         + data[savefile._HEADER.size:start] + old + data[start + fbytes:])
+    assert [ev.to_json() for ev in savefile.load(str(old_path))] == live_events(FRAMES)
+
+
+def test_the_trailer_keeps_python_stacks(tmp_path):
+    from ebpf_cuda.events import PyFrame
+
+    path = tmp_path / "t.ebpfcuda"
+    key = 0xABCDEF01
+    stacked = struct.pack("<II", record.SIZE, 0) + record.LAYOUT.pack(
+        5000, 5700, 42, 42, apis.FN_ID["cudaFree"], record.PHASE_CALL, 0, 0, b"app",
+        *[0] * record.ARG_CELLS, 0, *[0] * record.OUT_CELLS, key)
+    writer = write(path, [stacked], close=False)
+    writer.note_py_stacks({key: [["/app/train.py", 12, "step"], ["/app/train.py", 40, "<module>"]]})
+    writer.close()
+    events = list(savefile.load(str(path)))
+    assert [ev.py_stack for ev in events] == [(PyFrame("/app/train.py", 12, "step"),
+                                               PyFrame("/app/train.py", 40, "<module>"))] * 2
+    assert events[1].to_json()["py_stack"][0] == {"file": "/app/train.py", "line": 12,
+                                                  "function": "step"}
