@@ -42,7 +42,11 @@ PROC_FIELDS = (
     "tstate_frame", "cframe_current_frame", "frame_previous", "frame_code", "frame_instr",
     "frame_owner", "frame_owner_skip", "frame_window", "code_filename", "code_name",
     "code_linetable", "code_firstlineno", "code_window", "unicode_length", "unicode_state",
-    "unicode_ascii_size", "unicode_compact_size", "bytes_size", "bytes_data", "generation")
+    "unicode_ascii_size", "unicode_compact_size", "bytes_size", "bytes_data", "generation",
+    # One read of a thread state covers the fields a walk needs: from `tstate_window` on,
+    # the thread id, the frame (or cframe) pointer and the data stack chunk (NONE before
+    # 3.11) at these offsets in it.
+    "tstate_window", "window_thread_id", "window_frame", "window_chunk", "pad")
 PROC = struct.Struct("<QQ%dI" % len(PROC_FIELDS))
 PROC_RUNTIME, PROC_TAG_MASK = 0, 8
 PROC_AT = {name: 16 + 4 * i for i, name in enumerate(PROC_FIELDS)}
@@ -63,11 +67,19 @@ CODE_LINETABLE_AT = CODE_NAME_AT + MAX_NAME
 # code record being built.
 S_FRAMES = STACK_HEAD.size
 S_VARS = S_FRAMES + FRAME.size * MAX_FRAMES
-S_FRAME, S_HASH, S_FSBASE, S_TSTATE, S_TMP, S_TMP2, S_LINETABLE, S_FILENAME, S_NAME = (
-    S_VARS + 8 * i for i in range(9))
-S_WINDOW = S_VARS + 8 * 9
+(S_FRAME, S_HASH, S_FSBASE, S_TSTATE, S_TMP, S_TMP2, S_LINETABLE, S_FILENAME, S_NAME,
+ S_BULK_BASE, S_BULK_SIZE) = (S_VARS + 8 * i for i in range(11))
+S_WINDOW = S_VARS + 8 * 11
 WINDOW = 264  # a 256-byte read, and room for an 8-byte load at any offset below 256
-S_CODE = S_WINDOW + WINDOW
+S_TWINDOW = S_WINDOW + WINDOW  # the thread state's window
+# From 3.11 frames lie one after the other in the thread's data stack: one read of the
+# BULK bytes below the innermost frame holds the frames of most stacks, each then copied
+# from it (FRAME_COPY bytes) instead of read alone.
+BULK = 8192
+FRAME_COPY = 128
+CHUNK_DATA = 24  # offsetof(_PyStackChunk, data): previous, size, top
+S_BULK = S_TWINDOW + WINDOW
+S_CODE = S_BULK + BULK + FRAME_COPY + 8
 SCRATCH_SIZE = S_CODE + CODE_LINETABLE_AT + MAX_LINETABLE
 
 Items = List[object]
@@ -111,9 +123,10 @@ def _read(dst_at: int, size: int, src_var: int, field: str) -> Items:
 
 
 def _thread_state() -> Items:
-    """scratch[S_TSTATE] = this thread's PyThreadState, or jump to py_done. The cache
-    `pythreads` is an array indexed by tid (a lookup the verifier inlines): (pid_tgid,
-    thread state), its thread state checked by its thread_id at every use."""
+    """scratch[S_TSTATE] = this thread's PyThreadState and S_TWINDOW its window (one read),
+    or jump to py_done. The cache `pythreads` is an array indexed by tid (a lookup the
+    verifier inlines) of (pid_tgid, thread state); its thread state's thread_id is checked
+    at every use (a thread state may be freed and another made for the thread)."""
     slot, spill = layout.PY_CODE_KEY_AT, layout.PY_CODE_KEY_AT + 8
     return [
         asm.ldx(DW, R1, FP, layout.PY_KEY_AT), asm.and_(R1, THREAD_SLOTS - 1),
@@ -124,11 +137,8 @@ def _thread_state() -> Items:
         asm.ldx(DW, R1, R0, 0), asm.ldx(DW, R2, FP, layout.PY_KEY_AT),
         asm.jne(R1, R2, "py_find"),
         asm.ldx(DW, R1, R0, 8), asm.stx(DW, R8, S_TSTATE, R1),
-        asm.mov(R1, R8), asm.add(R1, S_TMP), asm.mov(R2, 8),
-        asm.ldx(DW, R3, R8, S_TSTATE), asm.ldx(W, R4, R7, PROC_AT["tstate_thread_id"]),
-        asm.add(R3, R4), asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, "py_find"),
-        asm.ldx(DW, R1, R8, S_TMP), asm.ldx(DW, R2, R8, S_FSBASE),
-        asm.jeq(R1, R2, "py_have_tstate"),
+    ] + _tstate_window("py_find") + [
+        asm.ja("py_have_tstate"),
         asm.Label("py_find"),
         asm.ldx(DW, R1, R7, PROC_RUNTIME), asm.stx(DW, R8, S_TMP, R1),
     ] + _read(S_TMP, 8, S_TMP, "runtime_interpreters_head") \
@@ -145,9 +155,29 @@ def _thread_state() -> Items:
         asm.Label("py_found"),
         asm.ldx(DW, R1, FP, spill), asm.ldx(DW, R2, FP, layout.PY_KEY_AT),
         asm.stx(DW, R1, 0, R2), asm.ldx(DW, R2, R8, S_TSTATE), asm.stx(DW, R1, 8, R2),
+        asm.st(DW, FP, spill, 0),
+    ] + _tstate_window("py_done") + [
         asm.Label("py_have_tstate"),
         asm.st(DW, FP, spill, 0),  # (no map pointer left on the stack: fewer states to verify)
     ]
+
+
+def _tstate_window(fail: str) -> Items:
+    """S_TWINDOW = the window of the thread state at S_TSTATE, whose thread id must be this
+    thread's pthread_self(); else jump to `fail`."""
+    return [
+        asm.mov(R1, R8), asm.add(R1, S_TWINDOW), asm.mov(R2, 256),
+        asm.ldx(DW, R3, R8, S_TSTATE), asm.ldx(W, R4, R7, PROC_AT["tstate_window"]),
+        asm.add(R3, R4), asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, fail),
+    ] + _twindow_field(R1, "window_thread_id") + [
+        asm.ldx(DW, R2, R8, S_FSBASE), asm.jne(R1, R2, fail),
+    ]
+
+
+def _twindow_field(dst, field: str) -> Items:
+    """dst = the u64 at the process's `field` offset in the thread state's window."""
+    return [asm.ldx(W, dst, R7, PROC_AT[field]), asm.and_(dst, 0xF8), asm.add(dst, R8),
+            asm.ldx(DW, dst, dst, S_TWINDOW)]
 
 
 def _window_field(dst, field: str, mask: int, size=DW) -> Items:
@@ -158,23 +188,21 @@ def _window_field(dst, field: str, mask: int, size=DW) -> Items:
 
 def _frames() -> Items:
     """The walk: (code, instr) pairs at S_FRAMES, their count at 4, their hash at S_HASH."""
-    prog: Items = _read(S_FRAME, 8, S_TSTATE, "tstate_frame") + [
+    prog: Items = _twindow_field(R1, "window_frame") + [
+        asm.stx(DW, R8, S_FRAME, R1),
         asm.ldx(W, R4, R7, PROC_AT["cframe_current_frame"]),
         asm.jeq32(R4, -1, "py_walk"),  # (NONE: the thread state points at the frame)
         asm.ldx(DW, R3, R8, S_FRAME), asm.jeq(R3, 0, "py_done"), asm.add(R3, R4),
         asm.mov(R1, R8), asm.add(R1, S_FRAME), asm.mov(R2, 8),
         asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, "py_done"),
         asm.Label("py_walk"),
+    ] + _bulk() + [
         asm.ld_imm64(R1, FNV_OFFSET), asm.stx(DW, R8, S_HASH, R1),
         asm.mov(R9, 0),
         asm.Label("py_frame_loop"),
         asm.jge(R9, MAX_FRAMES, "py_walked"),
         asm.ldx(DW, R3, R8, S_FRAME), asm.jeq(R3, 0, "py_walked"),
-        asm.mov(R1, R8), asm.add(R1, S_WINDOW),
-        asm.ldx(W, R2, R7, PROC_AT["frame_window"]), asm.and_(R2, 0xFF),
-        asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, "py_walked"),
-    ]
-    prog += _window_field(R2, "frame_code", 0xF8) + [
+    ] + _frame_window() + _window_field(R2, "frame_code", 0xF8) + [
         asm.ldx(DW, R3, R7, PROC_TAG_MASK), asm.and_(R2, R3)]
     prog += _window_field(R4, "frame_owner", 0xFF, B) + [
         asm.ldx(W, R5, R7, PROC_AT["frame_owner_skip"]),
@@ -199,6 +227,50 @@ def _frames() -> Items:
         asm.stx(W, R8, 4, R9),
     ]
     return prog
+
+
+def _bulk() -> Items:
+    """From 3.11: S_BULK = the bytes of the data stack chunk below the innermost frame, up
+    to BULK of them, in one read (S_BULK_BASE, S_BULK_SIZE say where; size 0: none)."""
+    return [
+        asm.st(DW, R8, S_BULK_SIZE, 0),
+        asm.ldx(W, R1, R7, PROC_AT["window_chunk"]), asm.jeq32(R1, -1, "py_bulk_done"),
+    ] + _twindow_field(R1, "window_chunk") + [
+        asm.jeq(R1, 0, "py_bulk_done"), asm.add(R1, CHUNK_DATA),  # the chunk's first frame
+        asm.ldx(DW, R3, R8, S_FRAME), asm.add(R3, FRAME_COPY),  # the end of the read
+        asm.mov(R2, R3), asm.sub(R2, BULK),
+        asm.jge(R2, R1, "py_bulk_base"), asm.mov(R2, R1),  # (no lower than the chunk's data)
+        asm.Label("py_bulk_base"),
+        asm.stx(DW, R8, S_BULK_BASE, R2),
+        asm.sub(R3, R2),  # the size: at most BULK (unsigned: an innermost frame below the
+        asm.jgt(R3, BULK, "py_bulk_done"),  # chunk's data reads nothing)
+        asm.stx(DW, R8, S_BULK_SIZE, R3),
+        asm.mov(R1, R8), asm.add(R1, S_BULK), asm.mov(R2, R3), asm.ldx(DW, R3, R8, S_BULK_BASE),
+        asm.call(Helper.PROBE_READ_USER), asm.jeq(R0, 0, "py_bulk_done"),
+        asm.st(DW, R8, S_BULK_SIZE, 0),
+        asm.Label("py_bulk_done"),
+    ]
+
+
+def _frame_window() -> Items:
+    """S_WINDOW = the frame at R3: copied from S_BULK when it lies there, else read; a
+    failed read ends the walk (py_walked)."""
+    prog: Items = [
+        asm.mov(R1, R3), asm.ldx(DW, R2, R8, S_BULK_BASE), asm.sub(R1, R2),
+        asm.ldx(DW, R2, R8, S_BULK_SIZE), asm.sub(R2, FRAME_COPY),
+        asm.jsgt(R1, R2, "py_read_frame"), asm.jslt(R1, 0, "py_read_frame"),
+        asm.and_(R1, BULK - 1), asm.add(R1, R8),
+    ]
+    for k in range(0, FRAME_COPY, 8):
+        prog += [asm.ldx(DW, R2, R1, S_BULK + k), asm.stx(DW, R8, S_WINDOW + k, R2)]
+    return prog + [
+        asm.ja("py_have_frame"),
+        asm.Label("py_read_frame"),
+        asm.mov(R1, R8), asm.add(R1, S_WINDOW),
+        asm.ldx(W, R2, R7, PROC_AT["frame_window"]), asm.and_(R2, 0xFF),
+        asm.call(Helper.PROBE_READ_USER), asm.jne(R0, 0, "py_walked"),
+        asm.Label("py_have_frame"),
+    ]
 
 
 def _send_stack() -> Items:

@@ -24,7 +24,8 @@ from .errors import TracerError
 from .events import Event, PyFrame
 from .maps import Map
 from .pystack_probe import (CODE_FILENAME_AT, CODE_HEAD, CODE_LINETABLE_AT, CODE_NAME_AT,
-                            CODE_RECORD, FRAME, MAX_FRAMES, NONE, PROC, PROC_FIELDS, STACK_HEAD,
+                            CODE_RECORD, FRAME, FRAME_COPY, MAX_FRAMES, NONE, PROC, PROC_FIELDS,
+                            STACK_HEAD,
                             STACK_RECORD, STACK_TRUNCATED, seen_slot)
 from .python_layouts import (Interpreter, Layout, UnknownInterpreter, decode_unicode,
                              find_interpreter, line_number, unicode_kind)
@@ -111,8 +112,13 @@ class PyStacks:
         with self._lock:
             self._generation += 1
             generation = self._generation
-        self.procs[pid] = proc_value(interpreter.layout, interpreter.runtime_vaddr + bias,
-                                     generation)
+        try:
+            value = proc_value(interpreter.layout, interpreter.runtime_vaddr + bias, generation)
+        except ValueError as err:
+            self._unknown(pid, interpreter.path, str(err))
+            self.not_python.add(pid)
+            return False
+        self.procs[pid] = value
         self.registered[pid] = Registered(interpreter, generation)
         self._since[pid] = time.monotonic_ns()
         self.not_python.discard(pid)
@@ -130,10 +136,7 @@ class PyStacks:
             try:
                 interpreter = find_interpreter(path)
             except UnknownInterpreter as err:
-                if path not in self._warned:
-                    self._warned.add(path)
-                    (self.warn or self.log)("no Python stacks for process %d: %s"
-                                            % (pid, err))
+                self._unknown(pid, path, str(err))
                 return None
             except (OSError, ValueError):
                 continue
@@ -150,6 +153,12 @@ class PyStacks:
                 find_interpreter(os.path.realpath(path))
         except (UnknownInterpreter, OSError, ValueError):
             pass  # (said when a process of it is seen)
+
+    def _unknown(self, pid: int, path: str, why: str) -> None:
+        """One warning line per file."""
+        if path not in self._warned:
+            self._warned.add(path)
+            (self.warn or self.log)("no Python stacks for process %d: %s" % (pid, why))
 
     def watch(self, pid: int) -> None:
         """Look for `pid`'s interpreter every few milliseconds for a while (it has just
@@ -319,9 +328,26 @@ def _text(state: int, data: bytes) -> Optional[str]:
     return decode_unicode(unicode_kind(state), data)
 
 
+# offsetof(PyThreadState, datastack_chunk), from each version's headers: where the frames of
+# 3.11+ lie one after the other. Only the walk's speed depends on it: the probe reads frames
+# from the chunk's memory only where they lie in it, and reads them one by one otherwise.
+DATASTACK_CHUNK = {(3, 11): 296, (3, 12): 232, (3, 13): 232}
+
+
 def proc_value(lay: Layout, runtime: int, generation: int) -> bytes:
-    """The `pyprocs` value of a process (pystack_probe.PROC)."""
+    """The `pyprocs` value of a process (pystack_probe.PROC); ValueError when its thread
+    state's fields do not fit one window."""
     values = {name: getattr(lay, name) for name in PROC_FIELDS if hasattr(lay, name)}
+    chunk = DATASTACK_CHUNK.get(lay.version) if lay.frame_window <= FRAME_COPY else None
+    low = min(lay.tstate_thread_id, lay.tstate_frame, chunk or lay.tstate_frame)
+    if chunk is not None and chunk - low > 248:
+        chunk = None
+        low = min(lay.tstate_thread_id, lay.tstate_frame)
+    if max(lay.tstate_thread_id, lay.tstate_frame) - low > 248:
+        raise ValueError("its thread state's fields lie too far apart")
+    values.update(tstate_window=low, window_thread_id=lay.tstate_thread_id - low,
+                  window_frame=lay.tstate_frame - low,
+                  window_chunk=NONE if chunk is None else chunk - low, pad=0)
     values["cframe_current_frame"] = NONE if lay.cframe_current_frame < 0 \
         else lay.cframe_current_frame
     if lay.frame_owner < 0:  # (no owner field: no frame is skipped)
