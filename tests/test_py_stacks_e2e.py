@@ -184,3 +184,30 @@ def test_attached_to_a_running_process(tmp_path):
     for event in exits[first:]:
         assert [(f["line"], f["function"]) for f in event["py_stack"]] == [(4, "step"),
                                                                          (8, "<module>")]
+
+
+def test_leaks_show_where_python_allocated(lib, tmp_path):
+    """--leaks --py-stacks: each allocation never freed is listed with its Python stack
+    (the stand-in runtime hands out real-looking pointers; 2 of 3 are never freed)."""
+    python = INTERPRETERS["debian-3.11-static"]
+    need_root()
+    script = tmp_path / "leaky.py"
+    script.write_text(
+        "import ctypes, sys\n"
+        "lib = ctypes.CDLL(sys.argv[1])\n"
+        "def alloc(size):\n"
+        "    p = ctypes.c_void_p()\n"
+        "    lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(size))\n"
+        "    return p\n"
+        "def keep():\n"
+        "    return [alloc(4096), alloc(8192)]\n"
+        "kept = keep()\n"
+        "lib.cudaFree(alloc(100))\n")
+    result = run_cli("--leaks", "--py-stacks", "--functions", "cudaMalloc,cudaFree", "-p", lib, "--",
+                     python, script, lib, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = result.stdout
+    assert report.count("py#0 %s:5 alloc" % script) == 2, report
+    assert report.count("py#1 %s:8 keep" % script) == 2, report
+    assert report.count("py#2 %s:9 <module>" % script) == 2, report
+    assert ":10 <module>" not in report  # (the freed one)
