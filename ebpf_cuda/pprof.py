@@ -3,7 +3,7 @@
 Sample types: calls (count), api_time (nanoseconds), launches (count), alloc_space and
 copy_space (bytes). Each sample's stack is, leaf first: the kernel (launches), the CUDA
 function, then the caller's native frames where the trace has them (`--stacks`: the memory
-calls), so `go tool pprof`, Pyroscope or Parca show which code paths call CUDA, how often,
+calls) and its Python frames (`--py-stacks`: function, file and line), so `go tool pprof`, Pyroscope or Parca show which code paths call CUDA, how often,
 for how long, and what they allocate and copy. Samples carry `pid` and `comm` labels.
 
     with open("cuda.pb.gz", "wb") as f:
@@ -38,7 +38,7 @@ _VT_TYPE, _VT_UNIT = 1, 2
 _S_LOCATION, _S_VALUE, _S_LABEL = 1, 2, 3
 _L_KEY, _L_STR, _L_NUM = 1, 2, 3
 _LOC_ID, _LOC_ADDRESS, _LOC_LINE = 1, 3, 4
-_LINE_FUNCTION = 1
+_LINE_FUNCTION, _LINE_LINE = 1, 2
 _F_ID, _F_NAME, _F_SYSTEM_NAME, _F_FILENAME = 1, 2, 3, 4
 
 
@@ -70,7 +70,7 @@ def packed_field(field: int, values: Iterable[int]) -> bytes:
 
 # -- building a profile ----------------------------------------------------------------------
 
-Frame = Tuple[str, str]  # (function name, file)
+Frame = Tuple  # (function name, file) or, for a Python frame, (function, file, line)
 Labels = Tuple[Tuple[str, object], ...]  # (key, str or int)
 
 
@@ -102,12 +102,15 @@ class Profile:
         def s(text: str) -> int:
             return strings.setdefault(text, len(strings))
 
-        functions: Dict[Frame, int] = {}
+        functions: Dict[Tuple[str, str], int] = {}
+        locations: Dict[Frame, int] = {}
         body = [bytes_field(_P_SAMPLE_TYPE, number_field(_VT_TYPE, s(kind))
                             + number_field(_VT_UNIT, s(unit)))
                 for kind, unit in self.sample_types]
         for (stack, labels), values in self.samples.items():
-            ids = [functions.setdefault(frame, len(functions) + 1) for frame in stack]
+            for frame in stack:
+                functions.setdefault(frame[:2], len(functions) + 1)
+            ids = [locations.setdefault(frame, len(locations) + 1) for frame in stack]
             sample = packed_field(_S_LOCATION, ids) + packed_field(_S_VALUE, values)
             for key, value in labels:
                 label = number_field(_L_KEY, s(key)) + (
@@ -115,15 +118,19 @@ class Profile:
                     else number_field(_L_STR, s(str(value))))
                 sample += bytes_field(_S_LABEL, label)
             body.append(bytes_field(_P_SAMPLE, sample))
-        # One location per function (id for id): frames are symbolized already.
+        # One location per frame (a function, and a line for Python frames): frames are
+        # symbolized already.
         for (name, path), fid in functions.items():
             body.append(bytes_field(_P_FUNCTION, number_field(_F_ID, fid)
                                     + number_field(_F_NAME, s(name))
                                     + number_field(_F_SYSTEM_NAME, s(name))
                                     + number_field(_F_FILENAME, s(path))))
-            body.append(bytes_field(_P_LOCATION, number_field(_LOC_ID, fid)
-                                    + bytes_field(_LOC_LINE, number_field(_LINE_FUNCTION,
-                                                                          fid))))
+        for frame, lid in locations.items():
+            line = number_field(_LINE_FUNCTION, functions[frame[:2]])
+            if len(frame) > 2 and frame[2]:
+                line += number_field(_LINE_LINE, frame[2])
+            body.append(bytes_field(_P_LOCATION, number_field(_LOC_ID, lid)
+                                    + bytes_field(_LOC_LINE, line)))
         calls = s("calls")
         count = s("count")
         default = s(self.default_type)
@@ -156,8 +163,8 @@ class PprofWriter:
         self.phase = ENTER if calls_at_entry else EXIT
         self.started_ns: Optional[int] = None
         self.last_ns = 0
-        # (pid, comm, api, kernel, stack id) -> values
-        self._calls: Dict[Tuple[int, str, str, Optional[str], int], List[int]] = {}
+        # (pid, comm, api, kernel, stack id, Python stack) -> values
+        self._calls: Dict[tuple, List[int]] = {}
 
     def header(self) -> None:
         """Nothing before the end."""
@@ -182,7 +189,7 @@ class PprofWriter:
             elif api.role in (Role.ALLOC, Role.COPY) and ok:
                 nbytes = _bytes(api, event)
                 values[ALLOC if api.role == Role.ALLOC else COPY] = nbytes
-            key = (event.pid, event.comm, event.api, kernel, event.stack_id)
+            key = (event.pid, event.comm, event.api, kernel, event.stack_id, event.py_stack)
             have = self._calls.get(key)
             if have is None:
                 self._calls[key] = values
@@ -193,13 +200,15 @@ class PprofWriter:
     def profile(self) -> Profile:
         profile = Profile()
         stacks: Dict[Tuple[int, int], List[Frame]] = {}
-        for (pid, comm, api, kernel, stack_id), values in self._calls.items():
+        for (pid, comm, api, kernel, stack_id, py_stack), values in self._calls.items():
             frames: List[Frame] = [] if kernel is None else [(kernel, "[kernel]")]
             frames.append((api, "[%s]" % BY_NAME[api].library))
             if stack_id and self.stack is not None:
                 if (pid, stack_id) not in stacks:
                     stacks[(pid, stack_id)] = self._callers(pid, self.stack(stack_id))
                 frames += stacks[(pid, stack_id)]
+            # (--py-stacks: the Python frames, innermost first, below the native ones)
+            frames += [(f.function, f.file, f.line or 0) for f in py_stack or ()]
             profile.add(frames, values, (("pid", pid), ("comm", comm)))
         return profile
 

@@ -8,6 +8,7 @@ The target (tests/pystacks/target.py) calls from a nested function, a method, a 
 multi-line expression, a second thread, an asyncio task and a 21-deep recursion.
 """
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -211,3 +212,27 @@ def test_leaks_show_where_python_allocated(lib, tmp_path):
     assert report.count("py#1 %s:8 keep" % script) == 2, report
     assert report.count("py#2 %s:9 <module>" % script) == 2, report
     assert ":10 <module>" not in report  # (the freed one)
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go is not installed (apt-get install "
+                    "-y golang-go; .ci/run installs it): nothing reads the profile")
+def test_the_pprof_profile_is_keyed_by_python_lines(tmp_path):
+    """--pprof-out --py-stacks: each sample's stack continues below the CUDA function with
+    the Python frames, function, file and line (read back by `go tool pprof -raw`)."""
+    python = INTERPRETERS["debian-3.11-static"]
+    need_root()
+    lib, truth, profile = _cudart(), tmp_path / "truth.json", tmp_path / "cuda.pb.gz"
+    result = run_cli("--pprof-out", profile, "--py-stacks", "--functions", "cudaGetDeviceCount",
+                     "--", python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    raw = subprocess.run(["go", "tool", "pprof", "-raw", str(profile)], capture_output=True,
+                         text=True, timeout=120)
+    assert raw.returncode == 0, raw.stderr
+    forward = "Model.forward %s:%d" % (TARGET, _line_of("def forward") + 1)
+    inner = "nested.<locals>.inner %s:%d" % (TARGET, _line_of("def inner") + 1)
+    assert forward in raw.stdout and inner in raw.stdout, raw.stdout
+    # 10 calls, each counted once: the calls sample type sums to 10 over the samples
+    samples = raw.stdout.split("Samples:", 1)[1].split("Locations", 1)[0]
+    counts = [int(line.split()[0]) for line in samples.splitlines()[2:] if line.strip()
+              and line.split()[0].isdigit()]
+    assert sum(counts) == CALLS, samples
