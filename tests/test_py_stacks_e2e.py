@@ -236,3 +236,22 @@ def test_the_pprof_profile_is_keyed_by_python_lines(tmp_path):
     counts = [int(line.split()[0]) for line in samples.splitlines()[2:] if line.strip()
               and line.split()[0].isdigit()]
     assert sum(counts) == CALLS, samples
+
+
+def test_the_timeline_and_the_html_report_show_the_stacks(tmp_path):
+    python = INTERPRETERS["debian-3.11-static"]
+    need_root()
+    lib, truth = _cudart(), tmp_path / "truth.json"
+    timeline, page = tmp_path / "t.json", tmp_path / "r.html"
+    result = run_cli("--trace-out", timeline, "--report", page, "--py-stacks", "--functions",
+                     "cudaGetDeviceCount", "--", python, TARGET, lib, truth, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(timeline.read_text())
+    slices = [e for e in (data["traceEvents"] if isinstance(data, dict) else data)
+              if e.get("ph") == "X" and e.get("name") == "cudaGetDeviceCount"]
+    assert len(slices) == CALLS
+    forward = "%s:%d Model.forward" % (TARGET, _line_of("def forward") + 1)
+    assert [s["args"]["py_stack"][0] for s in slices].count(forward) == 1
+    assert all(s["args"]["py_stack"][-1].endswith(" <module>") for s in slices)
+    html = page.read_text()
+    assert "by Python line" in html and forward.split(" ")[0] in html
