@@ -252,6 +252,7 @@ def test_the_timeline_and_the_html_report_show_the_stacks(tmp_path):
     assert len(slices) == CALLS
     forward = "%s:%d Model.forward" % (TARGET, _line_of("def forward") + 1)
     assert [s["args"]["py_stack"][0] for s in slices].count(forward) == 1
-    assert all(s["args"]["py_stack"][-1].endswith(" <module>") for s in slices)
+    # (the second thread's one call starts at threading's bootstrap, the others at the script)
+    assert [s["args"]["py_stack"][-1].endswith(" <module>") for s in slices].count(True) == 9
     html = page.read_text()
     assert "by Python line" in html and forward.split(" ")[0] in html
