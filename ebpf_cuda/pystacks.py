@@ -125,14 +125,20 @@ class PyStacks:
         return True
 
     def _interpreter_of(self, pid: int) -> Optional[Tuple[Interpreter, int]]:
-        """(interpreter, load bias) of the first CPython among the files `pid` maps."""
-        seen = set()
+        """(interpreter, load bias) of the CPython that `pid` maps: a libpython first, else
+        an executable holding `_PyRuntime` itself (one linking a libpython names it, but its
+        libpython is taken only as the process maps it: in a container the name can resolve
+        to another file here)."""
+        mapped: Dict[str, str] = {}  # the path that reaches each file -> its real path
         for mapping in discovery.process_mappings(pid):
             name = os.path.basename(mapping.path)
-            if not mapping.is_file or mapping.path in seen or not name.startswith(_NAMES):
-                continue
-            seen.add(mapping.path)
-            path = discovery.process_file_path(pid, mapping.path, mapping.inode)
+            if mapping.is_file and name.startswith(_NAMES) and mapping.path not in mapped:
+                path = discovery.process_file_path(pid, mapping.path, mapping.inode)
+                mapped[mapping.path] = path
+        order = sorted(mapped.items(), key=lambda item: not os.path.basename(item[0])
+                       .startswith("libpython"))
+        real = {os.path.realpath(path) for path in mapped.values()}
+        for _, path in order:
             try:
                 interpreter = find_interpreter(path)
             except UnknownInterpreter as err:
@@ -140,7 +146,7 @@ class PyStacks:
                 return None
             except (OSError, ValueError):
                 continue
-            if interpreter is not None:  # (an executable's may be its libpython's)
+            if interpreter is not None and os.path.realpath(interpreter.path) in real:
                 return interpreter, discovery.load_bias(pid, interpreter.path)
         return None
 
@@ -155,9 +161,9 @@ class PyStacks:
             pass  # (said when a process of it is seen)
 
     def _unknown(self, pid: int, path: str, why: str) -> None:
-        """One warning line per file."""
-        if path not in self._warned:
-            self._warned.add(path)
+        """One warning line per interpreter (an executable and its libpython say the same)."""
+        if why not in self._warned:
+            self._warned.add(why)
             (self.warn or self.log)("no Python stacks for process %d: %s" % (pid, why))
 
     def watch(self, pid: int) -> None:
