@@ -6,6 +6,14 @@ calls (the row's `size` fields times its element size: apis.Api.size), the sum o
 durations in ns² (for the standard deviation: see `sum_of_squares`) and a log2 histogram of
 durations (for approximate percentiles). Errors by (function, code) and successful launches
 by (process, function, geometry) go to hash maps. `read_aggregates` sums it all up at the end.
+
+CUDA graphs (graphs.py follows them from records): the kernel keeps which processes have a
+stream capture in progress (`capture_count`, on the returns of successful capture begins
+and ends). A launch, copy, memset or event call made while its process captures is written
+as a record (the summary's GraphTracker tells captured work from eager work, and expands
+the graph launches, whose records are always written) and still added to the per-function
+aggregates (the API table counts every call once), but not to the `launches` map: the
+launches of those records are counted from them, once (`capturing_gate`).
 """
 import struct
 from dataclasses import dataclass, field
@@ -17,6 +25,7 @@ from .arch import Arch
 from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, W, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
+CAPTURING_MAP, CAPTURING_ANY_MAP = layout.CAPTURING, layout.CAPTURING_ANY
 KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
 COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
 # The SUMSQ cell is a small float: the sum of squares is MANTISSA * 4**EXPONENT (ns²), the
@@ -36,6 +45,9 @@ _LAUNCH_KEY = layout.LAUNCH_KEY_AT
 _LAUNCH_VALUE = layout.LAUNCH_VALUE_AT
 _ERROR_KEY = layout.ERROR_KEY_AT
 _ERROR_VALUE = layout.ERROR_VALUE_AT
+_CAPTURE_KEY = layout.CAPTURE_KEY_AT
+_CAPTURE_VALUE = layout.CAPTURE_VALUE_AT
+_CAPTURE_FLAG = layout.CAPTURE_FLAG_AT
 
 
 def agg_entries(table: Sequence[Api] = TABLE) -> int:
@@ -62,15 +74,30 @@ def _size_cells(api: Api) -> Tuple[int, ...]:
 
 
 def shape_of(api: Api) -> tuple:
-    """What `aggregate_call` reads of `api` (see probes.shape_of)."""
+    """What `aggregate_call`, `capture_count` and `capturing_gate` read of `api` (see
+    probes.shape_of)."""
     launch = _shown_cells(api) if api.role == Role.LAUNCH else None
     return (_size_cells(api), api.elem_size,
-            _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch)
+            _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch, capture_role(api))
 
 
-def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
+def capture_role(api: Api) -> Optional[str]:
+    """What the row does with the capture state: "begin"/"end" (a capture begins, ends:
+    `capture_count`), "gated" (a call a capture may record: `capturing_gate`), or None."""
+    from .graphs import GraphTracker  # (graphs imports the analysis, which imports this)
+
+    if api.role == Role.CAPTURE_BEGIN:
+        return "begin"
+    if api.role == Role.CAPTURE_END:
+        return "end"
+    return "gated" if GraphTracker.needs_while_capturing(api) else None
+
+
+def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False) -> list:
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
-    `fn_id` a constant or layout.FROM_COOKIE."""
+    `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
+    made while its process captures is not counted in the `launches` map (its record
+    counts it)."""
     prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
             asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
@@ -95,8 +122,73 @@ def aggregate_call(api: Api, fn_id, arch: Arch) -> list:
     if api.role == Role.LAUNCH:  # successful ones, as the event summary counts them
         prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
             asm.jne32(R1, 0, "launch_done")]
+        if gated:
+            prog += [asm.ldx(DW, R1, FP, _CAPTURE_FLAG), asm.jne(R1, 0, "launch_done")]
         prog += _count_launch(api, fn_id)
     return prog
+
+
+# -- stream captures in progress -----------------------------------------------------------
+
+def capture_count(api: Api, arch: Arch) -> list:
+    """Return-probe code of a capture begin or end row (else nothing): a successful begin
+    adds 1 to its process's `capturing` entry and to `capturing_any`; a successful end
+    takes 1 from both, not below 0 (an end whose begin came before the trace: no entry,
+    or 0). A failed call changes nothing, as graphs.GraphTracker ignores it. Two ends in
+    one process racing over one counted capture could take its count below 0 (a huge
+    u64): then that process's calls are all written as records, which is correct, only
+    dearer. Entries stay (at 0) when their count returns to 0, or when a process dies
+    mid-capture: a later process of that pid writes its launches as records, counted
+    right, and the eager launches of every process pay one hash lookup."""
+    role = capture_role(api)
+    if role not in ("begin", "end"):
+        return []
+    prog = layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jne32(R1, 0, "capture_counted"),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, _CAPTURE_KEY, R1),
+    ]
+    if role == "begin":
+        prog += [asm.st(DW, FP, _CAPTURE_VALUE, 1)]
+        prog += _hash_add(CAPTURING_MAP, _CAPTURE_KEY, _CAPTURE_VALUE, [(0, None)], "capture")
+        return prog + _capturing_any(1) + [asm.Label("capture_counted")]
+    prog += [
+        asm.ld_map(R1, CAPTURING_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "capture_counted"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "capture_counted"),
+        asm.mov(R1, -1), asm.atomic_add(DW, R0, 0, R1),
+    ]
+    return prog + _capturing_any(-1) + [asm.Label("capture_counted")]
+
+
+def _capturing_any(amount: int) -> list:
+    """capturing_any[0] += amount (atomically; not below 0)."""
+    prog = [asm.st(W, FP, _CAPTURE_KEY, 0),
+            asm.ld_map(R1, CAPTURING_ANY_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+            asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "capture_counted")]
+    if amount < 0:
+        prog += [asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "capture_counted")]
+    return prog + [asm.mov(R1, amount), asm.atomic_add(DW, R0, 0, R1)]
+
+
+def capturing_gate(emit: list) -> list:
+    """Return-probe code of a gated row (`capture_role`) with aggregates and no records:
+    when some process captures (`capturing_any`, an array lookup the verifier inlines: all
+    an eager call pays while none does) and this one does (`capturing`), fp-360 = 1 and
+    `emit` (the code writing the call's record) runs; else fp-360 = 0. The aggregates
+    follow (aggregate_call with `gated`)."""
+    return [
+        asm.st(DW, FP, _CAPTURE_FLAG, 0), asm.st(W, FP, _CAPTURE_KEY, 0),
+        asm.ld_map(R1, CAPTURING_ANY_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "not_capturing"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "not_capturing"),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, _CAPTURE_KEY, R1),
+        asm.ld_map(R1, CAPTURING_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "not_capturing"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "not_capturing"),
+        asm.st(DW, FP, _CAPTURE_FLAG, 1),
+    ] + list(emit) + [asm.Label("not_capturing")]
 
 
 def _bytes(api: Api) -> list:

@@ -21,6 +21,13 @@ SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stac
 AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
 ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
+# With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
+# per process (tgid -> captures begun and not ended), and their sum over all processes in a
+# one-entry array (checked first by the return programs of launches, copies, memsets and
+# event calls: non-zero, and the process has one, the call is written as a record instead
+# of counted as a launch: aggregates.capturing_gate)
+CAPTURING = "capturing"
+CAPTURING_ANY = "capturing_any"
 FOLLOWED = "followed"  # tgids traced with a command and its children (follow.py)
 # In a PID namespace: children of followed processes by their kernel pid, until they are
 # known by their pid in the namespace (follow.py)
@@ -56,6 +63,7 @@ ERROR_ENTRIES = 4096
 LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
 LAUNCH_VALUE = struct.Struct("<QQ")  # count, total ns
 LAUNCH_ENTRIES = 16384
+CAPTURING_ENTRIES = 16384  # processes that began a stream capture (entries stay, at 0)
 U64 = struct.Struct("<Q")
 PID = struct.Struct("<I")
 
@@ -91,6 +99,8 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
                     value_struct=AGG_VALUE),
             MapSpec(ERRORS, "Hash", ERROR_KEY.size, 8, ERROR_ENTRIES),
             MapSpec(LAUNCHES, "Hash", LAUNCH_KEY.size, LAUNCH_VALUE.size, LAUNCH_ENTRIES),
+            MapSpec(CAPTURING, "Hash", 4, 8, CAPTURING_ENTRIES, U64, PID),
+            MapSpec(CAPTURING_ANY, "Array", 4, 8, 1, U64),
         ]
     if follow:
         specs.append(MapSpec(FOLLOWED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
@@ -130,10 +140,17 @@ NS_PID_TGID_AT = NAME_LEN_AT - 8
 PY_STACK_AT = NS_PID_TGID_AT - 8
 PY_KEY_AT = PY_STACK_AT - 16
 PY_CODE_KEY_AT = PY_KEY_AT - 16
+# Return programs with in-kernel aggregates (aggregates.capture_count, capturing_gate): the
+# u32 key of `capturing` (the tgid) or `capturing_any` (0), the u64 value of a new entry,
+# and whether this call was made while its process captures (1: written as a record, not
+# counted as a launch): fp-344, fp-352, fp-360.
+CAPTURE_KEY_AT = PY_CODE_KEY_AT - 8
+CAPTURE_VALUE_AT = CAPTURE_KEY_AT - 8
+CAPTURE_FLAG_AT = CAPTURE_VALUE_AT - 8
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -280 and PY_CODE_KEY_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -280 and CAPTURE_FLAG_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

@@ -20,6 +20,11 @@ with exec notices (execs.ExecNotices): an exec has the new program's loader watc
 loader of that file is, then its executable and what it maps checked (by (device, inode):
 a file looked at once is not read again; `Examined` bounds what is remembered).
 
+The monitor's probes on a file probed after the start come off once no process maps it
+(`LateLoads.sweep`, every DETACH_CHECK_S from SystemWatch's thread): the pids seen mapping
+each such file (when their notices were read) and the processes the monitor knows are
+looked at; the file is then forgotten, so that a later mapping probes it again.
+
 A uprobe handler cannot wait for the reader: calls the process makes between the mapping and
 the attach (milliseconds, see docs/design.md) are not seen, and nothing can count them (no
 probe is on the file yet). A notice the full ring could not take is counted (`loader_lost`);
@@ -59,6 +64,7 @@ RT_CONSISTENT = 0
 STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (probes.py's are lower)
 LOST_CHECK_S = 0.05  # how often the reader looks at the lost notices' count
 CHECKER_JOIN_S = 1.0  # how long close() waits for the checker thread
+DETACH_CHECK_S = 30.0  # how often the monitor looks for late files no process maps any more
 PT_INTERP = 3
 SHT_SYMTAB, SHT_STRTAB, SHT_DYNSYM = 2, 3, 11
 AT_BASE = 7  # auxv: where the interpreter (the dynamic loader) is mapped
@@ -67,6 +73,7 @@ AT_BASE = 7  # auxv: where the interpreter (the dynamic loader) is mapped
 PATTERNS = {"runtime": ("libcudart*.so*",), "driver": ("libcuda.so*", "libcuda-*.so*"),
             "nccl": ("libnccl*.so*",)}
 Identity = Tuple[int, int]  # (st_dev, st_ino) of a file
+MapsKey = Tuple[bytes, bytes]  # (device, inode) of a file as /proc/PID/maps writes them
 Log = Callable[[str], None]
 
 
@@ -327,6 +334,10 @@ class Examined:
         if len(self._keys) > self.limit:
             self._keys.popitem(last=False)
 
+    def discard(self, key: Tuple[bytes, bytes]) -> None:
+        """Forget a file (detached: a later mapping of it is looked at again)."""
+        self._keys.pop(b"%s %s" % key, None)
+
 
 def maps_lines(pid: int) -> List[bytes]:
     """The lines of /proc/PID/maps; ProcessError when it has exited."""
@@ -420,6 +431,11 @@ def _holds(stream, offset: int, size: int, markers: List[bytes], piece: int = 1 
     return False
 
 
+def maps_key(mapping: discovery.Mapping) -> MapsKey:
+    """(device, inode) of `mapping`'s file, as its maps line writes them (Examined's keys)."""
+    return (mapping.dev.encode(), b"%d" % mapping.inode)
+
+
 def file_path(pid: int, mapping: discovery.Mapping) -> str:
     """A path that reaches the file of `mapping` from here (see process_file_path)."""
     return discovery.process_file_path(pid, mapping.path, mapping.inode,
@@ -457,12 +473,14 @@ class LateLoads:
 
     `probe(target, pid)` attaches the session's probes to a new file (pid: the links' pid
     filter); `traced()` lists the traced processes (to scan all of them again when notices
-    were lost)."""
+    were lost). With `detach(path)` (Session.detach: the monitor), the pids seen mapping each
+    file it probed are kept, and `sweep` detaches the files none of them maps any more."""
 
     def __init__(self, session_maps: Dict[str, Any], pid: Optional[int],
                  selected: Sequence[Api],
                  started: Sequence[Target], probe: Probe, traced: Callable[[], Iterable[int]],
-                 log: Log, pid_ns: Optional[Tuple[int, int]] = None) -> None:
+                 log: Log, pid_ns: Optional[Tuple[int, int]] = None,
+                 detach: Optional[Callable[[str], int]] = None) -> None:
         self.watch = LoaderWatch(session_maps, pid, log, pid_ns)
         self.kinds = sorted({api.library for api in selected})
         self.selected = list(selected)
@@ -470,6 +488,16 @@ class LateLoads:
         self.traced = traced
         self.log = log
         self.probed: Set[Identity] = {key for key in (identity(t.path) for t in started) if key}
+        # With `detach`: the files probed here (never those of the start) by maps key, with
+        # their identity and the path the session probed them at (each path one file's:
+        # detach(path) closes that file's links alone), and the pids seen mapping each (of
+        # those files, and of those the checker thread is still looking at).
+        self.detach = detach
+        self.paths: Dict[str, Identity] = {t.path: key for t, key in
+                                           ((t, identity(t.path)) for t in started) if key}
+        self.files: Dict[MapsKey, Tuple[Identity, str]] = {}
+        self.mappers: Dict[MapsKey, Set[int]] = {}
+        self.detached = 0  # files detached so far
         self.examined = Examined()  # (maps device, inode) of the files looked at
         self._loaders: Set[Tuple[bytes, bytes]] = set()  # (maps device, inode) of loaders
         self.late: List[Tuple[str, int, float]] = []  # (path, pid, ms after the notice)
@@ -552,23 +580,52 @@ class LateLoads:
         must not wait for it). `why` says how they came (for -v); `lines`: its maps."""
         why = why or WHY_LOADER
         try:
+            if lines is None:
+                lines = maps_lines(pid)
+            if self.mappers:
+                self._note_mappers(pid, lines)
             mappings = new_mappings(pid, self.kinds, self.examined, lines)
         except ProcessError:
             return  # it has exited: nothing of it to probe
         for m, named in mappings:
             path = file_path(pid, m)
+            if self.detach is not None:
+                with self._lock:
+                    self.mappers.setdefault(maps_key(m), set()).add(pid)
             if named:
-                self._probe_new(path, pid, notice_ns, why)
+                self._probe_new(path, pid, notice_ns, why, m)
             else:
-                self._checks.put((path, pid, notice_ns, why))
+                self._checks.put((path, pid, notice_ns, why, m))
 
-    def _probe_new(self, path: str, pid: int, notice_ns: Optional[int], why: str) -> None:
+    def _note_mappers(self, pid: int, lines: Sequence[bytes]) -> None:
+        """Note process `pid` as mapping the files probed here that its maps `lines` hold
+        (their code: the r-xp lines only; split only when a file is probed late)."""
+        with self._lock:
+            for line in lines:
+                if b" r-xp " not in line:
+                    continue
+                fields = line.split(None, 5)
+                pids = self.mappers.get((fields[3], fields[4])) if len(fields) > 4 else None
+                if pids is not None:
+                    pids.add(pid)
+
+    def _probe_new(self, path: str, pid: int, notice_ns: Optional[int], why: str,
+                   m: Optional[discovery.Mapping] = None) -> None:
         key = identity(path)
+        mkey = maps_key(m) if m is not None else None
         with self._lock:
             if key is None or key in self.probed:
+                if mkey is not None and mkey not in self.files:
+                    self.mappers.pop(mkey, None)  # (a file of the start, reached anew)
                 return
             self.probed.add(key)
-        self._probe(path, pid, notice_ns, why)
+        probed = self._probe(path, pid, notice_ns, why, key, m)
+        with self._lock:
+            if probed is not None and mkey is not None and self.detach is not None:
+                self.files[mkey] = (key, probed)
+                self.paths[probed] = key
+            elif mkey is not None:
+                self.mappers.pop(mkey, None)
 
     def _check(self) -> None:
         """The checker thread: libraries that may carry the runtime statically, one by one
@@ -580,12 +637,15 @@ class LateLoads:
             if isinstance(job, _Mark):
                 job.done.set()
                 continue
-            path, pid, notice_ns, why = job
+            path, pid, notice_ns, why, m = job
             try:
                 if may_carry_runtime(path) and discovery.is_static_cudart(path):
-                    self._probe_new(path, pid, notice_ns, why + ", " + WHY_STATIC)
+                    self._probe_new(path, pid, notice_ns, why + ", " + WHY_STATIC, m)
+                    continue
             except Exception as err:  # (a thread of its own: its error is said, not raised)
                 self.log("not probed: %s: %s" % (path, err))
+            with self._lock:
+                self.mappers.pop(maps_key(m), None)  # (not a file probed here)
 
     def idle(self, timeout: float = 10.0) -> bool:
         """Wait until the checker has looked at everything handed to it so far (tests)."""
@@ -593,25 +653,40 @@ class LateLoads:
         self._checks.put(_Mark(done))
         return done.wait(timeout)
 
-    def _probe(self, path: str, pid: int, notice_ns: Optional[int], why: str) -> None:
+    def _probe(self, path: str, pid: int, notice_ns: Optional[int], why: str,
+               key: Optional[Identity] = None,
+               m: Optional[discovery.Mapping] = None) -> Optional[str]:
+        """Probe the file at `path` (process `pid` maps it at `m`); the path the session
+        probed it at, or None."""
         try:
             target = find_targets(self.selected, [path], None, (), self.log)[0]
+            other = self.paths.get(target.path, key)
+            if self.detach is not None and other != key and m is not None:
+                # Another file is probed at that path (one replaced since, still mapped by
+                # its processes): this one through the process's own mapping, so that
+                # each file's probes come off alone.
+                mapped = "/proc/%d/map_files/%x-%x" % (pid, m.start, m.end)
+                if identity(mapped) != key:
+                    self.log("not probed: %s: another file is probed at that path, and "
+                             "process %d maps it no more" % (path, pid))
+                    return None
+                target = find_targets(self.selected, [mapped], None, (), self.log)[0]
         except NoCudaSymbolsError:
-            return
+            return None
         except TracerError as err:
             self.log("not probed: %s" % err)
-            return
+            return None
         try:
             if not self.probe(target, self.watch.pid):
-                return
+                return None
         except TracerError as err:  # (a program the verifier refused: the reader goes on)
             self.log("not probed: %s: %s" % (target.path, err))
-            return
+            return None
         functions = len({a.name for a, _, _ in target.functions})
         if not notice_ns:  # (-d: mapped before the start, under a name the search missed)
             self.log("probed: %s (%d functions), mapped by process %d" % (target.path,
                                                                         functions, pid))
-            return
+            return target.path
         after = (time.monotonic_ns() - notice_ns) / 1e6
         self.late.append((target.path, pid, after))
         self.reasons[target.path] = why
@@ -619,6 +694,66 @@ class LateLoads:
                  "began (%s); probes on %.1f ms after its %s notice"
                  % (target.path, functions, pid, why, after,
                     "exec's" if why.startswith(WHY_EXEC) else "loader's"))
+        return target.path
+
+    # -- files no process maps any more (the monitor) ----------------------------------------
+
+    def sweep(self, known: Iterable[int] = ()) -> List[str]:
+        """Detach the files probed here that no process maps any more; their paths. A file
+        is looked for in the maps of the pids seen mapping it (until one still does; the
+        others only checked to be alive), then, when none does, in those of `known` (the
+        processes the monitor saw calling: one that inherited the mapping by a fork). A
+        file detached is forgotten: its next mapping probes it again. Called by the thread
+        that reads the notices (SystemWatch), so that no scan runs meanwhile."""
+        if self.detach is None:
+            return []
+        known = list(known)
+        with self._lock:
+            files = [(mkey, key, path, set(self.mappers.get(mkey, ())))
+                     for mkey, (key, path) in self.files.items()]
+        texts: Dict[int, Optional[bytes]] = {}
+
+        def maps_of(pid: int) -> Optional[bytes]:  # (each process's read once a sweep)
+            if pid not in texts:
+                try:
+                    with open("/proc/%d/maps" % pid, "rb") as stream:
+                        texts[pid] = stream.read()
+                except OSError:
+                    texts[pid] = None
+            return texts[pid]
+
+        unmapped = []
+        for mkey, key, path, pids in files:
+            tag = b" %s %s " % mkey
+            kept: Set[int] = set()
+            holder = None
+            for pid in pids:
+                if holder is None:
+                    if tag in (maps_of(pid) or b""):
+                        holder = pid
+                        kept.add(pid)
+                elif os.path.exists("/proc/%d" % pid):
+                    kept.add(pid)  # (alive: looked at when the holder has gone)
+            if holder is None:
+                holder = next((pid for pid in known if tag in (maps_of(pid) or b"")), None)
+                if holder is not None:
+                    kept.add(holder)
+            with self._lock:  # (and those noted since the copy, if any)
+                self.mappers[mkey] = kept | (self.mappers.get(mkey, set()) - pids)
+            if holder is None:
+                unmapped.append((mkey, key, path))
+        for mkey, key, path in unmapped:
+            links = self.detach(path)
+            with self._lock:
+                del self.files[mkey]
+                self.mappers.pop(mkey, None)
+                self.probed.discard(key)
+                self.paths.pop(path, None)
+                self.examined.discard(mkey)
+            self.detached += 1
+            self.log("detached: %s (probed after the start; no process maps it any more: "
+                     "%d links closed; probed again when one maps it)" % (path, links))
+        return [path for _, _, path in unmapped]
 
     def close(self) -> None:
         self._checks.put(None)
@@ -647,15 +782,21 @@ class SystemWatch:
 
     `late_loads(ring, traced)` makes the LateLoads (Session.late_loads_everywhere); its
     `late` and `reasons` say what was probed late. Without the exec tracepoint, loaders met
-    later are not watched and programs are checked only when their loader tells."""
+    later are not watched and programs are checked only when their loader tells. Every
+    `sweep_every` seconds the thread detaches the files it probed that no process maps any
+    more (LateLoads.sweep; `known()`: the processes the monitor saw calling)."""
 
     def __init__(self, late_loads: Callable[[Any, Callable[[], Iterable[int]]], LateLoads],
-                 pid_ns: Optional[Tuple[int, int]], log: Log) -> None:
+                 pid_ns: Optional[Tuple[int, int]], log: Log,
+                 known: Callable[[], Iterable[int]] = tuple) -> None:
         from .execs import ExecNotices
         from .maps import RingBufMap
         from .ringbuf import RingBuffer
 
         self.log = log
+        self.known = known
+        self.sweep_every = DETACH_CHECK_S
+        self._swept = time.monotonic()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.execs: Optional[ExecNotices] = None
@@ -702,12 +843,23 @@ class SystemWatch:
         assert self.late is not None
         while not self._stop.is_set():
             frames = b""
-            if self.ring.poll(NOTICE_POLL_S):
+            if self.ring.poll(min(NOTICE_POLL_S, self.sweep_every)):
                 frames = self.ring.drain_frames(record.SIZE)
             try:
                 self.late.note(frames)
+                if time.monotonic() - self._swept >= self.sweep_every:
+                    self._swept = time.monotonic()
+                    if self.ring.available() > 0:  # (the mappers told of so far, first)
+                        self.late.note(self.ring.drain_frames(record.SIZE))
+                    self.late.sweep(self.known())
             except Exception as err:  # (a thread of its own: said, and it reads on)
                 self.log("late loads: %s" % err)
+
+    def counts(self) -> Tuple[int, int]:
+        """(files probed after the start whose probes are on, files detached so far)."""
+        if self.late is None:
+            return (0, 0)
+        return (len(self.late.files), self.late.detached)
 
     def lost(self) -> int:
         """Notices the full ring could not take, in all (its reader scans every process

@@ -12,7 +12,9 @@ start later, so new processes are covered without doing anything. Files that app
 (a new virtualenv's runtime dlopen'ed, a container's own copy, a program carrying the runtime
 statically) are probed as they come, unless files were named (`MonitorOptions.late`):
 loader_watch.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
-their own. Calls are summed up in the
+their own; that thread also detaches the probes of those files once no process maps them
+(every loader_watch.DETACH_CHECK_S: the pids seen mapping each, then the processes known
+here), and a file mapped again is probed again. Calls are summed up in the
 kernel (`Tracer(aggregate=True, emit=False)`: per-CPU counters and log2 histograms per
 function, errors by code, successful launches by process and kernel); only the hello record
 of each new thread and the calls that teach kernel names travel the ring. With a flight
@@ -375,8 +377,13 @@ class Monitor:
         self._stopping = False
         self._agg: Optional[AggregateReader] = None
         self._agg_for = 0  # the attachments `_agg` reads the functions of
+        self._agg_fns: Set[int] = set()  # every function probed so far (files detached too)
         self.watch = None  # a loader_watch.SystemWatch: CUDA files that appear later
+        self.start_files = 0  # files probed at the start (never detached)
+        self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
+        self._launch_ids = {i for i, api in enumerate(TABLE) if api.role == Role.LAUNCH}
+        self._captured: Dict[int, int] = {}  # launches captures recorded, by function id
         self.memory = DeviceMemory()  # (the reader's; published with the series)
 
     # -- set-up ----------------------------------------------------------------------------
@@ -394,6 +401,7 @@ class Monitor:
                              emit=o.flight is not None, log=self.log, emit_memory=True)
         try:
             self.tracer.start()
+            self.start_files = len(self.files)
             if o.flight is not None:
                 from .flight import FlightRecorder
 
@@ -415,19 +423,24 @@ class Monitor:
 
         session = self.tracer.session
         try:
-            return SystemWatch(session.late_loads_everywhere, session.pid_ns, self.log)
+            return SystemWatch(session.late_loads_everywhere, session.pid_ns, self.log,
+                               known=lambda: self._known)
         except TracerError as err:
             self.notice("CUDA files that appear after the start are not probed: %s" % err)
             return None
 
     def _aggregates(self) -> List[FunctionTotals]:
-        """The aggregates of every probed function (the reader is made again when files
-        probed late brought functions the others had not)."""
+        """The aggregates of every function probed so far (the reader is made again when
+        files probed late brought functions the others had not; those of a file detached
+        since are still read: their counts stay)."""
         attachments = self.tracer.attachments
         if self._agg is None or len(attachments) != self._agg_for:
             self._agg_for = len(attachments)
-            self._agg = AggregateReader(self.tracer.session.maps[layout.AGG].fd,
-                                        [apis.FN_ID[a.api] for a in list(attachments)])
+            fns = {apis.FN_ID[a.api] for a in list(attachments)}
+            if self._agg is None or not fns <= self._agg_fns:
+                self._agg_fns |= fns
+                self._agg = AggregateReader(self.tracer.session.maps[layout.AGG].fd,
+                                            self._agg_fns)
         return self._agg.read()
 
     @property
@@ -458,6 +471,8 @@ class Monitor:
         while not self._stopping:
             for frames in stream.frames(timeout=TICK_S):
                 self._note_processes(frames)
+                if not self.tracer.emit:
+                    self._note_captured(frames)
                 self.memory.add(self.tracer.decoder.decode_batch(frames, self.memory.fn_ids))
                 if self.flight is not None:
                     self.flight.put(frames)
@@ -480,6 +495,19 @@ class Monitor:
             self.processes[pid] = Process(pid, comm.decode("utf-8", "replace"))
             self.seen += 1
 
+    def _note_captured(self, frames: bytes) -> None:
+        """Launches a stream capture recorded: with aggregates alone their rows write a
+        record only while their process captures, and the kernel leaves them out of its
+        launch map (aggregates.capturing_gate): work recorded into a graph, not run, not
+        "lost" to a full map."""
+        ids = record.frame_column(frames, record.FN_ID, "H")
+        if self._launch_ids.isdisjoint(ids):
+            return
+        rets = record.frame_column(frames, record.RET, "Q")
+        for fn_id, ret in zip(ids, rets):
+            if fn_id in self._launch_ids and not ret & 0xFFFFFFFF:
+                self._captured[fn_id] = self._captured.get(fn_id, 0) + 1
+
     def tick(self) -> None:
         """Name the launches and publish them; drop the processes whose exit an exporter
         has seen; note the processes that exited since the last tick."""
@@ -492,6 +520,7 @@ class Monitor:
         series = self._launch_series()
         with self._lock:
             self._series = series
+        self._known = tuple(self.processes)
 
     def _launch_series(self) -> LaunchSeries:
         """Launches from the kernel's map by process and kernel label. The successful
@@ -507,6 +536,8 @@ class Monitor:
             count = layout.LAUNCH_VALUE.unpack(value)[0]
             per_key[(pid, fn_id, func)] = per_key.get((pid, fn_id, func), 0) + count
         attributed = dict(self._retired)
+        for fn_id, count in self._captured.items():  # (in the aggregates, not in the map)
+            attributed[fn_id] = attributed.get(fn_id, 0) + count
         launches: Dict[Tuple[Labels, str, str], int] = {}
         for (pid, fn_id, func), count in sorted(per_key.items()):
             attributed[fn_id] = attributed.get(fn_id, 0) + count
@@ -591,6 +622,7 @@ class Monitor:
         families.append(Family("ebpf_cuda_processes", "gauge",
                                "Processes seen making CUDA calls that still run.", "1",
                                [((), series.processes)]))
+        families.append(self._files_family())
         families.append(Family(
             "ebpf_cuda_device_memory_bytes", "gauge",
             "Device memory each running process holds: what its traced allocations returned "
@@ -617,6 +649,16 @@ class Monitor:
                       "flight recorder before they were SECONDS old), notice_ring_full "
                       "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])
+
+    def _files_family(self) -> Family:
+        late, detached = self.watch.counts() if self.watch is not None else (0, 0)
+        return Family("ebpf_cuda_probed_files", "gauge",
+                      "CUDA files probed, by state: start (found at the start, probed until "
+                      "the monitor stops), late (probed after the start, probes on now), "
+                      "detached (probed late, then detached once no process mapped them: so "
+                      "far; a file mapped again is probed again).", "1",
+                      [((("state", "start"),), self.start_files),
+                       ((("state", "late"),), late), ((("state", "detached"),), detached)])
 
     def launch_totals(self) -> Dict[Tuple[str, str, str], int]:
         """Launches by (comm, api, kernel label) of the whole run: the processes dropped and

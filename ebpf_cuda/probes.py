@@ -127,8 +127,10 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
+    prog += _capture_gate(api, fn_id, arch, options)
     if options.aggregate:
-        prog += aggregates.aggregate_call(api, fn_id, arch)
+        prog += aggregates.aggregate_call(api, fn_id, arch, _gated(api, options))
+        prog += aggregates.capture_count(api, arch)
     if not options.task_storage:  # (a task's stack was popped when the entry was found)
         prog += [asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP),
                  asm.add(R2, layout.INFLIGHT_KEY_AT),
@@ -136,6 +138,24 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     prog += [asm.ja("done"), asm.Label("no_entry")]
     prog += _count(record.STAT_NO_ENTRY)
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
+
+
+def _gated(api: Api, options: ProbeOptions) -> bool:
+    """Whether the return program of `api` writes its record only while its process has a
+    stream capture in progress (in-kernel aggregates without records: see
+    aggregates.capturing_gate)."""
+    return (options.aggregate and not options.emit
+            and aggregates.capture_role(api) == "gated")
+
+
+def _capture_gate(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
+    """The capture gate of a launch, copy, memset or event row with aggregates and no
+    records (else nothing): while its process captures, the call is written as a record
+    (graphs.py then tells captured work from eager work) and not counted as a launch in
+    the kernel (aggregates.capturing_gate, capture_count)."""
+    if not _gated(api, options):
+        return []
+    return aggregates.capturing_gate(_emit_call_record(api, fn_id, arch, options))
 
 
 def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:

@@ -109,6 +109,7 @@ class Session:
         # late attaches and close() apart.
         self.late: Optional[loader_watch.LateLoads] = None
         self.late_probed: List[Tuple[str, int, float]] = []  # (path, pid, ms): LateLoads.late
+        self._late_links: Dict[str, List[Link]] = {}  # the links of each file probed late
         self._runtime_launches = True  # False: the driver's launch probes replace them
         self._lock = threading.RLock()
         self._closed = False
@@ -263,6 +264,13 @@ class Session:
         if api.teaches_names:
             # Their process must still live when they are read: no waiting to batch.
             options = options._replace(emit=True, wake_now=True)
+        elif o.aggregate and api.category == "graph":
+            # Rare calls (captures, nodes, instantiations, graph launches) from which the
+            # summary rebuilds each graph and expands each graph launch into its kernels
+            # (graphs.py), also with in-kernel aggregates; while a process captures, its
+            # launches, copies, memsets and event calls write records too
+            # (aggregates.capturing_gate).
+            options = options._replace(emit=True)
         elif api.library == apis.NCCL:
             # Rare calls whose every record the NCCL table needs (its communicator, its
             # sequence number), also with in-kernel aggregates.
@@ -365,7 +373,7 @@ class Session:
         read by the caller, not by this session's reader. The caller closes it first."""
         late = loader_watch.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
                                       self.selected, self.targets, self._probe_late, traced,
-                                      self.log, self.pid_ns)
+                                      self.log, self.pid_ns, detach=self.detach)
         self.late_probed = late.late
         return late
 
@@ -391,9 +399,29 @@ class Session:
                 program.load()
             self.targets.append(target)
             self._log_targets([target])
+            made = len(self._links)
             for group in self._link_groups([target]):
                 self._attach(*group, pid=pid)
+            self._late_links.setdefault(target.path, []).extend(self._links[made:])
             return True
+
+    def detach(self, path: str) -> int:
+        """Close the links of the file probed late at `path` (a target's path) and drop its
+        attachments and target (the monitor, once no process maps it: loader_watch.LateLoads
+        .sweep); the number of links closed, 0 for a file not probed late (those of the
+        start are never detached here) or a session closed. The aggregates stay (they are
+        per function, not per file), and so do the programs (other files share them, and
+        probing the file again reuses them)."""
+        with self._lock:
+            if self._closed or path not in self._late_links:
+                return 0
+            links = self._late_links.pop(path)
+            close_all(links)  # (in parallel: each waits for a grace period of the kernel's)
+            gone = {id(link) for link in links}
+            self._links = [link for link in self._links if id(link) not in gone]
+            self.attachments = [a for a in self.attachments if a.path != path]
+            self.targets = [t for t in self.targets if t.path != path]
+            return len(links)
 
     def _traced_pids(self) -> Iterable[int]:
         followed = self.maps.get(layout.FOLLOWED)
@@ -509,6 +537,7 @@ class Session:
         close_all(self._links + [o for o in (self._follower, self._execs, self.late)
                                  if o is not None])
         self._links, self._follower, self._execs, self.late = [], None, None, None
+        self._late_links = {}
         self._loaded = {}
         if self.ring is not None:
             self.ring.close(drain=False)

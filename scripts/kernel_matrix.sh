@@ -14,7 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # The CI subset: every attach path and its fallbacks, the ring buffer, following processes,
-# the in-kernel summary, kernel names, the CLI end to end, signals and robustness; what is
+# the in-kernel summary, kernel names, the CLI end to end, signals and robustness, Python
+# stacks (the thread pointer's offset comes from each kernel's BTF); what is
 # left out (the remaining end-to-end rows and analyses: test_runtime_rows, test_driver_rows,
 # test_analysis_e2e, test_layers, test_kernel_handles, test_real_cudart, test_robust_load,
 # test_bundle, ...) runs with KERNEL_TESTS=tests.
@@ -22,7 +23,7 @@ CI_SUBSET="tests/test_syscalls.py tests/test_maps.py tests/test_programs.py
     tests/test_uprobe.py tests/test_follow.py tests/test_kernel_fallbacks.py
     tests/test_ringbuf.py tests/test_session.py tests/test_trace_e2e.py tests/test_hello.py
     tests/test_aggregates.py tests/test_cli.py tests/test_errors_cli.py
-    tests/test_robust_processes.py tests/test_robust_signals.py"
+    tests/test_robust_processes.py tests/test_robust_signals.py tests/test_py_stacks_e2e.py"
 
 kernels="${KERNELS:-6.1 6.12}"
 tests="${KERNEL_TESTS:-$CI_SUBSET}"

@@ -4,7 +4,8 @@ For each variant below (the default set of functions traced the way the command 
 default, and the main options), the programs the Tracer would load are generated from
 probes.entry_program / return_program with the ProbeOptions the Tracer gives them (its
 program generation replicated here: rows sharing a program by shape, --stacks on memory
-rows only, rows that teach kernel names always emitting), for x86-64, with nothing created
+rows only, rows that teach kernel names always emitting, and with aggregates the graph
+rows too), for x86-64, with nothing created
 or loaded in the kernel (no root needed). Each is assembled, disassembled with
 ebpf_cuda/asm/disasm.py (map references by name, not fd) and compared with the checked-in
 tests/golden/<variant>/<probe>-<function>.txt: one file per program, named after the first
@@ -128,6 +129,8 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
         options = with_stack if spec.stacks and api.category == "memory" else plain
         if api.category in NAMED_CATEGORIES:
             options = options._replace(emit=True, wake_now=True)
+        elif spec.aggregate and api.category == "graph":  # (the summary follows graphs)
+            options = options._replace(emit=True)
         for retprobe, kind, generate in kinds:
             key = ((probes.shape_of(api, retprobe, ARCH, options.aggregate), options, retprobe)
                    if shared else (fn_id, retprobe))

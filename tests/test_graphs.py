@@ -467,21 +467,42 @@ def test_the_kernel_table_counts_graph_kernels_and_captured_launches_apart(runti
         50 * 4 + 3 + 2 * 3 + 1 + 2, 50 * 4 + 3 + 2 * 3 + 1, 4 + 3 + 1]
 
 
+def _api_calls(text: str) -> Dict[str, int]:
+    """Function -> Num Calls of the summary's API table (event-based or in-kernel)."""
+    return {row[-1]: int(row[2].replace(",", ""))
+            for row in _rows(text.split(" ** CUDA API Summary", 1)[1])}
+
+
+def _rows(part: str) -> List[List[str]]:
+    """The cells of a table's rows: the lines after its dashes, to the blank line after."""
+    lines = part.split(" ** ", 1)[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("---"))
+    return [line.split() for line in lines[first + 1:] if line.strip()]
+
+
+def _memory_totals(text: str) -> Dict[str, Tuple[str, int]]:
+    """Operation -> (Total (MB), Count) of the summary's memory table (either kind)."""
+    return {" ".join(row[row.index(next(c for c in row if c.startswith("["))):]):
+            (row[0], int(row[1].replace(",", "")))
+            for row in _rows(text.split(" ** CUDA Memory Operation Summary", 1)[1])}
+
+
 @pytest.mark.kernel
-def test_the_summary_alone_does_not_follow_graphs_as_the_readme_says(runtime):
-    """--summary alone (in-kernel aggregates, README "Limitations"): its kernel table counts
-    the 8 launches captures recorded as launches that ran, with the 2 eager ones, and none
-    of the 210 kernels graph launches ran; each graph launch is one call of the API table."""
-    text = runtime["alone"].stdout
-    part = text.split(" ** Kernel Launches:", 1)[1].split("\n\n")[1]
-    lines = part.splitlines()
-    assert lines[0].split() == ["Launches", "Grid", "Block", "Smem", "(bytes)", "Kernel"]
-    assert sum(int(line.split()[0]) for line in lines[2:]) == 2 + 8
-    api_table = text.split(" ** CUDA API Summary", 1)[1].split(" ** ", 1)[0]
-    calls = {line.split()[-1]: int(line.split()[2].replace(",", ""))
-             for line in api_table.splitlines()
-             if line.strip().endswith((" cudaGraphLaunch", " cudaLaunchKernel"))}
-    assert calls == {"cudaGraphLaunch": 57, "cudaLaunchKernel": 10}
+def test_the_summary_alone_follows_graphs_as_the_decoded_summary_does(runtime):
+    """--summary alone (in-kernel aggregates; the graph calls, and the calls a process makes
+    while it captures, written as records): its kernel table is the decoded run's, row by
+    row (the 8 launches captures recorded as captured, the 210 kernels graph launches ran
+    in graphs), its API and memory tables count each call once, as the decoded run's do,
+    and the graph made before the trace is said once."""
+    alone, decoded = runtime["alone"].stdout, runtime["decoded"].stdout
+    assert "in-kernel aggregates" in alone
+    assert _kernel_table(alone) == _kernel_table(decoded) == {
+        key + ("vec_add_kernel",): value for key, value in RUNTIME_KERNELS.items()}
+    calls = _api_calls(alone)
+    assert calls == _api_calls(decoded)
+    assert (calls["cudaGraphLaunch"], calls["cudaLaunchKernel"]) == (57, 10)
+    assert _memory_totals(alone) == _memory_totals(decoded)
+    assert runtime["alone"].stderr.count(UNKNOWN_LINE) == 1, runtime["alone"].stderr
 
 
 @pytest.mark.kernel
@@ -570,6 +591,11 @@ def test_the_driver_api_graph_calls(cc, tmp_path):
         ("(9,1,1)", "(33,1,1)", "4", "vecAdd"): (1, 1, 0),
         ("(3,1,1)", "(3,1,1)", "0", "vecAdd"): (1, 1, 1)}
     assert done.stderr.count(UNKNOWN_LINE) == 1
+    alone = _cli("-p", lib, "--summary", "--", prog, *DRIVER_OPS)  # in-kernel aggregates
+    assert _kernel_table(alone.stdout) == _kernel_table(done.stdout)
+    assert _api_calls(alone.stdout) == _api_calls(done.stdout)
+    assert _memory_totals(alone.stdout) == _memory_totals(done.stdout)
+    assert alone.stderr.count(UNKNOWN_LINE) == 1
     made = {e["api"] for e in _exits(out)}
     assert {"cuGraphInstantiateWithFlags", "cuGraphInstantiate_v2",
             "cuGraphInstantiateWithParams", "cuGraphExecUpdate_v2", "cuGraphDestroy",
@@ -613,8 +639,55 @@ def test_both_layers_one_node_per_operation_counted_once(cc, tmp_path, functions
     assert rows == {("(4,1,1)", "(256,1,1)"): (5, 5, 1), ("(2,1,1)", "(64,1,1)"): (5, 5, 1),
                     ("(1,1,1)", "(1,1,1)"): (1, 0, 0)}
     assert done.stderr.count(UNKNOWN_LINE) == 1
+    alone = _cli("-p", runtime_lib, "-p", driver_lib, *functions, "--summary", "--", prog,
+                 *LAYERED_OPS)  # in-kernel aggregates: the same counts
+    geometry = lambda text: {k[:3]: v for k, v in _kernel_table(text).items()}  # noqa: E731
+    assert geometry(alone.stdout) == geometry(done.stdout)  # (unnamed: at another address)
+    assert _api_calls(alone.stdout) == _api_calls(done.stdout)
+    assert _memory_totals(alone.stdout) == _memory_totals(done.stdout)
     trace = json.loads((tmp_path / "t.json").read_text())
     driver = [e for e in trace if e["name"] == "cuGraphLaunch"]
     children = [e for e in trace if e.get("cat") == "graph node"]
     assert len(children) == 15 and all(
         any(d["ts"] <= e["ts"] < d["ts"] + d["dur"] for d in driver) for e in children)
+
+
+CAPTURE_STATE_OPS = ("streamcreate endcapture:@0 launch:1:32:0:@0 capture:@0:3 "
+                     "launch:2:32:0:@0 capture:@0 launch:3:32:0:@0 threads:2:1:launch:7:32:0:0 "
+                     "endcapture:@0 launch:4:32:0:@0 capture:@0 launch:5:32:0:@0 sleep:200").split()
+
+
+@pytest.mark.kernel
+def test_the_kernel_keeps_each_process_capture_state(fake):
+    """--summary alone's capture state in the kernel (aggregates.capture_count): an end
+    whose begin came before the trace takes nothing below 0, a failed begin adds nothing,
+    and while the process captures its launches, also those on other streams and threads,
+    are records (the tracker tells them apart), not counted in the kernel's launches map;
+    every launch is counted once, one way or the other, and every call in the API table.
+    A capture still in progress at the end stays counted."""
+    from ebpf_cuda import layout
+    from ebpf_cuda.tracer import Tracer
+
+    lib, prog = fake
+    with Tracer(command=[str(prog), *CAPTURE_STATE_OPS], library=[str(lib)], aggregate=True,
+                emit=False) as tracer:
+        events = [e for e in tracer.events() if e.phase == EXIT]
+        aggregates = tracer.aggregates()
+        maps = tracer.session.maps
+        capturing = {pid: n for pid, n in maps[layout.CAPTURING].items()}
+        anywhere = maps[layout.CAPTURING_ANY][0]
+    recorded = [(e.args["grid"][0], bool(e.outs.get("captured"))) for e in events
+                if e.api == "cudaLaunchKernel"]
+    assert recorded == [(3, True), (7, False), (7, False), (5, True)]
+    from ebpf_cuda.analysis.kernel_summary import launches
+
+    counted = sorted(launch.geometry[0][0] for launch in launches(aggregates)
+                     for _ in range(launch.count))  # (their grids' x)
+    assert counted == [1, 2, 4]  # (2: launched after the failed begin: eager)
+    calls = {f.api: f.count for f in aggregates.functions}
+    assert calls["cudaLaunchKernel"] == 7 and calls["cudaStreamEndCapture"] == 2
+    assert [(e.api, e.ret) for e in events if "Capture" in e.api] == [
+        ("cudaStreamEndCapture", 0), ("cudaStreamBeginCapture", 1),
+        ("cudaStreamBeginCapture", 0), ("cudaStreamEndCapture", 0),
+        ("cudaStreamBeginCapture", 0)]  # (graph calls: always records)
+    assert list(capturing.values()) == [1] and anywhere == 1  # the last capture never ended

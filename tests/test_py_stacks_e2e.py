@@ -17,6 +17,7 @@ import pytest
 from fakecuda import wheel_libcudart
 from helpers import REPO, need_root, run_cli
 
+pytestmark = pytest.mark.kernel  # (real probes: root, and every kernel of the matrix)
 PYENV = Path.home() / ".pyenv" / "versions"
 INTERPRETERS = {
     "3.8": PYENV / "3.8.18" / "bin" / "python3.8",

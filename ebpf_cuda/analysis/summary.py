@@ -185,8 +185,11 @@ class Summary:
 
     # Rendering
     def report(self, aggregates=None) -> str:
-        """Every summary table, one after the other. With in-kernel `aggregates` (then only
-        launch events were collected here), the call tables come from those."""
+        """Every summary table, one after the other. With in-kernel `aggregates`, the call
+        tables come from those; the kernel table adds their launch counts to the launches
+        of the records collected here: the graph calls' (graph launches expanded into their
+        kernels) and those of the launches a process made while it captured, which the
+        kernel did not count (aggregates.capturing_gate): each launch counts once."""
         if aggregates is not None:
             from .kernel_summary import aggregate_tables, launches
 
