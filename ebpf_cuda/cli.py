@@ -94,8 +94,9 @@ def _drop_stdout_buffer() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
 @click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
 @click.option("--ring-size", metavar="SIZE",
-              help="Ring buffer size (power of two, e.g. 256K, 8M; default 4M, or 1M with "
-                   "--summary alone, where few records travel).")
+              help="Ring buffer size (power of two, e.g. 256K, 8M; default 4M, or 8M with "
+                   "--summary alone, whose records come in bursts: kernel registrations, "
+                   "captures).")
 @click.option("--spool-size", metavar="SIZE",
               help="Text and JSON: how much backlog may wait on disk (an unlinked file beside "
                    "the output, or in $TMPDIR) while lines are written slower than calls come; "

@@ -46,7 +46,9 @@ from .maps import possible_cpus
 from .tracer import Tracer
 
 TICK_S = 0.5  # how often the reader names launches and looks for processes that exited
-RING_SIZE = 1 << 20  # only hello records and name-teaching calls travel
+# hello records, name-teaching calls (a framework's import registers tens of thousands of
+# kernels in a burst), graph calls and what a process does while it captures travel
+RING_SIZE = 8 << 20
 FLIGHT_RING_SIZE = 16 << 20  # with a flight recorder every call travels
 DEFAULT_KERNEL_LABELS = 20
 OTHER_KERNEL = "other"

@@ -24,7 +24,10 @@ from .stream import Outputs, lines_only
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 MAX_RING_SIZE = 1 << 31  # the kernel's ring buffer sizes are 32-bit; 2G is the largest here
-SUMMARY_RING_SIZE = 1 << 20  # --summary alone: only calls that teach kernel names travel
+# --summary alone: calls that teach kernel names travel (a framework's import registers tens of
+# thousands of kernels in a burst: PyTorch's ~40,000 records), graph calls, and what a
+# process does while it captures (issue 17): 8 MiB, ~50,000 records
+SUMMARY_RING_SIZE = 8 << 20
 
 Warn = Callable[[str], None]
 

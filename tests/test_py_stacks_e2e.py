@@ -10,12 +10,13 @@ multi-line expression, a second thread, an asyncio task and a 21-deep recursion.
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from fakecuda import wheel_libcudart
-from helpers import REPO, need_root, run_cli
+from helpers import REPO, cli_argv, cli_env, need_root, run_cli, slowdown
 
 pytestmark = pytest.mark.kernel  # (real probes: root, and every kernel of the matrix)
 PYENV = Path.home() / ".pyenv" / "versions"
@@ -156,7 +157,9 @@ def test_an_interpreter_it_does_not_know_gets_no_stack_and_one_warning(tmp_path)
 
 
 def test_attached_to_a_running_process(tmp_path):
-    """-p: the interpreter is read at the start; the calls after carry their stacks."""
+    """-d: the interpreter is read at the start; the calls after carry their stacks. The
+    target runs until the tracer has traced 2 s after its probes went on (its first line,
+    however slowly it starts: emulated machines), then ends."""
     python = INTERPRETERS["3.10"]
     need_root()
     if not python.exists():
@@ -167,23 +170,29 @@ def test_attached_to_a_running_process(tmp_path):
         "import ctypes, sys, time, os\nlib = ctypes.CDLL(sys.argv[1])\n"
         "def step():\n    lib.cudaGetDeviceCount(ctypes.byref(ctypes.c_int()))\n"
         "open(sys.argv[2], 'w').close()\n"
-        "end = time.time() + 6\n"
+        "end = time.time() + 600\n"
         "while time.time() < end:\n    step()\n    time.sleep(0.01)\n")
     target = subprocess.Popen([str(python), str(script), str(lib), str(ready)])
+    tracer = None
     try:
         while not ready.exists():
             assert target.poll() is None
-        result = run_cli("--json", "-o", events, "--py-stacks", "--functions",
-                         "cudaGetDeviceCount", "-d", target.pid, timeout=60)
+            time.sleep(0.01)
+        tracer = subprocess.Popen(cli_argv("--json", "-o", events, "--py-stacks", "--functions",
+                                           "cudaGetDeviceCount", "-d", target.pid),
+                                  stderr=subprocess.PIPE, text=True, env=cli_env())
+        first = tracer.stderr.readline()  # "probing ...": the probes are on
+        time.sleep(2.0 * slowdown())
     finally:
         target.kill()
         target.wait()
+    stderr = first + (tracer.communicate(timeout=120)[1] if tracer is not None else "")
     exits = [e for e in map(json.loads, events.read_text().splitlines()) if e["phase"] == "exit"]
     # (calls in the moment between the probes going on and the interpreter being read have
     # none, and are counted: every call after the first with a stack has one)
-    first = next(i for i, e in enumerate(exits) if "py_stack" in e)
-    assert len(exits) - first > 20, result.stderr
-    for event in exits[first:]:
+    first_with = next((i for i, e in enumerate(exits) if "py_stack" in e), None)
+    assert first_with is not None and len(exits) - first_with > 20, stderr
+    for event in exits[first_with:]:
         assert [(f["line"], f["function"]) for f in event["py_stack"]] == [(4, "step"),
                                                                          (8, "<module>")]
 
