@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ebpf_cuda import layout
+from ebpf_cuda import record, layout
 from ebpf_cuda.errors import UsageError
 from ebpf_cuda.session import Options, Session
 from kernel_fds import bpf_link_types, open_fds
@@ -18,17 +18,21 @@ def test_map_specs_follow_the_options():
     assert names == [layout.EVENTS, layout.TASKS, layout.NAMES, layout.SCRATCH, layout.STATS]
     every = {s.name for s in layout.map_specs(1 << 20, 100, True, True, True)}
     assert every - set(names) == {layout.STACKS, layout.AGG, layout.ERRORS, layout.LAUNCHES,
-                                  layout.FOLLOWED}
+                                  layout.CAPTURING, layout.CAPTURING_ANY, layout.FOLLOWED}
     agg = [s for s in layout.map_specs(1 << 20, 100, False, True, False) if s.name == layout.AGG]
     assert agg[0].entries == 100 * layout.KIND_SLOTS
 
 
 def test_the_stack_slots_do_not_overlap_and_fit_the_stack():
-    slots = [(layout.INFLIGHT_KEY_AT, 16), (layout.INFLIGHT_VALUE_AT, 104),
+    slots = [(layout.INFLIGHT_KEY_AT, 16),
+             (layout.INFLIGHT_VALUE_AT, record.INFLIGHT_VALUE_SIZE),
              (layout.STAT_KEY_AT, 8), (layout.NOW_AT, 8), (layout.AGG_KEY_AT, 8),
              (layout.LAUNCH_KEY_AT, layout.LAUNCH_KEY.size),
              (layout.LAUNCH_VALUE_AT, layout.LAUNCH_VALUE.size), (layout.ERROR_KEY_AT, 8),
-             (layout.ERROR_VALUE_AT, 8), (layout.FN_ID_AT, 8)]
+             (layout.ERROR_VALUE_AT, 8), (layout.FN_ID_AT, 8), (layout.NAME_LEN_AT, 8),
+             (layout.NS_PID_TGID_AT, 8), (layout.PY_STACK_AT, 8), (layout.PY_KEY_AT, 16),
+             (layout.PY_CODE_KEY_AT, 16), (layout.CAPTURE_KEY_AT, 8),
+             (layout.CAPTURE_VALUE_AT, 8), (layout.CAPTURE_FLAG_AT, 8)]
     ends = [0] + [at for at, _ in slots]
     for (at, size), above in zip(slots, ends):
         assert at + size <= above, (at, size, above)  # each lies below the one before
