@@ -19,6 +19,7 @@ after from the new one, however late the reader or the lines thread gets to it. 
 of an old image are kept as they were last read (its process shows another program now).
 """
 import copy
+import time
 from bisect import bisect_right
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
@@ -102,16 +103,18 @@ class KernelNamer:
                 self._note_execs(pid)
         new = pids - self._seen
         if new:
-            self.observe_pids(new)
+            self.observe_pids(new, _comms(frames, new))
 
-    def observe_pids(self, pids: Iterable[int]) -> None:
-        """Snapshot the mappings of these processes, unless already done."""
+    def observe_pids(self, pids: Iterable[int], comms: Optional[Dict[int, bytes]] = None
+                     ) -> None:
+        """Snapshot the mappings of these processes, unless already done (`comms`: the
+        process names their records carry)."""
         for pid in pids:
             self._seen.add(pid)
             if self.exec_times is not None:
                 self._note_execs(pid)
             if pid not in self._snapshot_of:
-                self._snapshot(pid)
+                self._snapshot(pid, (comms or {}).get(pid))
 
     def _note_execs(self, pid: int) -> None:
         """Take in the execs of `pid` since the last look; an exec retires the mappings
@@ -126,20 +129,38 @@ class KernelNamer:
             self._retire(pid)
             self._snapshot(pid)
 
-    def _snapshot(self, pid: int) -> None:
+    def _snapshot(self, pid: int, comm: Optional[bytes] = None) -> None:
         """Read `pid`'s mappings and note whose program they are (read again when an exec
-        came in between)."""
+        came in between). The kernel installs an exec's new program (its mappings, its
+        name) before the exec tracepoint runs: mappings read in between would pass for the
+        old program's. So when the process's name is no longer the one its records carry
+        (`comm`), the exec tracepoint is waited for a moment before they are taken."""
         for _ in range(2):
             before = len(self.execs.get(pid, ()))
             self.resolver.observe(pid)
             if self.exec_times is not None:
                 self.execs.setdefault(pid, []).extend(
                     self.exec_times(pid, len(self.execs.get(pid, ()))))
+                if len(self.execs[pid]) == before and comm is not None \
+                        and _comm_now(pid) not in (None, comm):
+                    self._await_exec(pid, before)
             self._snapshot_of[pid] = len(self.execs.get(pid, ()))
             if self._snapshot_of[pid] == before:
                 return
             self.resolver.forget(pid)
         self._snapshot_of[pid] = -1  # (exec'ing as fast as it is read: no image's mappings)
+
+    def _await_exec(self, pid: int, known: int) -> None:
+        """Wait up to EXEC_WAIT_S for the exec tracepoint to tell of an exec of `pid` after
+        the first `known` (it runs a moment after the new program is in place)."""
+        assert self.exec_times is not None
+        deadline = time.monotonic() + EXEC_WAIT_S
+        while time.monotonic() < deadline:
+            new = self.exec_times(pid, known)
+            if new:
+                self.execs.setdefault(pid, []).extend(new)
+                return
+            time.sleep(0.001)
 
     def _retire(self, pid: int) -> None:
         """Keep the mappings of `pid`'s program before its exec, frozen (never read again:
@@ -436,3 +457,30 @@ class FoundNames:
 
     def __call__(self, event: Event, address: int) -> Optional[str]:
         return self.name_for(event.pid, event.api, address, event.ts_ns)
+
+
+EXEC_WAIT_S = 0.05  # the longest wait for an exec in flight to reach the exec tracepoint
+
+
+def _comms(frames: bytes, pids: Set[int]) -> Dict[int, bytes]:
+    """The process name (comm, NUL-free) the first record of each of `pids` carries."""
+    comms: Dict[int, bytes] = {}
+    tgid_at = record.FRAME_HEADER + record.PID_TGID + 4
+    comm_at = record.FRAME_HEADER + record.COMM
+    for at in range(0, len(frames), record.FRAME_SIZE):
+        pid = int.from_bytes(frames[at + tgid_at:at + tgid_at + 4], "little")
+        if pid in pids and pid not in comms:
+            raw = frames[at + comm_at:at + comm_at + record.COMM_LEN]
+            comms[pid] = raw.split(b"\0", 1)[0]
+            if len(comms) == len(pids):
+                break
+    return comms
+
+
+def _comm_now(pid: int) -> Optional[bytes]:
+    """The process's name now (/proc/PID/comm), None when it cannot be read."""
+    try:
+        with open("/proc/%d/comm" % pid, "rb") as f:
+            return f.read().rstrip(b"\n")
+    except OSError:
+        return None

@@ -142,3 +142,35 @@ def test_execs_seen_later_retire_the_mappings_of_the_program_before():
     assert resolver.observed == [9, 9] and resolver.forgotten == [9]
     assert names._resolver(names.image(9, 50)) is None  # the old program's: gone
     assert names._resolver(names.image(9, 150)) is resolver
+
+
+def test_mappings_read_while_an_exec_is_in_flight_wait_for_its_tracepoint(monkeypatch):
+    """The kernel installs an exec's program (mappings, name) before the exec tracepoint
+    runs: mappings read in that moment, with the name no longer the records', are not taken
+    for the old program's; the exec's time is waited for (it arrives on the third look)."""
+    import os
+
+    from ebpf_cuda import names
+
+    looks = []
+
+    def exec_times(pid, known):
+        looks.append(known)
+        return [123] if len(looks) >= 3 and known == 0 else []
+
+    monkeypatch.setattr(names, "_comm_now", lambda pid: b"beta")
+    namer = names.KernelNamer(exec_times=exec_times)
+    namer._snapshot(os.getpid(), comm=b"alpha")
+    assert namer.execs[os.getpid()] == [123]
+    assert namer._snapshot_of[os.getpid()] == 1  # (the new program's generation)
+
+
+def test_mappings_of_the_same_name_are_taken_at_once(monkeypatch):
+    import os
+
+    from ebpf_cuda import names
+
+    monkeypatch.setattr(names, "_comm_now", lambda pid: b"alpha")
+    namer = names.KernelNamer(exec_times=lambda pid, known: [])
+    namer._snapshot(os.getpid(), comm=b"alpha")
+    assert namer._snapshot_of[os.getpid()] == 0
