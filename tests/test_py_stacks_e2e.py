@@ -266,3 +266,26 @@ def test_the_timeline_and_the_html_report_show_the_stacks(tmp_path):
     assert [s["args"]["py_stack"][-1].endswith(" <module>") for s in slices].count(True) == 9
     html = page.read_text()
     assert "by Python line" in html and forward.split(" ")[0] in html
+
+
+def test_in_a_pid_namespace_of_its_own(tmp_path):
+    """The tracer in a PID namespace (a container's): the probes' pids, the interpreter's
+    registration and /proc agree on the namespace's numbers; every call has its stack."""
+    python = INTERPRETERS["debian-3.11-static"]
+    need_root()
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    lib, truth, events = _cudart(), tmp_path / "truth.json", tmp_path / "events.json"
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc"] + [
+        str(a) for a in cli_argv("--json", "-o", events, "--py-stacks", "--functions",
+                                 "cudaGetDeviceCount", "--", python, TARGET, lib, truth)],
+        capture_output=True, text=True, timeout=120, env=cli_env(), cwd=str(REPO),
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    exits = [e for e in map(json.loads, events.read_text().splitlines()) if e["phase"] == "exit"]
+    assert len(exits) == CALLS and exits[0]["pid"] < 100  # (a pid of the namespace)
+    expected = json.loads(truth.read_text())
+    main_tid = exits[0]["tid"]
+    got = [[[f["file"], f["line"], f["function"]] for f in e["py_stack"]]
+           for e in exits if e["tid"] == main_tid]
+    assert got == [c["stack"] for c in expected if c["stack"][-1][2] == "<module>"]
