@@ -11,26 +11,36 @@ import time
 
 import pytest
 
-from helpers import cli_env
+from helpers import cli_env, slowdown
 
 pytestmark = pytest.mark.kernel
-OPS = ["malloc:64", "free", "sleep:10"] * 200  # ~2 s of calls
+# ~100 s of calls (40 a second; within one `sh -c` string's limit): the target runs until
+# the test ends it, once the tracer has traced a while
+OPS = ["malloc:64", "free", "sleep:25"] * 4000
 
 
-def _attach_and_count(pid: int, tmp_path, *extra) -> dict:
-    """`ebpf-cuda --json -d PID` until the process ends: its exit status, stderr, and the
-    exit events by function."""
+def _attach_and_count(proc: subprocess.Popen, tmp_path, *extra) -> dict:
+    """`ebpf-cuda --json -d PID`, the process ended 1.5 s (times the machine's slowness)
+    after the tracer's probes are on (its first line: an emulated machine starts it slowly):
+    the tracer's exit status, stderr, and the exit events by function."""
     out = tmp_path / "t.jsonl"
-    tracer = subprocess.run([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
-                             "--functions", "cudaMalloc,cudaFree", "-d", str(pid), *extra],
-                            capture_output=True, text=True, env=cli_env(), timeout=60)
+    tracer = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "--json", "-o", str(out),
+                               "--functions", "cudaMalloc,cudaFree", "-d", str(proc.pid),
+                               *extra], stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        first = tracer.stderr.readline()  # "probing ...": the probes are on
+        time.sleep(1.5 * slowdown())
+    finally:
+        proc.kill()
+        proc.wait()
+    stderr = first + tracer.communicate(timeout=120)[1]
     counts = {}
     if out.exists():
         for line in out.read_text().splitlines():
             event = json.loads(line)
             if event["phase"] == "exit":
                 counts[event["api"]] = counts.get(event["api"], 0) + 1
-    return {"rc": tracer.returncode, "stderr": tracer.stderr, "counts": counts}
+    return {"rc": tracer.returncode, "stderr": stderr, "counts": counts}
 
 
 def _in_own_mount_namespace(lib, prog, where: str) -> subprocess.Popen:
@@ -63,7 +73,7 @@ def test_a_library_only_inside_the_process_mount_namespace(root, fake, tmp_path)
     try:
         _wait_mapped(proc.pid, str(where / "libcudart.so.12"))
         assert not (where / "libcudart.so.12").exists()  # not on the host
-        done = _attach_and_count(proc.pid, tmp_path)
+        done = _attach_and_count(proc, tmp_path)
     finally:
         proc.kill()
         proc.wait()
@@ -82,7 +92,7 @@ def test_a_different_file_at_the_same_path_on_the_host_is_not_probed(root, fake,
     proc = _in_own_mount_namespace(lib, prog, str(where))
     try:
         _wait_mapped(proc.pid, str(impostor))
-        done = _attach_and_count(proc.pid, tmp_path)
+        done = _attach_and_count(proc, tmp_path)
     finally:
         proc.kill()
         proc.wait()
@@ -102,7 +112,7 @@ def test_a_library_replaced_on_disk_while_mapped_is_still_probed(root, fake, tmp
         newer = folder / "libcudart.so.12.new"
         shutil.copy(lib, newer)
         os.replace(newer, folder / "libcudart.so.12")  # an upgrade renames over the file
-        done = _attach_and_count(proc.pid, tmp_path)
+        done = _attach_and_count(proc, tmp_path)
     finally:
         proc.kill()
         proc.wait()
