@@ -322,9 +322,11 @@ class PyStacks:
             del self.stacks[key]
 
     def close(self) -> None:
-        self._closed = True
-        self.drain()
-        self.ring.close(drain=False)
+        """Stop watching for interpreters and unmap the ring (what it still holds is
+        dropped: the outputs are done with). Its counts stay readable (`sentence`)."""
+        if not self._closed:
+            self._closed = True
+            self.ring.close(drain=False)
 
 
 def _text(state: int, data: bytes) -> Optional[str]:

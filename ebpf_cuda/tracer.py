@@ -244,6 +244,8 @@ class Tracer:
     def close(self, wait: bool = True) -> None:
         """Detach every probe and free every kernel object (idempotent). `wait=False`: in a
         forked child, for a program about to exit (see Session.close)."""
+        if self.stream.pystacks is not None:  # (its ring's mapping and watcher thread first)
+            self.stream.pystacks.close()
         self.session.close(wait)
 
     def __enter__(self) -> "Tracer":
