@@ -55,7 +55,7 @@ LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice
 LOST = NOTICES_LOST  # "loader_lost": per-CPU count of notices the full ring could not take
 NOTICE_LOADER, NOTICE_EXEC = 1, 2  # what a process's notices in a batch were
 _KIND_OF = {LOADER_MARK: NOTICE_LOADER, EXEC_MARK: NOTICE_EXEC}
-EXAMINED_MAX = 1 << 14  # files (maps device, inode) remembered as looked at; the oldest go
+EXAMINED_MAX = 1 << 14  # files (maps device, inode, path) looked at, kept; the oldest go
 NOTICE_RING_SIZE = 1 << 18  # the monitor's notices: ~1,500 waiting before one is lost
 NOTICE_POLL_S = 0.25  # how long its reader waits before looking at stop() and the lost
 # struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
@@ -310,17 +310,19 @@ class LoaderWatch:
 # -- which files are new -------------------------------------------------------------------
 
 class Examined:
-    """The files (maps device, inode) already looked at, at most `limit` of them, the least
-    recently met going first (a host running for months execs ever new programs; a file
-    forgotten is only looked at again: its probes are kept by inode elsewhere). ~150 bytes
-    an entry: 2.5 MB when full."""
+    """The files already looked at, by (maps device, inode, path), at most `limit` of them,
+    the least recently met going first (a host running for months execs ever new programs;
+    a file forgotten is only looked at again: its probes are kept by inode elsewhere). The
+    path is in the key because a file system reuses a deleted file's inode for the next new
+    file (ext4 at once): a library installed where another was deleted is a new file, looked
+    at anew. ~200 bytes an entry: 3 MB when full."""
 
     def __init__(self, limit: int = EXAMINED_MAX) -> None:
         self.limit = limit
         self._keys: "collections.OrderedDict[bytes, None]" = collections.OrderedDict()
 
-    def __contains__(self, key: Tuple[bytes, bytes]) -> bool:
-        joined = b"%s %s" % key
+    def __contains__(self, key: Tuple[bytes, ...]) -> bool:
+        joined = b" ".join(key)
         if joined not in self._keys:
             return False
         self._keys.move_to_end(joined)  # (met again: kept longer)
@@ -329,14 +331,17 @@ class Examined:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def add(self, key: Tuple[bytes, bytes]) -> None:
-        self._keys[b"%s %s" % key] = None
+    def add(self, key: Tuple[bytes, ...]) -> None:
+        self._keys[b" ".join(key)] = None
         if len(self._keys) > self.limit:
             self._keys.popitem(last=False)
 
     def discard(self, key: Tuple[bytes, bytes]) -> None:
-        """Forget a file (detached: a later mapping of it is looked at again)."""
-        self._keys.pop(b"%s %s" % key, None)
+        """Forget a file by (maps device, inode), under every path it was met at (detached:
+        a later mapping of it is looked at again; rare, so a scan)."""
+        prefix = b"%s %s " % key
+        for joined in [k for k in self._keys if k.startswith(prefix)]:
+            del self._keys[joined]
 
 
 def maps_lines(pid: int) -> List[bytes]:
@@ -352,7 +357,7 @@ def maps_lines(pid: int) -> List[bytes]:
 def new_mappings(pid: int, kinds: Iterable[str], examined: Any,
                  lines: Optional[List[bytes]] = None) -> List[Tuple[discovery.Mapping, bool]]:
     """(mapping, named) for each file process `pid` maps that is not in `examined` (maps
-    device and inode; each one returned is added): files named as a CUDA library of these
+    device, inode and path; each one returned is added): files named as a CUDA library of these
     kinds (named=True, any mapping), and, when the runtime is traced, other executable file
     mappings (named=False: a library or program that may carry the runtime statically, as
     CuPy's extension modules do). `examined`: a set or an Examined; `lines`: the process's
@@ -368,14 +373,17 @@ def new_mappings(pid: int, kinds: Iterable[str], examined: Any,
         if not named and not (static and b" r-xp " in line):
             continue
         fields = line.split(None, 5)
-        if len(fields) < 6 or (fields[3], fields[4]) in examined:
+        if len(fields) < 6:
+            continue
+        key = (fields[3], fields[4], fields[5].rstrip(b"\n"))
+        if key in examined:
             continue
         m = discovery.parse_maps_line(os.fsdecode(line))
         if m is None or not m.is_file:
             continue
         named = named and any(fnmatch.fnmatch(os.path.basename(m.path), p) for p in patterns)
         if named or (static and m.perms[2:3] == "x"):
-            examined.add((fields[3], fields[4]))
+            examined.add(key)
             found.append((m, named))
     return found
 
@@ -498,8 +506,8 @@ class LateLoads:
         self.files: Dict[MapsKey, Tuple[Identity, str]] = {}
         self.mappers: Dict[MapsKey, Set[int]] = {}
         self.detached = 0  # files detached so far
-        self.examined = Examined()  # (maps device, inode) of the files looked at
-        self._loaders: Set[Tuple[bytes, bytes]] = set()  # (maps device, inode) of loaders
+        self.examined = Examined()  # (maps device, inode, path) of the files looked at
+        self._loaders: Set[Tuple[bytes, ...]] = set()  # (maps device, inode, path) of loaders
         self.late: List[Tuple[str, int, float]] = []  # (path, pid, ms after the notice)
         self.reasons: Dict[str, str] = {}  # path -> how it came (`late`'s files)
         self._lost_checked = 0.0
@@ -559,9 +567,9 @@ class LateLoads:
         put on now."""
         line = loader_line(pid, lines)
         fields = line.split(None, 5) if line else []
-        if len(fields) < 6 or (fields[3], fields[4]) in self._loaders:
+        if len(fields) < 6 or tuple(fields[3:6]) in self._loaders:
             return False
-        self._loaders.add((fields[3], fields[4]))
+        self._loaders.add(tuple(fields[3:6]))  # (by path too: see Examined)
         mapping = discovery.parse_maps_line(os.fsdecode(line))
         if mapping is None or not mapping.is_file:
             return False

@@ -10,6 +10,7 @@
 # KERNELS: the versions (default "6.1 6.12"; the host's own kernel runs the normal suite).
 # KERNEL_TESTS: pytest arguments inside the guests (default: the CI subset below).
 # KERNEL_TIMEOUT: seconds one guest may run its checks (default 1800).
+# KERNEL_CPUS: vCPUs of each guest (default: the cores shared out among the guests at once).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,10 @@ timeout="${KERNEL_TIMEOUT:-1800}"
 # Guests at once: TCG keeps about one host core busy per guest (pytest is one process), so on
 # a 2-core machine two guests take little longer than one. KERNEL_JOBS=1: one at a time.
 jobs="${KERNEL_JOBS:-$(( $(nproc) >= 2 ? 2 : 1 ))}"
+# vCPUs per guest: the host's cores shared out (KERNEL_CPUS overrides). Two 2-vCPU guests on
+# 2 cores starved their vCPUs: a grace period of RCU took minutes (6.12's hung-task warnings
+# in perf_event_open, CI of 2026-12-01).
+cpus="${KERNEL_CPUS:-$(( $(nproc) / jobs > 1 ? $(nproc) / jobs : 1 ))}"
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT
 # A stop (SIGTERM from CI's timeout, SIGHUP, Ctrl-C) reaches each guest's runner, which
@@ -49,7 +54,7 @@ run_one() {  # run_one VERSION: boots it, runs the checks; its log in $results/V
     start=$(date +%s)
     # (in the background, and waited for: the TERM trap can then pass the stop on)
     # shellcheck disable=SC2086  # $tests: several pytest arguments
-    scripts/kernels.sh --timeout "$timeout" "$version" -- scripts/kernel_checks.sh $tests \
+    scripts/kernels.sh --timeout "$timeout" --cpus "$cpus" "$version" -- scripts/kernel_checks.sh $tests \
         > "$results/$version.log" 2>&1 &
     vm=$!
     trap 'kill -TERM "$vm" 2>/dev/null; wait "$vm"; exit 143' TERM

@@ -102,3 +102,17 @@ def test_a_batch_tells_an_entry_record_from_the_entry_of_a_complete_call():
     Communicators().annotate_batch(events)
     assert [(e.phase, e.args["seq"]) for e in events] == [
         (ENTER, 1), (EXIT, 1), (ENTER, 2), (ENTER, 3), (EXIT, 3)]
+
+
+def test_the_wall_clock_offset_comes_from_the_tightest_bracket(monkeypatch):
+    """A pair of clock reads preempted in between is off by the preemption: the offset is
+    taken from the bracket whose two monotonic reads are closest."""
+    from ebpf_cuda import events
+    # (monotonic before, wall, monotonic after) of each sample: the second was preempted
+    # 10 ms before its wall read, the third is the tightest.
+    samples = [(1_000, 5_000_100, 1_200), (2_000, 5_011_000, 12_100), (20_000, 5_019_050, 20_100)]
+    mono = iter(x for before, _, after in samples for x in (before, after))
+    wall = iter(w for _, w, _ in samples)
+    monkeypatch.setattr(events.time, "monotonic_ns", lambda: next(mono))
+    monkeypatch.setattr(events.time, "time_ns", lambda: next(wall))
+    assert events.wall_minus_monotonic_ns(samples=3) == 5_019_050 - 20_050

@@ -9,6 +9,7 @@ default). The kernel's own record of the links (bpf_link_info of every link this
 holds, the file each is on) says whether a file's probes are on."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -119,7 +120,8 @@ def said(monitor, copy: Path) -> list:
     late = monitor.watch.late
     return [l for l in monitor.lines if str(copy) in l or "map_files" in l] + [
         "identity probed: %s" % ((st.st_dev, st.st_ino) in late.probed),
-        "inode examined: %s" % any(k.endswith(b" %d" % st.st_ino) for k in late.examined._keys)]
+        "inode examined: %s" % [k for k in late.examined._keys
+                                if k.split(b" ")[1] == b"%d" % st.st_ino]]
 
 
 def probed(monitor, copy: Path) -> bool:
@@ -294,13 +296,45 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
         old.go()
         wait_until(lambda: detached_lines(monitor, copy), why=monitor.lines)
         sweeps(monitor)
-        assert any(f.startswith(mapped) for f in monitor.files)
-        assert str(copy) in link_files()  # (the kernel's path of the new file's links)
+        assert any(f.startswith(mapped) for f in monitor.files), said(monitor, copy)
+        assert str(copy) in link_files(), said(monitor, copy)  # (the kernel's path of the new file's links)
         new.go()
     finally:
         old.kill()
         if new is not None:
             new.kill()
     assert counts(monitor, old.pid, new.pid) == [exact(5), exact(11)]
-    wait_until(lambda: not any(f.startswith(mapped) for f in monitor.files), why=monitor.lines)
+    wait_until(lambda: not any(f.startswith(mapped) for f in monitor.files),
+               why="%s %s" % (monitor.files, said(monitor, copy)))
     assert str(copy) not in link_files()
+
+
+def test_a_library_given_a_deleted_files_inode_is_probed(monitor, dlopen_prog, lib, tmp_path):
+    """ext4 gives the inode of a file just deleted to the next file made: a runtime copied in
+    where a program the monitor looked at (and found no CUDA in) was deleted comes with an
+    inode met before. It is probed all the same (the files looked at are kept by path too)."""
+    folder = tmp_path / "venv"
+    folder.mkdir()
+    tool = folder / "tool"
+    shutil.copy("/bin/sleep", tool)
+    ino = os.stat(tool).st_ino
+    proc = subprocess.Popen([str(tool), "30"])
+    try:
+        wait_until(lambda: [k for k in monitor.watch.late.examined._keys
+                            if k.split(b" ")[1] == b"%d" % ino],
+                   why="the program was not looked at: %s" % monitor.lines)
+        assert monitor.watch.late.idle()  # (found to carry no runtime: not probed)
+    finally:
+        proc.kill()
+        proc.wait()
+    tool.unlink()
+    copy = fresh_copy(lib, folder)
+    if os.stat(copy).st_ino != ino:
+        pytest.skip("this file system gave the new file a new inode")
+    done = HeldRun(dlopen_prog, copy, 7)
+    try:
+        wait_until(lambda: probed(monitor, copy), why="not probed: %s" % said(monitor, copy))
+        done.go()
+    finally:
+        done.kill()
+    assert counts(monitor, done.pid) == [exact(7)]

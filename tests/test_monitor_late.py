@@ -275,18 +275,33 @@ def test_notices_the_full_ring_could_not_take_are_counted_and_the_watch_goes_on(
 
 def test_examined_files_are_bounded_oldest_first():
     seen = loader_watch.Examined(limit=3)
-    for key in [(b"fd:01", b"%d" % i) for i in range(5)]:
+    for key in [(b"fd:01", b"%d" % i, b"/x") for i in range(5)]:
         seen.add(key)
     assert len(seen) == 3
-    assert (b"fd:01", b"0") not in seen and (b"fd:01", b"1") not in seen
-    assert all((b"fd:01", b"%d" % i) in seen for i in (2, 3, 4))
-    assert (b"fd:01", b"2") in seen  # (met again: the least recently met is now 3)
-    seen.add((b"fd:01", b"5"))
-    assert (b"fd:01", b"3") not in seen and (b"fd:01", b"2") in seen
+    assert (b"fd:01", b"0", b"/x") not in seen and (b"fd:01", b"1", b"/x") not in seen
+    assert all((b"fd:01", b"%d" % i, b"/x") in seen for i in (2, 3, 4))
+    assert (b"fd:01", b"2", b"/x") in seen  # (met again: the least recently met is now 3)
+    seen.add((b"fd:01", b"5", b"/x"))
+    assert (b"fd:01", b"3", b"/x") not in seen and (b"fd:01", b"2", b"/x") in seen
     # new_mappings takes it as its set: a file met once is not returned again
     lines = [b"7f0000000000-7f0000001000 r-xp 00000000 fd:01 42 /opt/x/libcudart.so.12\n"]
     assert len(loader_watch.new_mappings(1, ["runtime"], seen, lines)) == 1
     assert loader_watch.new_mappings(1, ["runtime"], seen, lines) == []
+
+
+def test_an_inode_reused_at_another_path_is_looked_at_again():
+    """ext4 gives a deleted file's inode to the next new file: a library installed after
+    another file was deleted can come with an inode met before, under its own path."""
+    seen = loader_watch.Examined()
+    line = b"7f0000000000-7f0000001000 r-xp 00000000 fd:01 42 %s\n"
+    assert len(loader_watch.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
+    [(m, named)] = loader_watch.new_mappings(1, ["runtime"], seen,
+                                             [line % b"/venv/lib/libcudart.so.12"])
+    assert (m.path, m.inode, named) == ("/venv/lib/libcudart.so.12", 42, True)
+    seen.add((b"fd:01", b"43", b"/y"))
+    seen.discard((b"fd:01", b"42"))  # (detached: under every path it was met at)
+    assert len(seen) == 1 and (b"fd:01", b"43", b"/y") in seen
+    assert len(loader_watch.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
 
 
 def test_the_cli_without_p_probes_a_later_runtime_and_says_so_with_v(root, dlopen_prog, lib,
