@@ -93,11 +93,14 @@ def capture_role(api: Api) -> Optional[str]:
     return "gated" if GraphTracker.needs_while_capturing(api) else None
 
 
-def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False) -> list:
+def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
+                   sampled: bool = False) -> list:
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
     `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
     made while its process captures is not counted in the `launches` map (its record
-    counts it)."""
+    counts it). `sampled` (a gated launch row of probes.session_program): the entry counted
+    the call and its launch (`count_call`) unless its process captures; the return adds
+    its duration and outcome, and its count only while capturing."""
     prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
             asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
@@ -107,7 +110,10 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False) -> list:
         asm.jeq(R0, 0, "agg_done"),
         asm.mov(R9, R0),
     ]
-    prog += _add(COUNT, 1) + _add_reg(TOTAL, R8)
+    if sampled:
+        prog += [asm.ldx(DW, R1, FP, _CAPTURE_FLAG), asm.jeq(R1, 0, "counted_at_entry")]
+    prog += _add(COUNT, 1) + ([asm.Label("counted_at_entry")] if sampled else [])
+    prog += _add_reg(TOTAL, R8)
     prog += [
         asm.ldx(DW, R1, R9, MIN), asm.jeq(R1, 0, "set_min"), asm.jle(R1, R8, "min_ok"),
         asm.Label("set_min"), asm.stx(DW, R9, MIN, R8), asm.Label("min_ok"),
@@ -119,12 +125,28 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False) -> list:
     prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
     prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
     prog += _count_error(api, fn_id, arch)
-    if api.role == Role.LAUNCH:  # successful ones, as the event summary counts them
+    if api.role == Role.LAUNCH and not sampled:  # successful ones, as the event summary
         prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
             asm.jne32(R1, 0, "launch_done")]
         if gated:
             prog += [asm.ldx(DW, R1, FP, _CAPTURE_FLAG), asm.jne(R1, 0, "launch_done")]
         prog += _count_launch(api, fn_id)
+    return prog
+
+
+def count_call(api: Api, fn_id) -> list:
+    """Entry code of a call whose return is not taken (probes.session_program; R7 the
+    argument cells' base, fp-16 pid_tgid): its count, and for a launch its launches entry
+    (the attempt: whether it succeeded is not known here). Durations, errors and bytes
+    are the sampled returns'."""
+    prog = _agg_index(api, fn_id) + [
+        asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "counted"),
+        asm.mov(R9, R0),
+    ] + _add(COUNT, 1) + [asm.Label("counted")]
+    if api.role == Role.LAUNCH:
+        prog += [asm.mov(R8, 0)] + _count_launch(api, fn_id)
     return prog
 
 

@@ -563,12 +563,19 @@ def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
                    "at least this long triggers a dump.")
 @click.option("--ring-size", metavar="SIZE",
               help="Ring buffer size (default 1M, 16M with --flight-recorder).")
+@click.option("--return-sampling", type=click.IntRange(min=1), metavar="N",
+              default=64,  # (monitor.DEFAULT_SAMPLE_RETURNS)
+              show_default=True,
+              help="Kernel launches: take the return of 1 call in N (a power of two; "
+                   "kernels with uprobe sessions, 6.13+): durations and errors of launches "
+                   "are then sampled, their counts stay exact, and a launch costs no return "
+                   "probe. 1: every return.")
 def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                 everything: bool, api: str, prometheus: Optional[str], kernel_labels: int,
                 otlp: Optional[str], interval: float, pprof_out: Optional[str],
                 flight_recorder: Optional[float], flight_dir: str, flight_size: str,
                 trigger_error: str, trigger_latency: Optional[float],
-                ring_size: Optional[str]) -> None:
+                ring_size: Optional[str], return_sampling: int) -> None:
     """Count the CUDA calls of every process of this machine until stopped (SIGINT,
     SIGTERM): ebpf-cuda monitor [--prometheus HOST:PORT] [--otlp URL] [...]"""
     signals = _MonitorSignals()
@@ -580,9 +587,12 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
     _positive_seconds(interval, "--interval")
     flight = _monitor_flight(flight_recorder, flight_dir, flight_size, trigger_error,
                              _positive_seconds(trigger_latency, "--trigger-latency"))
+    if return_sampling & (return_sampling - 1):
+        raise UsageError("--return-sampling takes a power of two, not %d" % return_sampling)
     options = MonitorOptions(tuple(paths), tuple(_split_functions(functions) or ()) or None,
                              api, everything, kernel_labels,
-                             plan.parse_size(ring_size) if ring_size else None, flight)
+                             plan.parse_size(ring_size) if ring_size else None, flight,
+                             sample_returns=return_sampling)
     monitor = signals.monitor = Monitor(options, log=_say if verbose else None, notice=_say)
     # What can fail does before the probes go on: the port is bound, the URL and the
     # profile's file checked.
@@ -593,6 +603,10 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
         monitor.start()
         _say("monitoring %d functions in %s" % (len(monitor.functions),
                                                 ", ".join(monitor.files)))
+        sampled = monitor.tracer.sampled_returns()
+        if sampled:
+            _say("returns sampled, 1 call in %d (uprobe sessions): %s"
+                 % (return_sampling, " ".join(sampled)))
         for exporter, where in exporters:
             exporter.start()
             _say(where)

@@ -26,7 +26,7 @@ from typing import Dict, NamedTuple, Optional
 from . import syscalls
 from .errors import KernelError
 
-BPF_TRACE_UPROBE_SESSION = 57
+BPF_TRACE_UPROBE_SESSION = syscalls.BPF_TRACE_UPROBE_SESSION
 KERNEL_BTF = "/sys/kernel/btf/vmlinux"
 NR_URETPROBE_X86_64 = 335  # the uretprobe trampoline's system call (x86-64 only, 6.11+)
 NR_SECCOMP_X86_64 = 317
@@ -149,7 +149,8 @@ def task_storage() -> bool:
 
 
 def uprobe_sessions() -> bool:
-    """uprobe_multi links of the session kind (Linux 6.13); not used, reported by `-v`."""
+    """uprobe_multi links of the session kind (Linux 6.13): the monitor's launch rows
+    (probes.session_program)."""
     def probe() -> bool:
         try:
             fd, _ = syscalls.prog_load(_EXIT0, syscalls.BPF_PROG_TYPE_KPROBE, "GPL",
@@ -167,6 +168,19 @@ def uprobe_sessions() -> bool:
                 os.close(res)
             return err == errnos.EBADF  # "/" is no regular file: the link type exists
     return bool(_cached("sessions", probe))
+
+
+def session_is_return_id() -> Optional[int]:
+    """The BTF id of the kfunc bpf_session_is_return, where the kernel has uprobe sessions
+    (a session program calls it to tell its entry run from its return run); else None."""
+    def probe() -> Optional[int]:
+        if not uprobe_sessions():
+            return None
+        from . import kernel_btf
+
+        found = kernel_btf.function("bpf_session_is_return")
+        return found[0] if found else None
+    return _cached("session_kfunc", probe)  # type: ignore[return-value]
 
 
 def uprobe_pmu() -> bool:
@@ -350,7 +364,9 @@ def report() -> str:
         "uprobe PMU %s" % yes(uprobe_pmu()),
         "perf-event links %s" % yes(uprobe.perf_links_supported()),
         "cookies %s" % yes(attach_cookies()),
-        "uprobe sessions %s (unused)" % yes(uprobe_sessions()),
+        "uprobe sessions %s" % ("yes (the monitor's sampled launch returns)"
+                                if session_is_return_id() is not None else
+                                yes(uprobe_sessions())),
         _pid_namespace_report(),
     ]
     return "kernel %s: %s" % (os.uname().release, ", ".join(parts))

@@ -104,3 +104,35 @@ def _members(data: bytes, entry: Tuple[int, int, int, int, int]) -> List[Tuple[i
 def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
     """Where x86-64 keeps a thread's fs base (its pthread_self()) in task_struct."""
     return member_offset(("task_struct", "thread", "fsbase"), btf_path)
+
+
+KIND_FUNC, KIND_FUNC_PROTO = 12, 13
+_func_cache: Dict[Tuple[str, str], Optional[Tuple[int, int]]] = {}
+
+
+def function(name: str, btf_path: str = VMLINUX) -> Optional[Tuple[int, int]]:
+    """(BTF type id, number of parameters) of the kernel function `name` (a kfunc's call
+    instruction names it by that id); None when the kernel has no BTF or no such function."""
+    key = (btf_path, name)
+    if key not in _func_cache:
+        try:
+            with open(btf_path, "rb") as f:
+                data = f.read()
+            _func_cache[key] = _function(data, name)
+        except (OSError, ValueError, struct.error):
+            _func_cache[key] = None
+    return _func_cache[key]
+
+
+def _function(data: bytes, name: str) -> Optional[Tuple[int, int]]:
+    _, _, _, hdr_len, _, _, str_off, str_len = _HEADER.unpack_from(data)
+    name_off = _string_offset(data[hdr_len + str_off:hdr_len + str_off + str_len], name)
+    if name_off is None:
+        return None
+    types = [(0, 0, 0, 0, 0)] + list(_types(data))  # (type ids count from 1)
+    for type_id, entry in enumerate(types):
+        if entry[0] == KIND_FUNC and entry[2] == name_off and entry[3] < len(types):
+            proto = types[entry[3]]
+            if proto[0] == KIND_FUNC_PROTO:
+                return type_id, _vlen(data, proto)
+    return None

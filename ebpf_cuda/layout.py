@@ -147,6 +147,7 @@ PY_CODE_KEY_AT = PY_KEY_AT - 16
 CAPTURE_KEY_AT = PY_CODE_KEY_AT - 8
 CAPTURE_VALUE_AT = CAPTURE_KEY_AT - 8
 CAPTURE_FLAG_AT = CAPTURE_VALUE_AT - 8
+SAMPLE_AT = CAPTURE_FLAG_AT - 8  # a session program's draw: 0 takes the return
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 

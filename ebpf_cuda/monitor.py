@@ -85,6 +85,12 @@ class Family(NamedTuple):
     samples: List[Tuple[Labels, object]]
 
 
+# The launch rows' returns the monitor takes, 1 in this many (where the kernel has uprobe
+# sessions): a return probe costs a launch loop ~50% on an H200 host (D21), the sampled
+# returns' durations and errors stay representative, and calls and launches are exact.
+DEFAULT_SAMPLE_RETURNS = 64
+
+
 class MonitorOptions(NamedTuple):
     """What to probe and how (see the CLI's `monitor --help`)."""
 
@@ -96,6 +102,8 @@ class MonitorOptions(NamedTuple):
     ring_size: Optional[int] = None  # default RING_SIZE, or FLIGHT_RING_SIZE
     flight: object = None  # a flight.FlightOptions: keep the last seconds of every call
     late: Optional[bool] = None  # probe CUDA files that appear later (default: unless -p)
+    # Launch rows: 1 return in N taken (uprobe sessions, kernels with them); 1: every call
+    sample_returns: int = DEFAULT_SAMPLE_RETURNS
 
 
 # -- which files ---------------------------------------------------------------------------
@@ -400,7 +408,8 @@ class Monitor:
         ring = o.ring_size or (FLIGHT_RING_SIZE if o.flight is not None else RING_SIZE)
         self.tracer = Tracer(functions=o.functions, library=paths, api=o.api,
                              everything=o.everything, ring_size=ring, aggregate=True,
-                             emit=o.flight is not None, log=self.log, emit_memory=True)
+                             emit=o.flight is not None, log=self.log, emit_memory=True,
+                             sample_returns=o.sample_returns)
         try:
             self.tracer.start()
             self.start_files = len(self.files)
@@ -529,7 +538,9 @@ class Monitor:
         launches the aggregates counted beyond those the map holds (and those of processes
         already dropped) are the ones the full map could not take."""
         assert self.tracer is not None
-        ok = {apis.FN_ID[f.api.name]: f.count - f.errors for f in self._aggregates()
+        sampled = set(self.tracer.sampled_returns())  # (their map counts every attempt)
+        ok = {apis.FN_ID[f.api.name]: f.count - (0 if f.api.name in sampled else f.errors)
+              for f in self._aggregates()
               if f.api.role == Role.LAUNCH}  # (read first: the map can only be ahead)
         per_key: Dict[Tuple[int, int, int], int] = {}
         for key, value in self._launches.items():
@@ -613,10 +624,19 @@ class Monitor:
         functions = self._aggregates()
         families = function_families(functions)
         families.append(_error_family(self.tracer.session.maps[layout.ERRORS]))
+        sampled = self.tracer.sampled_returns()
+        families.append(Family(
+            "ebpf_cuda_api_return_sampling", "gauge",
+            "Functions whose returns are sampled, 1 call in the value (uprobe sessions): "
+            "their durations and errors are those of the sampled calls; their calls, and "
+            "their kernel launches (failed ones included), are all counted.", "1",
+            [((("api", api), ("layer", TABLE[apis.FN_ID[api]].library)),
+              self.options.sample_returns) for api in sampled]))
         families.append(Family(
             "ebpf_cuda_kernel_launches", "counter",
-            "Successful kernel launches by process and kernel (the first N kernels of a "
-            "process by name, the rest as kernel=\"other\").", "1",
+            "Kernel launches by process and kernel (the first N kernels of a process by "
+            "name, the rest as kernel=\"other\"): the successful ones, or for the functions "
+            "of ebpf_cuda_api_return_sampling every attempt.", "1",
             [(labels + (("api", api), ("layer", TABLE[apis.FN_ID[api]].library),
                         ("kernel", kernel)), n)
              for (labels, api, kernel), n in sorted(series.launches.items())]))
@@ -726,7 +746,7 @@ def function_families(functions: Sequence[FunctionTotals]) -> List[Family]:
         Family("ebpf_cuda_api_duration_seconds", "histogram",
                "CUDA API call durations (log2 buckets of the kernel: bounds are powers of "
                "two of nanoseconds).", "s",
-               [(labels, histogram(hists[labels], sums[labels], calls[labels]))
+               [(labels, histogram(hists[labels], sums[labels], sum(hists[labels])))
                 for labels in sorted(hists)]),
         Family("ebpf_cuda_memcpy_bytes", "counter",
                "Bytes of successful copies, by direction (kind).", "By",

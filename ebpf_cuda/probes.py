@@ -85,11 +85,21 @@ class ProbeOptions(NamedTuple):
     # --py-stacks: where task_struct keeps the thread pointer (kernel_btf.py); the entry
     # walks the thread's Python frames (pystack_probe.py). None: no Python stacks.
     py_stacks: Optional[int] = None
+    # Uprobe sessions (the monitor's launch rows, kernels with them): one program on entry and
+    # return, the return taken by 1 call in `sample_returns` (a power of two) and by every
+    # call while its process captures; the others are counted at entry (calls, launches)
+    # and cost no return trap. `kfuncs`: the BTF id of bpf_session_is_return. 0: no session.
+    sample_returns: int = 0
+    kfuncs: int = 0
 
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the entry probe of `api`."""
-    prog: Items = [asm.mov(R6, R1)] + _in_namespace(options)
+    return [asm.mov(R6, R1)] + _in_namespace(options) + _entry_body(api, fn_id, arch, options)
+
+
+def _entry_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
+    prog: Items = []
     # Storage is created only for followed processes: a thread that has it needs no lookup
     # in the `followed` map (when nothing is written before the stash).
     by_storage = (options.follow and options.task_storage and options.stash
@@ -118,9 +128,12 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     # On return the callee has popped what `call` pushed: x86-64's return address.
     # With task storage the followed-process check is the entry's alone: a thread of another
     # process has no storage of ours, and its returns end at the lookup.
+    return [asm.mov(R6, R1)] + _in_namespace(options) + _return_body(api, fn_id, arch, options)
+
+
+def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     followed_check = options.follow and not options.task_storage
-    prog: Items = [asm.mov(R6, R1)] + _in_namespace(options)
-    prog += _only_followed(options) if followed_check else []
+    prog: Items = _only_followed(options) if followed_check else []
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += _inflight_key(arch, arch.stack_args_start, options)
     prog += _find_in_task() if options.task_storage else _find_in_map()
@@ -129,7 +142,8 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
         prog += _emit_call_record(api, fn_id, arch, options)
     prog += _capture_gate(api, fn_id, arch, options)
     if options.aggregate:
-        prog += aggregates.aggregate_call(api, fn_id, arch, _gated(api, options))
+        prog += aggregates.aggregate_call(api, fn_id, arch, _gated(api, options),
+                                          bool(options.sample_returns))
         prog += aggregates.capture_count(api, arch)
     if not options.task_storage:  # (a task's stack was popped when the entry was found)
         prog += [asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP),
@@ -138,6 +152,33 @@ def return_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> 
     prog += [asm.ja("done"), asm.Label("no_entry")]
     prog += _count(record.STAT_NO_ENTRY)
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
+
+
+def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
+    """Instructions of the uprobe-session program of a launch row (options.sample_returns):
+    at entry (bpf_session_is_return false) each call is counted (its count, its launch by
+    kernel and geometry), unless its process captures; 1 call in `sample_returns`, and
+    every call while its process captures, is then stashed and returns 0: its return runs
+    (the return program: duration and outcome, and while capturing the call's count and
+    record). The others return 1: the kernel sets no return probe for them."""
+    prog: Items = [asm.mov(R6, R1)] + _in_namespace(options, outside=1)
+    # (R1 = ctx: newer kernels' bpf_session_is_return takes it, older ones ignore it)
+    prog += [asm.mov(R1, R6), asm.kfunc_call(options.kfuncs), asm.jne(R0, 0, "r_return")]
+    if options.follow:  # (not followed: counted nowhere, no return)
+        prog += asm.relabel(_only_followed(options, outside=1), "f_")
+    prog += _read_cookie() if fn_id is FROM_COOKIE else []
+    prog += [asm.call(Helper.GET_PRANDOM_U32), asm.and_(R0, options.sample_returns - 1),
+             asm.stx(DW, FP, layout.SAMPLE_AT, R0)]
+    prog += _pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
+    prog += aggregates.capturing_gate([asm.ja("timed")])  # (all its return counts)
+    prog += _load_args(api, arch, R6, FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_ARGS)
+    prog += [asm.mov(R7, FP), asm.add(R7, layout.INFLIGHT_VALUE_AT)]
+    prog += aggregates.count_call(api, fn_id)
+    prog += [asm.ldx(DW, R1, FP, layout.SAMPLE_AT), asm.jeq(R1, 0, "timed"),
+             asm.mov(R0, 1), asm.exit(), asm.Label("timed")]
+    prog += _entry_body(api, fn_id, arch, options)  # (ends returning 0)
+    return prog + [asm.Label("r_return")] + asm.relabel(
+        _return_body(api, fn_id, arch, options), "r_")
 
 
 def _gated(api: Api, options: ProbeOptions) -> bool:
@@ -183,7 +224,7 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     return prog + [asm.Label("emitted")]
 
 
-def _in_namespace(options: ProbeOptions) -> Items:
+def _in_namespace(options: ProbeOptions, outside: int = 0) -> Items:
     """In a PID namespace: fp-296 = this thread's (tid, tgid) as the namespace numbers them;
     a thread outside it (the host's, a nested namespace's) returns at once: the tracer can
     neither name nor follow it."""
@@ -194,7 +235,7 @@ def _in_namespace(options: ProbeOptions) -> Items:
         asm.ld_imm64(R1, dev), asm.ld_imm64(R2, ino),
         asm.mov(R3, FP), asm.add(R3, layout.NS_PID_TGID_AT), asm.mov(R4, 8),
         asm.call(Helper.GET_NS_CURRENT_PID_TGID),
-        asm.jeq(R0, 0, "in_namespace"), asm.mov(R0, 0), asm.exit(),
+        asm.jeq(R0, 0, "in_namespace"), asm.mov(R0, outside), asm.exit(),
         asm.Label("in_namespace"),
     ]
 
@@ -207,8 +248,8 @@ def _pid_tgid(options: ProbeOptions) -> Items:
     return [asm.ldx(DW, R0, FP, layout.NS_PID_TGID_AT)]
 
 
-def _only_followed(options: ProbeOptions) -> Items:
-    """Return at once unless this process is in the `followed` map."""
+def _only_followed(options: ProbeOptions, outside: int = 0) -> Items:
+    """Return at once (with `outside`) unless this process is in the `followed` map."""
     prog = _pid_tgid(options) + [
         asm.rsh(R0, 32),
         asm.stx(W, FP, layout.STAT_KEY_AT, R0),
@@ -216,7 +257,7 @@ def _only_followed(options: ProbeOptions) -> Items:
         asm.call(Helper.MAP_LOOKUP_ELEM),
     ]
     if options.pid_ns is None:
-        return prog + [asm.jne(R0, 0, "followed"), asm.mov(R0, 0), asm.exit(),
+        return prog + [asm.jne(R0, 0, "followed"), asm.mov(R0, outside), asm.exit(),
                        asm.Label("followed")]
     return prog + [asm.jne(R0, 0, "followed")] + _adopt_forked() + [asm.Label("followed")]
 

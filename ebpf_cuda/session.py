@@ -52,6 +52,9 @@ class Options(NamedTuple):
     emit: bool = True
     emit_memory: bool = False  # with aggregates: device allocations and frees still write
     py_stacks: bool = False  # each call's Python stack (pystack_probe.py, pystacks.py)
+    # With aggregates and no records: the launch rows' returns taken by 1 call in N only
+    # (uprobe sessions, where the kernel has them: probes.session_program); 0 or 1: all.
+    sample_returns: int = 0
 
     def checked(self) -> "Options":
         """These options, or UsageError for a combination that cannot work."""
@@ -67,6 +70,10 @@ class Options(NamedTuple):
         if self.py_stacks and not self.emit:
             raise UsageError("--py-stacks needs event records: it cannot go with in-kernel "
                              "aggregates alone")
+        n = self.sample_returns
+        if n < 0 or n & (n - 1):
+            raise UsageError("the return sampling must be a power of two (1: every call), "
+                             "not %d" % n)
         _check_ring_size(self.ring_size)
         return self
 
@@ -239,6 +246,17 @@ class Session:
             if api.name not in wanted:
                 continue
             options = self.probe_options(api)
+            if options.sample_returns:  # (one program on entry and return, on kernels with
+                key = ((probes.shape_of(api, False, arch, True),  # sessions: uprobe_multi)
+                        probes.shape_of(api, True, arch, True)), options, "session")
+                if key not in loaded:
+                    loaded[key] = Program(
+                        probes.session_program(api, probes.FROM_COOKIE, arch, options), self.maps,
+                        name="cudass%d_ses" % len(loaded),
+                        expected_attach_type=features.BPF_TRACE_UPROBE_SESSION)
+                    yield loaded[key]
+                self.programs[(api.name, False)] = loaded[key]
+                continue
             for retprobe in (False, True) if self.options.return_probes else (False,):
                 generate = probes.return_program if retprobe else probes.entry_program
                 key = ((probes.shape_of(api, retprobe, arch, options.aggregate), options,
@@ -279,7 +297,23 @@ class Session:
                                                                           apis.Role.FREE):
             # (the monitor's live device-memory gauge: allocations are rare calls)
             options = options._replace(emit=True)
+        if self._sampled(api, options):
+            options = options._replace(sample_returns=o.sample_returns,
+                                       kfuncs=features.session_is_return_id() or 0)
         return options
+
+    def sampled_returns(self) -> List[str]:
+        """The functions whose programs are uprobe sessions sampling their returns."""
+        return sorted(name for (name, _), program in list(self.programs.items())
+                      if program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION)
+
+    def _sampled(self, api: Api, options: probes.ProbeOptions) -> bool:
+        """Whether `api`'s returns are sampled (Options.sample_returns): a launch row
+        aggregated without records, on a kernel with uprobe sessions and uprobe_multi."""
+        return (self.options.sample_returns > 1 and api.role == apis.Role.LAUNCH
+                and options.aggregate and not options.emit and options.stash
+                and options.task_storage and options.py_stacks is None
+                and attach_path() == UPROBE_MULTI and features.session_is_return_id() is not None)
 
     def _log_targets(self, targets: Optional[Sequence[Target]] = None) -> None:
         for target in self.targets if targets is None else targets:
@@ -314,7 +348,8 @@ class Session:
         whose link the kernel refuses falls back to perf-event uprobes (its copy loaded for
         them, the function ids still in cookies)."""
         names = sorted({api_name for api_name, _, _ in sites})
-        shared = program.expected_attach_type == EXPECTED_UPROBE_MULTI
+        session = program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION
+        shared = session or program.expected_attach_type == EXPECTED_UPROBE_MULTI
         try:
             multi = shared
             if multi:
@@ -322,9 +357,9 @@ class Session:
                     self._links.append(attach_uprobe_multi(
                         program, path, [off for _, _, off in sites],
                         cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
-                        retprobe=retprobe, pid=pid, what=", ".join(names)))
+                        retprobe=retprobe, pid=pid, what=", ".join(names), session=session))
                 except AttachError as err:
-                    if err.errno in _NOT_THE_LINK:
+                    if err.errno in _NOT_THE_LINK or session:  # (sessions: no fallback)
                         raise
                     self.log("uprobe_multi link refused (%s): attaching perf-event uprobes "
                              "instead" % err)
@@ -340,7 +375,9 @@ class Session:
             return
         for api_name, symbol, offset in sites:
             self.attachments.append(Attachment(path, api_name, symbol, offset, retprobe))
-            self.log("  %s %s at 0x%x" % ("uretprobe" if retprobe else "uprobe   ", symbol,
+            self.log("  %s %s at 0x%x" % ("uprobe session, returns sampled 1 in %d:"
+                                           % self.options.sample_returns if session else
+                                           "uretprobe" if retprobe else "uprobe   ", symbol,
                                            offset))
 
     # -- libraries mapped later ------------------------------------------------------------

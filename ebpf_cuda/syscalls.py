@@ -51,6 +51,7 @@ PERF_TYPE_TRACEPOINT = 2
 # attach and link types
 BPF_PERF_EVENT = 41
 BPF_TRACE_UPROBE_MULTI = 48
+BPF_TRACE_UPROBE_SESSION = 57  # (Linux 6.13)
 BPF_F_UPROBE_MULTI_RETURN = 1
 BPF_LINK_TYPE_PERF_EVENT = 7
 BPF_LINK_TYPE_UPROBE_MULTI = 12
@@ -583,8 +584,9 @@ def link_create_perf_event(prog_fd: int, perf_fd: int, cookie: int = 0) -> Fd:
 
 def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
                              cookies: Optional[Sequence[int]] = None, flags: int = 0,
-                             pid: int = 0) -> Fd:
-    """BPF_LINK_CREATE(BPF_TRACE_UPROBE_MULTI): one link, many offsets of one file."""
+                             pid: int = 0, attach_type: int = BPF_TRACE_UPROBE_MULTI) -> Fd:
+    """BPF_LINK_CREATE(BPF_TRACE_UPROBE_MULTI, or _SESSION): one link, many offsets of one
+    file."""
     if not offsets:
         raise ValueError("uprobe_multi needs at least one offset")
     if cookies is not None and len(cookies) != len(offsets):
@@ -595,7 +597,7 @@ def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
     # prog_fd@0 target_fd@4 attach_type@8 flags@12 path@16 offsets@24 ref_ctr_offsets@32
     # cookies@40 cnt@48 flags@52 pid@56
     attr = _attr(64)
-    struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, BPF_TRACE_UPROBE_MULTI, 0,
+    struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, attach_type, 0,
                      ctypes.addressof(cpath), ctypes.addressof(coffsets), 0, _addr(ccookies),
                      len(offsets), flags, pid)
     fd = bpf(BPF_LINK_CREATE, attr, "creating a uprobe_multi link")

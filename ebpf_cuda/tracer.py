@@ -44,6 +44,11 @@ class Tracer:
     no per-call records are written at all (the cheapest way to get a summary; the calls
     that teach kernel names still write theirs, while their process lives; with
     `emit_memory`, device allocations and frees too: the monitor's memory gauge).
+    `sample_returns=N` (with `aggregate=True, emit=False`, on kernels with uprobe sessions):
+    the launch rows' returns are taken by 1 call in N (a power of two) and by every call
+    made while its process captures a graph; the others are counted at entry, with no
+    return probe: exact call and launch counts (launches attempted, the failed ones too),
+    durations and errors of the sampled calls (`sampled_returns()` says which rows).
 
     With a pid or a command (and no `library`), the CUDA libraries its processes map later
     are probed as their dynamic loader maps them (loader_watch.py; `late_loads` lists them):
@@ -58,11 +63,12 @@ class Tracer:
                  entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
                  stacks: bool = False, aggregate: bool = False, emit: bool = True,
                  log: Optional[Callable[[str], None]] = None,
-                 emit_memory: bool = False, py_stacks: bool = False) -> None:
+                 emit_memory: bool = False, py_stacks: bool = False,
+                 sample_returns: int = 0) -> None:
         options = Options(tuple(functions) if functions else None, tuple(library or ()), pid,
                           tuple(command or ()), api, everything, follow_children,
                           return_probes, entries, ring_size, stacks, aggregate, emit,
-                          emit_memory, py_stacks)
+                          emit_memory, py_stacks, sample_returns)
         self.session = Session(options, log)
         self.names = KernelNamer(probe_names=self.session.probe_name,
                                  exec_times=self.session.exec_times)
@@ -107,6 +113,10 @@ class Tracer:
     @property
     def failures(self) -> List[str]:
         return self.session.failures
+
+    def sampled_returns(self) -> List[str]:
+        """The functions whose returns are sampled (Options.sample_returns), by name."""
+        return self.session.sampled_returns()
 
     @property
     def late_loads(self) -> List[Tuple[str, int, float]]:

@@ -203,22 +203,27 @@ def attach_path() -> str:
 
 def attach_uprobe_multi(program: ProgramRef, path: str, offsets: Sequence[int],
                         cookies: Optional[Sequence[int]] = None, retprobe: bool = False,
-                        pid: Optional[int] = None, what: str = "") -> Link:
+                        pid: Optional[int] = None, what: str = "",
+                        session: bool = False) -> Link:
     """Attach `program` at many offsets of one file with one uprobe_multi link (Linux 6.6+).
 
-    The program must have been loaded with expected_attach_type=48 (EXPECTED_UPROBE_MULTI).
-    `cookies[i]` is what get_attach_cookie returns when `offsets[i]` fires.
+    The program must have been loaded with expected_attach_type=48 (EXPECTED_UPROBE_MULTI),
+    or with `session` 57 (BPF_TRACE_UPROBE_SESSION, Linux 6.13: the program runs at entry
+    and, when it returned 0 there, at return). `cookies[i]` is what get_attach_cookie
+    returns when `offsets[i]` fires.
     """
     _check_offsets(offsets)
-    if isinstance(program, Program) and program.expected_attach_type != EXPECTED_UPROBE_MULTI:
+    attach_type = syscalls.BPF_TRACE_UPROBE_SESSION if session else EXPECTED_UPROBE_MULTI
+    if isinstance(program, Program) and program.expected_attach_type != attach_type:
         raise ValueError("program %r must be loaded with expected_attach_type=%d for "
-                         "uprobe_multi" % (program.name, EXPECTED_UPROBE_MULTI))
+                         "this link" % (program.name, attach_type))
     prog_fd = _prog_fd(program)
-    kind = "uretprobe_multi" if retprobe else "uprobe_multi"
+    kind = "uprobe session" if session else "uretprobe_multi" if retprobe else "uprobe_multi"
     real = resolve_path(path, what)
     flags = syscalls.BPF_F_UPROBE_MULTI_RETURN if retprobe else 0
     try:
-        fd = syscalls.link_create_uprobe_multi(prog_fd, real, offsets, cookies, flags, pid or 0)
+        fd = syscalls.link_create_uprobe_multi(prog_fd, real, offsets, cookies, flags, pid or 0,
+                                               attach_type)
     except KernelError as err:
         raise _attach_error(err, kind, real, offsets, what) from None
     return Link([fd], real, offsets, retprobe, pid, what)

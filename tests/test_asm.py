@@ -147,3 +147,16 @@ def test_decode_round_trip():
     program = [insn for insn, _ in KNOWN]
     code = asm.assemble(program)
     assert asm.assemble(asm.decode(code)) == code
+
+
+def test_a_kfunc_call_names_the_kernel_function_by_btf_id():
+    insn = asm.kfunc_call(65575)
+    assert asm.encode(insn) == bytes([0x85, 0x20, 0, 0]) + (65575).to_bytes(4, "little")
+    assert asm.format_instruction(insn) == "call kfunc#65575"
+
+
+def test_relabel_renames_labels_and_the_jumps_to_them():
+    piece = [asm.jeq(R0, 0, "out"), asm.mov(R0, 1), asm.Label("out"), asm.exit()]
+    program = piece + asm.relabel(piece, "r_")
+    assert [i.name for i in program if isinstance(i, asm.Label)] == ["out", "r_out"]
+    assert program[4].target == "r_out" and asm.resolve(program)[3].off == 1

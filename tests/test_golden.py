@@ -45,6 +45,7 @@ NAMED_CATEGORIES = ("module",)
 FORK_CHILD_PID_OFFSET = 20
 EXIT_GROUP_DEAD_OFFSET = 32
 THREAD_POINTER = 3128  # task_struct.thread.fsbase in 6.18's BTF (kernel_btf.py reads it)
+SESSION_IS_RETURN = 65575  # bpf_session_is_return's BTF id in a 6.18 build (kernel_btf.py)
 
 
 class Variant(NamedTuple):
@@ -59,6 +60,7 @@ class Variant(NamedTuple):
     task_storage: bool = True  # the kernel has task-local storage (else the inflight map)
     uprobe_multi: bool = True  # shared programs, function id from the attach cookie
     py_stacks: bool = False  # the entry walks the Python stack (thread pointer at fp 3128)
+    sample_returns: int = 0  # launch rows: uprobe sessions taking 1 return in N
 
 
 VARIANTS = {
@@ -80,6 +82,9 @@ VARIANTS = {
     "py-stacks": Variant("ebpf-cuda --py-stacks -f cudaMalloc,cudaLaunchKernel -- COMMAND "
                          "(6.18's task_struct.thread.fsbase at 3128)",
                          functions=("cudaMalloc", "cudaLaunchKernel"), py_stacks=True),
+    "monitor": Variant("ebpf-cuda monitor (host-wide in-kernel aggregates; launch rows as "
+                       "uprobe sessions sampling 1 return in 64: kernels with sessions)",
+                       aggregate=True, emit=False, follow=False, sample_returns=64),
 }
 
 
@@ -131,9 +136,13 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
             options = options._replace(emit=True, wake_now=True)
         elif spec.aggregate and api.category == "graph":  # (the summary follows graphs)
             options = options._replace(emit=True)
+        if spec.sample_returns and api.role == apis.Role.LAUNCH and not options.emit:
+            options = options._replace(sample_returns=spec.sample_returns,
+                                       kfuncs=SESSION_IS_RETURN)
+            kinds = [("session", "session", probes.session_program)]
         for retprobe, kind, generate in kinds:
-            key = ((probes.shape_of(api, retprobe, ARCH, options.aggregate), options, retprobe)
-                   if shared else (fn_id, retprobe))
+            key = ((probes.shape_of(api, retprobe is True, ARCH, options.aggregate), options,
+                    retprobe) if shared else (fn_id, retprobe))
             if key not in loaded:
                 loaded[key] = _Generated(
                     kind, options,

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from ebpf_cuda import layout, prometheus, uprobe
+from ebpf_cuda import features, layout, prometheus, uprobe
 from ebpf_cuda.apis import FN_ID
-from ebpf_cuda.monitor import (Monitor, MonitorOptions, OTHER_KERNEL, Process, cuda_files,
-                               histogram)
+from ebpf_cuda.monitor import (DEFAULT_SAMPLE_RETURNS, Monitor, MonitorOptions, OTHER_KERNEL,
+                               Process, cuda_files, histogram)
 from helpers import run_cli
 from kernel_fds import bpf_link_types
 from monitor_support import (AFTER, BEFORE, KERNEL, Held, MonitorCli, parse_metrics,
@@ -21,8 +21,10 @@ pytestmark = pytest.mark.kernel
 
 
 
-def check_totals(samples) -> None:
-    """The counts both processes make together (see BEFORE and AFTER)."""
+def check_totals(samples, sampled: bool = False) -> None:
+    """The counts both processes make together (see BEFORE and AFTER). `sampled`: the launch
+    rows' returns were sampled (uprobe sessions): the one failed launch's error is seen
+    only if its return was taken."""
     calls = "ebpf_cuda_api_calls_total"
     assert value(samples, calls, api="cudaMalloc", layer="runtime") == 51
     assert value(samples, calls, api="cudaSetDevice") == 3
@@ -31,9 +33,14 @@ def check_totals(samples) -> None:
     errors = "ebpf_cuda_api_errors_total"
     assert value(samples, errors, api="cudaMalloc", error="cudaErrorMemoryAllocation") == 1
     assert value(samples, errors, api="cudaSetDevice", error="cudaErrorInvalidDevice") == 1
-    assert value(samples, errors, api="cudaLaunchKernel",
-                 error="cudaErrorInvalidConfiguration") == 1
-    assert value(samples, errors) == 3
+    launch_errors = value(samples, errors, api="cudaLaunchKernel",
+                          error="cudaErrorInvalidConfiguration")
+    assert launch_errors == 1 or (sampled and launch_errors == 0)
+    assert value(samples, errors) == 2 + launch_errors
+    timed = value(samples, "ebpf_cuda_api_duration_seconds_count", api="cudaLaunchKernel")
+    assert timed == 9 or (sampled and launch_errors <= timed < 9)
+    sampling = value(samples, "ebpf_cuda_api_return_sampling", api="cudaLaunchKernel")
+    assert sampling == (DEFAULT_SAMPLE_RETURNS if sampled else 0)
     copies = "ebpf_cuda_memcpy_bytes_total"
     assert value(samples, copies, kind="HostToDevice") == 2000
     assert value(samples, copies, kind="DeviceToHost") == 300
@@ -47,22 +54,26 @@ def check_totals(samples) -> None:
     assert value(samples, "ebpf_cuda_events_lost_total") == 0
 
 
-def test_counts_of_processes_started_before_and_after_it(prog, lib):
+@pytest.mark.parametrize("sampling", [1, DEFAULT_SAMPLE_RETURNS])
+def test_counts_of_processes_started_before_and_after_it(prog, lib, sampling):
+    """Every return taken (1), and the default: launch returns sampled where the kernel has
+    uprobe sessions (launches then counted at entry: AFTER's failed one too)."""
+    sampled = sampling > 1 and features.session_is_return_id() is not None
     before = Held(prog, BEFORE)
     try:
-        with running_monitor(paths=(str(lib),)) as monitor:
+        with running_monitor(paths=(str(lib),), sample_returns=sampling) as monitor:
             before.go()
             after = Held(prog, AFTER).go()
             assert [c.ret for c in before.wait()][-1] == 0
             after.wait()
             settle(monitor)
             samples = parse_metrics(prometheus.render(monitor.collect()).decode())
-            check_totals(samples)
+            check_totals(samples, sampled)
             launches = "ebpf_cuda_kernel_launches_total"
             assert value(samples, launches, pid=str(before.pid), kernel=KERNEL,
                          comm="cuda_driver_pro", api="cudaLaunchKernel", layer="runtime") == 5
-            assert value(samples, launches, pid=str(after.pid), kernel=KERNEL) == 3
-            assert value(samples, launches) == 8
+            assert value(samples, launches, pid=str(after.pid), kernel=KERNEL) == 3 + sampled
+            assert value(samples, launches) == 8 + sampled
     finally:
         before.kill()
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from ebpf_cuda import pprof
+from ebpf_cuda import features, pprof
 from helpers import run_cli
 from monitor_support import AFTER, BEFORE, KERNEL, Held, MonitorCli
 
@@ -84,9 +84,13 @@ def test_a_trace_profile_has_its_calls_time_launches_and_bytes(tmp_path, prog, l
 
 @need_go
 @pytest.mark.kernel
-def test_the_monitor_profile_counts_every_process_of_the_run(tmp_path, prog, lib):
+@pytest.mark.parametrize("sampling", ["1", "64"])
+def test_the_monitor_profile_counts_every_process_of_the_run(tmp_path, prog, lib, sampling):
+    """Every return taken, and launch returns sampled (the default; where the kernel has
+    uprobe sessions launches are counted at entry, AFTER's failed one too)."""
+    attempts = sampling != "1" and features.session_is_return_id() is not None
     profile = tmp_path / "monitor.pb.gz"
-    cli = MonitorCli("-p", lib, "--pprof-out", profile)
+    cli = MonitorCli("-p", lib, "--pprof-out", profile, "--return-sampling", sampling)
     try:
         Held(prog, BEFORE).go().wait()
         Held(prog, AFTER).go().wait()
@@ -96,8 +100,8 @@ def test_the_monitor_profile_counts_every_process_of_the_run(tmp_path, prog, lib
     raw = read_raw(profile, tmp_path)
     calls = by_leaf(raw, "calls")
     assert (calls["cudaMalloc"], calls["cudaSetDevice"], calls["cudaLaunchKernel"]) == (51, 3, 9)
-    assert raw["totals"]["launches"] == 8
-    assert by_leaf(raw, "launches") == {KERNEL: 8}
+    assert raw["totals"]["launches"] == 8 + attempts
+    assert by_leaf(raw, "launches") == {KERNEL: 8 + attempts}
     assert raw["totals"]["alloc_space"] == 40 * 4096 + 1000
     assert raw["totals"]["copy_space"] == 2000 + 300 + 50
     assert raw["totals"]["api_time"] > 0

@@ -74,3 +74,17 @@ def _signed32(value: int) -> int:
 def assemble(program: Sequence[Item], maps: Optional[Mapping[str, int]] = None) -> bytes:
     """Resolve labels, patch map fds and return the program's bytes."""
     return b"".join(encode(insn, maps) for insn in resolve(program))
+
+
+def relabel(program: Sequence[Item], prefix: str) -> List[Item]:
+    """`program` with each label, and each jump to one, renamed `prefix` + name: two pieces
+    of code that use the same label names can then be one program."""
+    out: List[Item] = []
+    for item in program:
+        if isinstance(item, Label):
+            out.append(Label(prefix + item.name))
+        elif isinstance(item, Instruction) and item.target is not None:
+            out.append(item._replace(target=prefix + item.target))
+        else:
+            out.append(item)
+    return out

@@ -68,6 +68,8 @@ def _format_alu(insn: Instruction, cls: Class) -> str:
 def _format_jump(insn: Instruction, cls: Class) -> str:
     op = JumpOp(insn.opcode & 0xF0)
     if op == JumpOp.CALL:
+        if insn.src == 2:  # (BPF_PSEUDO_KFUNC_CALL: a kernel function by BTF id)
+            return "call kfunc#%d" % insn.imm
         try:
             return "call %s#%d" % (Helper(insn.imm).name.lower(), insn.imm)
         except ValueError:

@@ -9,6 +9,7 @@ class Helper(enum.IntEnum):
     PROBE_READ = 4
     KTIME_GET_NS = 5
     TRACE_PRINTK = 6
+    GET_PRANDOM_U32 = 7
     GET_SMP_PROCESSOR_ID = 8
     GET_CURRENT_PID_TGID = 14
     GET_CURRENT_UID_GID = 15

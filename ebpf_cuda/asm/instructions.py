@@ -7,8 +7,8 @@ int the immediate form. Jumps name a label (`asm.jeq(R0, 0, "out")` ... `asm.Lab
 from typing import NamedTuple, Optional, Union
 
 from .helpers import Helper
-from .opcodes import (FETCH, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, AluOp, Atomic, Class, JumpOp,
-                      Mode, Size, Source)
+from .opcodes import (FETCH, PSEUDO_KFUNC_CALL, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, AluOp,
+                      Atomic, Class, JumpOp, Mode, Size, Source)
 from .registers import Reg, check_register
 
 Operand = Union[Reg, int]
@@ -134,6 +134,11 @@ def ja(label: str) -> Instruction:
 def call(helper: Union[Helper, int]) -> Instruction:
     """Call a helper function by id; result in R0, R1-R5 clobbered."""
     return Instruction(Class.JMP | JumpOp.CALL, imm=_imm32(int(helper)))
+
+
+def kfunc_call(btf_id: int) -> Instruction:
+    """Call the kernel function (kfunc) whose BTF type id in vmlinux is `btf_id`."""
+    return Instruction(Class.JMP | JumpOp.CALL, src=PSEUDO_KFUNC_CALL, imm=_imm32(btf_id))
 
 
 def exit() -> Instruction:  # noqa: A001 - the instruction is called exit

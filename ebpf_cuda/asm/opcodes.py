@@ -91,3 +91,4 @@ FETCH = 0x01  # BPF_FETCH: also return the old value
 PSEUDO_MAP_FD = 1  # ld_imm64 src_reg: imm is a map fd
 PSEUDO_MAP_VALUE = 2  # ld_imm64 src_reg: imm is a map fd, second imm a value offset
 PSEUDO_CALL = 1  # call src_reg: BPF-to-BPF call
+PSEUDO_KFUNC_CALL = 2  # call src_reg: imm is a kernel function's BTF id (vmlinux's)

@@ -1,0 +1,134 @@
+"""The monitor's launch rows on kernels with uprobe sessions (Options.sample_returns,
+probes.session_program): one program runs at entry and, for 1 call in N and every call made
+while its process captures, at return. Calls and launches are counted exactly at entry (a
+failed launch too: its return is not seen); durations and errors come from the sampled
+returns, whose count is the histogram's."""
+import signal
+import time
+
+import pytest
+
+from ebpf_cuda import features
+from ebpf_cuda.errors import UsageError
+from ebpf_cuda.tracer import Tracer
+from fakecuda import build_fake_cuda
+from helpers import run_cli
+from monitor_support import Held, MonitorCli, parse_metrics, scrape, value
+
+pytestmark = pytest.mark.kernel
+
+N = 4096  # launches; sampled 1 in 64: 64 expected, 8 the standard deviation
+
+
+@pytest.fixture(scope="module")
+def fake(cc):
+    if features.session_is_return_id() is None:
+        pytest.skip("this kernel has no uprobe sessions (Linux 6.13)")
+    return build_fake_cuda(cc)
+
+
+def traced(fake, ops, sample=64):
+    lib, prog = fake
+    with Tracer(command=[str(prog), *ops], library=[str(lib)], aggregate=True, emit=False,
+                sample_returns=sample) as tracer:
+        records = [e for e in tracer.events() if e.phase == "exit"]
+        sampled = tracer.sampled_returns()
+        links = list(tracer.session._links)
+        aggregates = tracer.aggregates()
+        stats = tracer.stats()
+    return records, sampled, aggregates, stats, links
+
+
+def by_api(aggregates):
+    return {f.api: f for f in aggregates.functions}
+
+
+def test_launches_are_counted_at_entry_and_returns_sampled(fake):
+    records, sampled, agg, stats, links = traced(
+        fake, ["loop:%d:launch:2,1,1:64,1,1" % N, "loop:10:malloc:64"])
+    # the fake runtime's launch rows (the others keep their return probes)
+    assert sampled == ["cudaLaunchCooperativeKernel", "cudaLaunchKernel", "cudaLaunchKernelExC"]
+    f = by_api(agg)
+    launch = f["cudaLaunchKernel"]
+    assert launch.count == N  # every call, sampled or not
+    timed = sum(launch.histogram)
+    assert 16 <= timed <= 160, timed  # 64 expected (6 standard deviations either way)
+    assert launch.total_ns > 0 and launch.min_ns > 0 and launch.errors == 0
+    # the launch map: every launch by its geometry, counted at entry
+    assert [(api, n) for _pid, api, _cells, n, _ns in agg.launches] == [("cudaLaunchKernel", N)]
+    # rows that are not launches keep a return probe on every call
+    assert f["cudaMalloc"].count == 10 == sum(f["cudaMalloc"].histogram)
+    assert "cudaMalloc" not in sampled
+    assert records == [] and stats["lost"] == 0 and stats["unpaired"] == 0, stats
+    assert all(link.closed for link in links)
+
+
+def test_failed_launches_are_counted_and_their_errors_sampled(fake):
+    _, _, agg, _, _ = traced(fake, ["loop:%d:launch:0,1,1:64,1,1" % N])  # (grid 0: an error)
+    launch = by_api(agg)["cudaLaunchKernel"]
+    assert launch.count == N
+    assert launch.errors == sum(launch.histogram) and 16 <= launch.errors <= 160
+    assert sum(agg.errors.values()) == launch.errors
+    assert [n for *_, n, _ns in agg.launches] == [N]  # (attempts: the entry cannot know)
+
+
+def test_every_launch_made_while_capturing_takes_its_return(fake):
+    """A process capturing a graph: each launch's return runs (its record written, for the
+    graph tracker; the kernel leaves it out of the launch map), however few are sampled."""
+    records, _, agg, _, _ = traced(fake, ["streamcreate", "capture:last",
+                                          "loop:40:launch:2,1,1:64,1,1", "endcapture:last",
+                                          "loop:100:launch:2,1,1:64,1,1"])
+    captured = [e for e in records if e.api == "cudaLaunchKernel"]
+    assert len(captured) == 40 and all(e.ret == 0 for e in captured)
+    launch = by_api(agg)["cudaLaunchKernel"]
+    assert launch.count == 140 and sum(launch.histogram) >= 40
+    assert [n for *_, n, _ns in agg.launches] == [100]
+
+
+def test_sampling_every_call_or_none_is_the_ordinary_pair(fake):
+    _, sampled, agg, _, _ = traced(fake, ["loop:300:launch:2,1,1:64,1,1"], sample=1)
+    assert sampled == []
+    launch = by_api(agg)["cudaLaunchKernel"]
+    assert launch.count == 300 == sum(launch.histogram)
+
+
+def test_the_sampling_must_be_a_power_of_two():
+    with pytest.raises(UsageError, match="power of two"):
+        Tracer(library=["/nonexistent"], aggregate=True, emit=False, sample_returns=48).start()
+
+
+def test_the_cli_says_what_it_samples_and_refuses_other_than_powers_of_two(fake):
+    lib, prog = fake
+    bad = run_cli("monitor", "-p", lib, "--return-sampling", "48")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "ebpf-cuda: --return-sampling takes a power of two, not 48"]
+    cli = MonitorCli("-p", lib, "--return-sampling", "16", "--prometheus", "127.0.0.1:0")
+    try:
+        held = Held(prog, ["loop:64:launch:2,1,1:64,1,1", "loop:3:malloc:64"]).go()
+        held.wait()
+        time.sleep(1.5)  # (the monitor's ticks have seen its exit)
+        samples = parse_metrics(scrape(cli.metrics_port)[1])
+    finally:
+        assert cli.stop(signal.SIGTERM) == 0, cli.lines
+    said = [line for line in cli.lines if line.startswith("ebpf-cuda: returns sampled")]
+    assert said == ["ebpf-cuda: returns sampled, 1 call in 16 (uprobe sessions): "
+                    "cudaLaunchCooperativeKernel cudaLaunchKernel cudaLaunchKernelExC"]
+    assert value(samples, "ebpf_cuda_api_return_sampling", api="cudaLaunchKernel") == 16
+    assert value(samples, "ebpf_cuda_api_return_sampling", api="cudaMalloc") == 0
+    assert value(samples, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 64
+    assert value(samples, "ebpf_cuda_kernel_launches_total", api="cudaLaunchKernel") == 64
+    timed = value(samples, "ebpf_cuda_api_duration_seconds_count", api="cudaLaunchKernel")
+    assert timed == value(samples, "ebpf_cuda_api_duration_seconds_bucket",
+                          api="cudaLaunchKernel", le="+Inf") and timed < 64
+    assert value(samples, "ebpf_cuda_api_duration_seconds_count", api="cudaMalloc") == 3
+
+
+def test_the_kfunc_is_found_in_the_kernels_btf(fake):
+    from ebpf_cuda import kernel_btf
+
+    type_id, params = kernel_btf.function("bpf_session_is_return")
+    assert features.session_is_return_id() == type_id > 0
+    assert params in (0, 1)  # (void before 6.19; the context since)
+    assert kernel_btf.function("bpf_no_such_function_here") is None
+    assert "uprobe sessions yes (the monitor's sampled launch returns)" in features.report()
