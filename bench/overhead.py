@@ -17,6 +17,10 @@ ROUNDS rounds (modes interleaved, so drift hits all):
   cli json         ... --json -o /dev/null
   cli -r           ... -r -o /dev/null
   cli summary      ... --summary (only when the CLI has --summary)
+  monitor          the monitor's probes (in-kernel aggregates, no records): with --op launch
+                   on a kernel with uprobe sessions, one session program taking 1 return in
+                   64 (issue 21's bound: <= 1.02x bare-entry)
+  monitor -R1      the same taking every return (--return-sampling 1)
   c:*              the breakdown: hash stash only, ring record only (with and without
                    consumer wakeups), the library's programs with and without wakeups
 
@@ -47,7 +51,8 @@ from ebpf_cuda.elf import ElfFile  # noqa: E402
 from ebpf_cuda.maps import LruHashMap, PerCpuArrayMap, RingBufMap  # noqa: E402
 from ebpf_cuda.programs import Program  # noqa: E402
 from ebpf_cuda.ringbuf import RingBuffer  # noqa: E402
-from ebpf_cuda.tracer import INFLIGHT_ENTRIES, Tracer  # noqa: E402
+from ebpf_cuda.layout import INFLIGHT_ENTRIES  # noqa: E402
+from ebpf_cuda.tracer import Tracer  # noqa: E402
 from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
 
 BPF_RB_NO_WAKEUP = 1
@@ -95,6 +100,30 @@ class Bench:
             out.seek(0)
             result = common.parse_loop(out.read())
         _check("tracer", result.made, seen, lost)
+        return result
+
+    def monitor(self, sample_returns: int) -> LoopResult:
+        """The monitor's probes (Tracer(aggregate=True, emit=False) as `ebpf-cuda monitor`
+        makes them): launch returns sampled 1 in `sample_returns` where the kernel has uprobe
+        sessions (64, the monitor's default), or every return (1)."""
+        with tempfile.TemporaryFile("w+") as out:
+            tracer = Tracer(library=[str(self.built.lib)], functions=[self.function],
+                            command=self.command(), aggregate=True, emit=False,
+                            sample_returns=sample_returns)
+            try:
+                with _stdout_to(out.fileno()):
+                    tracer.start()
+                with _pinned(self.tracer_cpu):
+                    for _ in tracer.frames():
+                        pass
+                counted = sum(f.count for f in tracer.aggregates().functions
+                              if f.api == self.function)
+                lost = tracer.stats()["lost"]
+            finally:
+                tracer.close()
+            out.seek(0)
+            result = common.parse_loop(out.read())
+        _check("monitor", result.made, counted, lost)
         return result
 
     def cli(self, *options: str) -> LoopResult:
@@ -275,6 +304,8 @@ def modes(bench: Bench, summary: bool,
         "cli text": lambda: bench.cli("-o", os.devnull),
         "cli json": lambda: bench.cli("--json", "-o", os.devnull),
         "cli -r": lambda: bench.cli("-r", "-o", os.devnull),
+        "monitor": lambda: bench.monitor(64),
+        "monitor -R1": lambda: bench.monitor(1),
     }
     # TODO(issue 7): drop this guard once --summary (in-kernel aggregation) is merged.
     if summary:
@@ -308,6 +339,8 @@ def report(results: Dict[str, List[float]], walls: Dict[str, List[float]],
     ratio("cli json", "bare-pair")
     ratio("cli -r", "bare-entry", 1.10)
     ratio("cli summary", "bare-pair", 1.05)
+    ratio("monitor", "bare-entry", 1.02)  # (--op launch; other ops take every return)
+    ratio("monitor -R1", "bare-pair")
     print("\nbreakdown (ns/call added, all over bare-pair unless said):")
     for name, base, what in (
             ("c:hash", "bare-pair", "inflight LRU hash update at entry + lookup/delete at return"),

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import asm, layout, record
 from .apis import TABLE, Api, Kind, Role, arg_cells
 from .arch import Arch
-from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, W, Helper
+from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
 CAPTURING_MAP, CAPTURING_ANY_MAP = layout.CAPTURING, layout.CAPTURING_ANY
@@ -134,20 +134,32 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
     return prog
 
 
-def count_call(api: Api, fn_id) -> list:
-    """Entry code of a call whose return is not taken (probes.session_program; R7 the
-    argument cells' base, fp-16 pid_tgid): its count, and for a launch its launches entry
-    (the attempt: whether it succeeded is not known here). Durations, errors and bytes
-    are the sampled returns'."""
+def count_call(api: Api, fn_id, arch: Arch) -> list:
+    """Entry code of a call whose return is not taken (probes.session_program; R6 ctx,
+    fp-16 pid_tgid): its count, and for a launch its `launches` entry by process and
+    kernel (func) alone, the other cells 0 (the monitor's series have no geometry: no stack
+    argument is read), counting the attempt (whether it succeeded is not known here).
+    Durations, errors and bytes are the sampled returns'."""
     prog = _agg_index(api, fn_id) + [
         asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
         asm.call(Helper.MAP_LOOKUP_ELEM),
         asm.jeq(R0, 0, "counted"),
-        asm.mov(R9, R0),
-    ] + _add(COUNT, 1) + [asm.Label("counted")]
-    if api.role == Role.LAUNCH:
-        prog += [asm.mov(R8, 0)] + _count_launch(api, fn_id)
-    return prog
+    ] + [asm.ldx(DW, R1, R0, COUNT), asm.add(R1, 1), asm.stx(DW, R0, COUNT, R1),
+         asm.Label("counted")]
+    if api.role != Role.LAUNCH:
+        return prog
+    func, cell = next((arg, cell) for arg, cell in arg_cells(api) if arg.name == "func")
+    prog += [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # pid, from the key
+    ] + layout.fn_id_into(R2, fn_id) + [
+        asm.lsh(R2, 32), asm.or_(R1, R2), asm.stx(DW, FP, _LAUNCH_KEY, R1),
+        asm.ldx(DW, R1, R6, arch.arg(func.slot)),
+    ]
+    for c in range(record.ARG_CELLS):
+        where = _LAUNCH_KEY + 8 + 8 * c
+        prog.append(asm.stx(DW, FP, where, R1) if c == cell else asm.st(DW, FP, where, 0))
+    prog += [asm.st(DW, FP, _LAUNCH_VALUE, 1), asm.st(DW, FP, _LAUNCH_VALUE + 8, 0)]
+    return prog + _hash_add(LAUNCHES_MAP, _LAUNCH_KEY, _LAUNCH_VALUE, [(0, None)], "launch")
 
 
 # -- stream captures in progress -----------------------------------------------------------

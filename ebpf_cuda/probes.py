@@ -171,9 +171,7 @@ def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) ->
              asm.stx(DW, FP, layout.SAMPLE_AT, R0)]
     prog += _pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
     prog += aggregates.capturing_gate([asm.ja("timed")])  # (all its return counts)
-    prog += _load_args(api, arch, R6, FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_ARGS)
-    prog += [asm.mov(R7, FP), asm.add(R7, layout.INFLIGHT_VALUE_AT)]
-    prog += aggregates.count_call(api, fn_id)
+    prog += aggregates.count_call(api, fn_id, arch)
     prog += [asm.ldx(DW, R1, FP, layout.SAMPLE_AT), asm.jeq(R1, 0, "timed"),
              asm.mov(R0, 1), asm.exit(), asm.Label("timed")]
     prog += _entry_body(api, fn_id, arch, options)  # (ends returning 0)
