@@ -9,7 +9,7 @@ uname -r; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 case "$1" in
 overhead)
     OUT=$OUT timeout 560 python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz \
-        --parts overhead --rounds 2 > $OUT/overhead.log 2>&1; echo rc=$?
+        --parts overhead --rounds ${ROUNDS:-2} --reps ${REPS:-3} > $OUT/overhead.log 2>&1; echo rc=$?
     grep '"part": "overhead"' $OUT/overhead.log | cut -c1-3000 ;;
 counts)
     OUT=$OUT timeout 400 python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz \
