@@ -179,7 +179,14 @@ def session_is_return_id() -> Optional[int]:
         from . import kernel_btf
 
         found = kernel_btf.function("bpf_session_is_return")
-        return found[0] if found else None
+        if found is None:
+            return None
+        # r1 = ctx (what newer kernels' kfunc takes), call it, return 0: the kernel must load
+        # it as a session program (JIT, kfunc support, the kfunc allowed for this type).
+        code = (_mov_reg(6, 1) + _mov_reg(1, 6) + _insn(0x85, 0, 2, 0, found[0])
+                + _EXIT0)
+        return found[0] if _loads(code, "probe_kfunc", BPF_TRACE_UPROBE_SESSION) is None \
+            else None
     return _cached("session_kfunc", probe)  # type: ignore[return-value]
 
 

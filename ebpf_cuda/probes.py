@@ -88,9 +88,9 @@ class ProbeOptions(NamedTuple):
     # Uprobe sessions (the monitor's launch rows, kernels with them): one program on entry and
     # return, the return taken by 1 call in `sample_returns` (a power of two) and by every
     # call while its process captures; the others are counted at entry (calls, launches)
-    # and cost no return trap. `kfuncs`: the BTF id of bpf_session_is_return. 0: no session.
+    # and cost no return trap. `is_return_kfunc`: bpf_session_is_return's BTF id.
     sample_returns: int = 0
-    kfuncs: int = 0
+    is_return_kfunc: int = 0
 
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
@@ -157,13 +157,14 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
 def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
     """Instructions of the uprobe-session program of a launch row (options.sample_returns):
     at entry (bpf_session_is_return false) each call is counted (its count, its launch by
-    kernel and geometry), unless its process captures; 1 call in `sample_returns`, and
+    process and kernel: aggregates.count_call), unless its process captures; 1 call in `sample_returns`, and
     every call while its process captures, is then stashed and returns 0: its return runs
     (the return program: duration and outcome, and while capturing the call's count and
     record). The others return 1: the kernel sets no return probe for them."""
     prog: Items = [asm.mov(R6, R1)] + _in_namespace(options, outside=1)
     # (R1 = ctx: newer kernels' bpf_session_is_return takes it, older ones ignore it)
-    prog += [asm.mov(R1, R6), asm.kfunc_call(options.kfuncs), asm.jne(R0, 0, "r_return")]
+    prog += [asm.mov(R1, R6), asm.kfunc_call(options.is_return_kfunc),
+             asm.jne(R0, 0, "r_return")]
     if options.follow:  # (not followed: counted nowhere, no return)
         prog += asm.relabel(_only_followed(options, outside=1), "f_")
     prog += _read_cookie() if fn_id is FROM_COOKIE else []

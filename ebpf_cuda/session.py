@@ -299,7 +299,7 @@ class Session:
             options = options._replace(emit=True)
         if self._sampled(api, options):
             options = options._replace(sample_returns=o.sample_returns,
-                                       kfuncs=features.session_is_return_id() or 0)
+                                       is_return_kfunc=features.session_is_return_id() or 0)
         return options
 
     def sampled_returns(self) -> List[str]:

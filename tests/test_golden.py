@@ -138,7 +138,7 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
             options = options._replace(emit=True)
         if spec.sample_returns and api.role == apis.Role.LAUNCH and not options.emit:
             options = options._replace(sample_returns=spec.sample_returns,
-                                       kfuncs=SESSION_IS_RETURN)
+                                       is_return_kfunc=SESSION_IS_RETURN)
             kinds = [("session", "session", probes.session_program)]
         for retprobe, kind, generate in kinds:
             key = ((probes.shape_of(api, retprobe is True, ARCH, options.aggregate), options,
