@@ -98,7 +98,10 @@ def test_prometheus_sees_the_exact_counts(tmp_path, prog, lib):
     before = Held(prog, BEFORE)
     monitor = server = None
     try:
-        monitor = MonitorCli("-p", lib, "--prometheus", "127.0.0.1:0")
+        # Every return taken: the one failed launch's error is exact too (by default launch
+        # returns are sampled where the kernel has uprobe sessions: test_sampled_returns.py,
+        # test_monitor.py check that mode's counts).
+        monitor = MonitorCli("-p", lib, "--prometheus", "127.0.0.1:0", "--return-sampling", "1")
         server = Prometheus(tmp_path, monitor.metrics_port)
         server.wait_for('up{job="ebpf-cuda"}', 1)
         before.go()
