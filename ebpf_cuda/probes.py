@@ -155,12 +155,12 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
 
 
 def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
-    """Instructions of the uprobe-session program of a launch row (options.sample_returns):
-    at entry (bpf_session_is_return false) each call is counted (its count, its launch by
-    process and kernel: aggregates.count_call), unless its process captures; 1 call in `sample_returns`, and
-    every call while its process captures, is then stashed and returns 0: its return runs
-    (the return program: duration and outcome, and while capturing the call's count and
-    record). The others return 1: the kernel sets no return probe for them."""
+    """Instructions of the uprobe-session program of a launch row (options.sample_returns).
+    At entry (bpf_session_is_return false) each call is counted, with its launch by process
+    and kernel (aggregates.count_call), unless its process captures; 1 call in
+    `sample_returns`, and every call while its process captures, is then stashed and returns
+    0: its return runs (the return program: duration and outcome, and while capturing the
+    call's count and record). The others return 1: the kernel sets no return probe."""
     prog: Items = [asm.mov(R6, R1)] + _in_namespace(options, outside=1)
     # (R1 = ctx: newer kernels' bpf_session_is_return takes it, older ones ignore it)
     prog += [asm.mov(R1, R6), asm.kfunc_call(options.is_return_kfunc),

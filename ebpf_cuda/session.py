@@ -246,13 +246,13 @@ class Session:
             if api.name not in wanted:
                 continue
             options = self.probe_options(api)
-            if options.sample_returns:  # (one program on entry and return, on kernels with
-                key = ((probes.shape_of(api, False, arch, True),  # sessions: uprobe_multi)
+            if options.sample_returns:  # (one session program, entry and return: _sampled)
+                key = ((probes.shape_of(api, False, arch, True),
                         probes.shape_of(api, True, arch, True)), options, "session")
                 if key not in loaded:
+                    code = probes.session_program(api, probes.FROM_COOKIE, arch, options)
                     loaded[key] = Program(
-                        probes.session_program(api, probes.FROM_COOKIE, arch, options), self.maps,
-                        name="cudass%d_ses" % len(loaded),
+                        code, self.maps, name="cudass%d_ses" % len(loaded),
                         expected_attach_type=features.BPF_TRACE_UPROBE_SESSION)
                     yield loaded[key]
                 self.programs[(api.name, False)] = loaded[key]
@@ -313,7 +313,8 @@ class Session:
         return (self.options.sample_returns > 1 and api.role == apis.Role.LAUNCH
                 and options.aggregate and not options.emit and options.stash
                 and options.task_storage and options.py_stacks is None
-                and attach_path() == UPROBE_MULTI and features.session_is_return_id() is not None)
+                and attach_path() == UPROBE_MULTI
+                and features.session_is_return_id() is not None)
 
     def _log_targets(self, targets: Optional[Sequence[Target]] = None) -> None:
         for target in self.targets if targets is None else targets:

@@ -297,7 +297,8 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
         wait_until(lambda: detached_lines(monitor, copy), why=monitor.lines)
         sweeps(monitor)
         assert any(f.startswith(mapped) for f in monitor.files), said(monitor, copy)
-        assert str(copy) in link_files(), said(monitor, copy)  # (the kernel's path of the new file's links)
+        # (the kernel's path of the new file's links)
+        assert str(copy) in link_files(), said(monitor, copy)
         new.go()
     finally:
         old.kill()
