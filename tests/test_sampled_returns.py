@@ -132,3 +132,47 @@ def test_the_kfunc_is_found_in_the_kernels_btf(fake):
     assert params in (0, 1)  # (void before 6.19; the context since)
     assert kernel_btf.function("bpf_no_such_function_here") is None
     assert "uprobe sessions yes (the monitor's sampled launch returns)" in features.report()
+
+
+IN_NAMESPACE = r'''
+import json, sys
+from ebpf_cuda.tracer import Tracer
+lib, prog, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Tracer(command=[prog, "loop:%d:launch:2,1,1:64,1,1" % n, "loop:5:malloc:64"],
+            library=[lib], aggregate=True, emit=False, sample_returns=64) as tracer:
+    for _ in tracer.frames():
+        pass
+    agg = tracer.aggregates()
+    print(json.dumps({"sampled": tracer.sampled_returns(), "pid_ns": tracer.session.pid_ns,
+                      "command": tracer.session.command.pid,
+                      "counts": {f.api: [f.count, sum(f.histogram)] for f in agg.functions},
+                      "launches": [[pid, n] for pid, _a, _c, n, _ns in agg.launches]}))
+'''
+
+
+def test_sampled_returns_in_a_pid_namespace_of_the_tracers_own(fake):
+    """In a PID namespace (a container): the session program's namespace checks and its
+    followed-process check take the namespace's pids; every launch is counted, by the
+    command's pid as the namespace numbers it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import REPO, cli_env
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    lib, prog = fake
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                           IN_NAMESPACE, str(lib), str(prog), str(N)], capture_output=True,
+                          text=True, timeout=120, env=cli_env(), cwd=str(REPO))
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["pid_ns"] is not None and "cudaLaunchKernel" in found["sampled"]
+    count, timed = found["counts"]["cudaLaunchKernel"]
+    assert count == N and 16 <= timed <= 160
+    assert found["counts"]["cudaMalloc"] == [5, 5]
+    [[pid, launches]] = found["launches"]
+    assert launches == N and pid == found["command"]  # (as the namespace numbers it)
+    assert pid < 100  # (a namespace's pid, not the host's)
