@@ -25,6 +25,7 @@ from .arch import Arch
 from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
+PROCESS_MAP = layout.PROCESS_CALLS
 CAPTURING_MAP, CAPTURING_ANY_MAP = layout.CAPTURING, layout.CAPTURING_ANY
 KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
 COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
@@ -94,13 +95,15 @@ def capture_role(api: Api) -> Optional[str]:
 
 
 def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
-                   sampled: bool = False) -> list:
+                   sampled: bool = False, per_process: bool = False) -> list:
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
     `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
     made while its process captures is not counted in the `launches` map (its record
     counts it). `sampled` (a gated launch row of probes.session_program): the entry counted
     the call and its launch (`count_call`) unless its process captures; the return adds
-    its duration and outcome, and its count only while capturing."""
+    its duration and outcome, and its count only while capturing. `per_process`: the call
+    also goes to its process's entry in `proc_calls` (not a sampled row's: `count_call`
+    counts its launches by process)."""
     prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
             asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
@@ -124,6 +127,8 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
     prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
     prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
     prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
+    if per_process and not sampled:
+        prog += _count_per_process(api, arch)
     prog += _count_error(api, fn_id, arch)
     if api.role == Role.LAUNCH and not sampled:  # successful ones, as the event summary
         prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
@@ -306,6 +311,21 @@ def _histogram() -> list:
         asm.lsh(R2, 3), asm.add(R2, R9),
         asm.ldx(DW, R1, R2, HIST), asm.add(R1, 1), asm.stx(DW, R2, HIST, R1),
     ]
+
+
+def _count_per_process(api: Api, arch: Arch) -> list:
+    """proc_calls[(tgid, agg index)] += (1, failed, duration R8); R9 clobbered."""
+    key, value = layout.PROCESS_KEY_AT, layout.PROCESS_VALUE_AT
+    prog = [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, key, R1), asm.ldx(W, R1, FP, _AGG_KEY), asm.stx(W, FP, key + 4, R1),
+        asm.mov(R9, 0),
+    ] + layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jeq32(R1, 0, "proc_ok"), asm.mov(R9, 1), asm.Label("proc_ok"),
+        asm.st(DW, FP, value, 1), asm.stx(DW, FP, value + 8, R9),
+        asm.stx(DW, FP, value + 16, R8),
+    ]
+    return prog + _hash_add(PROCESS_MAP, key, value, [(0, None), (8, R9), (16, R8)], "proc")
 
 
 def _count_error(api: Api, fn_id, arch: Arch) -> list:

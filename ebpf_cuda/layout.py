@@ -21,6 +21,7 @@ SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stac
 AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
 ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
+PROCESS_CALLS = "proc_calls"  # the monitor's (pid, agg index) -> calls, errors, total ns
 # With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
 # per process (tgid -> captures begun and not ended), and their sum over all processes in a
 # one-entry array (checked first by the return programs of launches, copies, memsets and
@@ -63,6 +64,9 @@ ERROR_ENTRIES = 4096
 LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
 LAUNCH_VALUE = struct.Struct("<QQ")  # count, total ns
 LAUNCH_ENTRIES = 16384
+PROCESS_KEY = struct.Struct("<II")  # tgid, agg index (function * KIND_SLOTS + memcpy kind)
+PROCESS_VALUE = struct.Struct("<QQQ")  # calls, errors, total ns
+PROCESS_ENTRIES = 16384  # (processes x functions they call)
 CAPTURING_ENTRIES = 16384  # processes that began a stream capture (entries stay, at 0)
 U64 = struct.Struct("<Q")
 PID = struct.Struct("<I")
@@ -81,9 +85,10 @@ class MapSpec(NamedTuple):
 
 
 def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
-              follow: bool, pid_ns: bool = False) -> List[MapSpec]:
+              follow: bool, pid_ns: bool = False, per_process: bool = False) -> List[MapSpec]:
     """The maps of one session, calls in flight in task storage (see `inflight_fallback`);
-    `pid_ns`: the tracer runs in a PID namespace of its own (see follow.py)."""
+    `pid_ns`: the tracer runs in a PID namespace of its own (see follow.py); `per_process`:
+    aggregates also by process (the monitor)."""
     specs = [
         MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
         MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
@@ -102,6 +107,9 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
             MapSpec(CAPTURING, "Hash", 4, 8, CAPTURING_ENTRIES, U64, PID),
             MapSpec(CAPTURING_ANY, "Array", 4, 8, 1, U64),
         ]
+        if per_process:
+            specs.append(MapSpec(PROCESS_CALLS, "Hash", PROCESS_KEY.size, PROCESS_VALUE.size,
+                                 PROCESS_ENTRIES))
     if follow:
         specs.append(MapSpec(FOLLOWED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
         if pid_ns:
@@ -148,10 +156,12 @@ CAPTURE_KEY_AT = PY_CODE_KEY_AT - 8
 CAPTURE_VALUE_AT = CAPTURE_KEY_AT - 8
 CAPTURE_FLAG_AT = CAPTURE_VALUE_AT - 8
 SAMPLE_AT = CAPTURE_FLAG_AT - 8  # a session program's draw: 0 takes the return
+PROCESS_KEY_AT = SAMPLE_AT - PROCESS_KEY.size  # the monitor's per-process aggregates: fp-376
+PROCESS_VALUE_AT = PROCESS_KEY_AT - PROCESS_VALUE.size  # fp-400
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -280 and CAPTURE_FLAG_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -280 and PROCESS_VALUE_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

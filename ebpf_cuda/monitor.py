@@ -326,6 +326,9 @@ class LaunchSeries(NamedTuple):
     map_full: int
     processes: int
     memory: Tuple[Tuple[Labels, int], ...] = ()  # device bytes held, by live process
+    # (process labels, function id) -> [calls, errors, API ns] (`proc_calls`; the sampled
+    # rows' calls: their launches by process, errors and time None)
+    per_process: Dict[Tuple[Labels, int], list] = {}
 
 
 # -- live device memory ----------------------------------------------------------------------
@@ -392,6 +395,7 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
+        self._process_calls: Optional[HashReader] = None
         self._launch_ids = {i for i, api in enumerate(TABLE) if api.role == Role.LAUNCH}
         self._captured: Dict[int, int] = {}  # launches captures recorded, by function id
         self.memory = DeviceMemory()  # (the reader's; published with the series)
@@ -409,7 +413,7 @@ class Monitor:
         self.tracer = Tracer(functions=o.functions, library=paths, api=o.api,
                              everything=o.everything, ring_size=ring, aggregate=True,
                              emit=o.flight is not None, log=self.log, emit_memory=True,
-                             sample_returns=o.sample_returns)
+                             sample_returns=o.sample_returns, per_process=True)
         try:
             self.tracer.start()
             self.start_files = len(self.files)
@@ -420,6 +424,7 @@ class Monitor:
             maps = self.tracer.session.maps
             self._aggregates()
             self._launches = HashReader(maps[layout.LAUNCHES])
+            self._process_calls = HashReader(maps[layout.PROCESS_CALLS])
             if o.late if o.late is not None else not o.paths:
                 self.watch = self._watch_late()
         except BaseException:
@@ -554,19 +559,42 @@ class Monitor:
         launches: Dict[Tuple[Labels, str, str], int] = {}
         for (pid, fn_id, func), count in sorted(per_key.items()):
             attributed[fn_id] = attributed.get(fn_id, 0) + count
-            process = self.processes.get(pid)
-            if process is None:  # (its hello record was lost: a full ring)
-                process = self.processes[pid] = Process(pid, _comm(pid))
-                self.seen += 1
+            process = self._process(pid)
             series = (process.label_set(), TABLE[fn_id].name,
                       self._kernel_label(process, fn_id, func))
             launches[series] = launches.get(series, 0) + count
         missing = sum(max(n - attributed.get(fn_id, 0), 0) for fn_id, n in ok.items())
         self._map_full = max(self._map_full, missing)
+        per_process = self._per_process(per_key, sampled)
         live = [p for p in self.processes.values() if p.exited is None]
         memory = tuple((p.label_set(), self.memory.held(p.pid))
                        for p in sorted(live, key=lambda p: p.pid))
-        return LaunchSeries(launches, self._map_full, len(live), memory)
+        return LaunchSeries(launches, self._map_full, len(live), memory, per_process)
+
+    def _process(self, pid: int) -> Process:
+        process = self.processes.get(pid)
+        if process is None:  # (its hello record was lost: a full ring)
+            process = self.processes[pid] = Process(pid, _comm(pid))
+            self.seen += 1
+        return process
+
+    def _per_process(self, launches: Dict[Tuple[int, int, int], int],
+                     sampled: Set[str]) -> Dict[Tuple[Labels, int], list]:
+        """Calls, errors and API time by (process, function) from `proc_calls`; a sampled
+        row's calls are its launches by process (`launches`: (pid, fn_id, func) -> count)."""
+        found: Dict[Tuple[Labels, int], list] = {}
+        for key, value in self._process_calls.items():
+            pid, index = layout.PROCESS_KEY.unpack(key)
+            entry = found.setdefault((self._process(pid).label_set(),
+                                      index // layout.KIND_SLOTS), [0, 0, 0])
+            for k, v in enumerate(layout.PROCESS_VALUE.unpack(value)):
+                entry[k] += v
+        for (pid, fn_id, _), count in launches.items():
+            if TABLE[fn_id].name in sampled:
+                # (no errors nor times: the sampled returns are not by process)
+                found.setdefault((self._process(pid).label_set(), fn_id),
+                                 [0, None, None])[0] += count
+        return found
 
     def _kernel_label(self, process: Process, fn_id: int, func: int) -> str:
         """The launch's kernel label, decided once per (function, func) of a process, so
@@ -606,6 +634,10 @@ class Monitor:
                 series = (process.comm, TABLE[fn_id].name, label)
                 self.retired_launches[series] = self.retired_launches.get(series, 0) + count
                 launches.delete(key)
+        calls = self.tracer.session.maps[layout.PROCESS_CALLS]
+        for key, _ in self._process_calls.items():
+            if layout.PROCESS_KEY.unpack(key)[0] in doomed:
+                calls.delete(key)
         for pid in gone:
             del self.processes[pid]
             forget_process(self.tracer.names, pid)
@@ -640,6 +672,7 @@ class Monitor:
             [(labels + (("api", api), ("layer", TABLE[apis.FN_ID[api]].library),
                         ("kernel", kernel)), n)
              for (labels, api, kernel), n in sorted(series.launches.items())]))
+        families += _process_families(series.per_process)
         families.append(self._lost_family(series.map_full))
         families.append(Family("ebpf_cuda_processes", "gauge",
                                "Processes seen making CUDA calls that still run.", "1",
@@ -778,6 +811,27 @@ def histogram(buckets: Sequence[int], total_ns: int, count: int) -> Histogram:
         cumulative.append(seen)
     return Histogram(tuple((1 << bound) / 1e9 for bound in HISTOGRAM_BOUNDS_LOG2),
                      tuple(cumulative), total_ns / 1e9, count)
+
+
+def _process_families(per_process: Dict[Tuple[Labels, int], list]) -> List[Family]:
+    """Calls, errors and API time by process and function (a process's series go with its
+    launch series, once an exporter has seen its last values)."""
+    rows = sorted(((labels + (("api", TABLE[fn_id].name), ("layer", TABLE[fn_id].library))),
+                   values) for (labels, fn_id), values in per_process.items())
+    return [
+        Family("ebpf_cuda_process_api_calls", "counter",
+               "CUDA API calls by process, failed ones included (the functions of "
+               "ebpf_cuda_api_return_sampling: their launches, counted at entry).", "1",
+               [(labels, v[0]) for labels, v in rows]),
+        Family("ebpf_cuda_process_api_errors", "counter",
+               "Failed CUDA API calls by process (the functions of "
+               "ebpf_cuda_api_return_sampling: none).", "1",
+               [(labels, v[1]) for labels, v in rows if v[1] is not None]),
+        Family("ebpf_cuda_process_api_seconds", "counter",
+               "Time spent in CUDA API calls by process (the functions of "
+               "ebpf_cuda_api_return_sampling: none).", "s",
+               [(labels, v[2] / 1e9) for labels, v in rows if v[2] is not None]),
+    ]
 
 
 def _error_family(errors_map) -> Family:

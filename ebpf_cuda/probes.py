@@ -91,6 +91,7 @@ class ProbeOptions(NamedTuple):
     # and cost no return trap. `is_return_kfunc`: bpf_session_is_return's BTF id.
     sample_returns: int = 0
     is_return_kfunc: int = 0
+    per_process: bool = False  # aggregates also by process (`proc_calls`: the monitor)
 
 
 def entry_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
@@ -143,7 +144,7 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
     prog += _capture_gate(api, fn_id, arch, options)
     if options.aggregate:
         prog += aggregates.aggregate_call(api, fn_id, arch, _gated(api, options),
-                                          bool(options.sample_returns))
+                                          bool(options.sample_returns), options.per_process)
         prog += aggregates.capture_count(api, arch)
     if not options.task_storage:  # (a task's stack was popped when the entry was found)
         prog += [asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP),

@@ -55,6 +55,7 @@ class Options(NamedTuple):
     # With aggregates and no records: the launch rows' returns taken by 1 call in N only
     # (uprobe sessions, where the kernel has them: probes.session_program); 0 or 1: all.
     sample_returns: int = 0
+    per_process: bool = False  # with aggregates: calls, errors and API time by process too
 
     def checked(self) -> "Options":
         """These options, or UsageError for a combination that cannot work."""
@@ -174,7 +175,7 @@ class Session:
     def _create_maps(self) -> None:
         o = self.options
         specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
-                                 o.follows, self.pid_ns is not None)
+                                 o.follows, self.pid_ns is not None, o.per_process)
         if o.py_stacks:
             specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
@@ -277,6 +278,7 @@ class Session:
             stash=o.return_probes, emit_entry=o.entries, emit=o.emit, aggregate=o.aggregate,
             follow=layout.FOLLOWED in self.maps, task_storage=layout.TASKS in self.maps,
             pid_ns=self.pid_ns, py_stacks=self.thread_pointer,
+            per_process=o.aggregate and o.per_process,
             wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
             stacks=o.stacks and api.captures_stack)
         if api.teaches_names:

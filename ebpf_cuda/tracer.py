@@ -49,6 +49,9 @@ class Tracer:
     made while its process captures a graph; the others are counted at entry, with no
     return probe: exact call and launch counts (launches attempted, the failed ones too),
     durations and errors of the sampled calls (`sampled_returns()` says which rows).
+    `per_process=True` (with `aggregate=True`): each call is also added to its process's
+    calls, errors and API time (the `proc_calls` map: layout.PROCESS_KEY; the sampled rows
+    excepted, whose calls by process are their launches by process).
 
     With a pid or a command (and no `library`), the CUDA libraries its processes map later
     are probed as their dynamic loader maps them (loader_watch.py; `late_loads` lists them):
@@ -64,11 +67,11 @@ class Tracer:
                  stacks: bool = False, aggregate: bool = False, emit: bool = True,
                  log: Optional[Callable[[str], None]] = None,
                  emit_memory: bool = False, py_stacks: bool = False,
-                 sample_returns: int = 0) -> None:
+                 sample_returns: int = 0, per_process: bool = False) -> None:
         options = Options(tuple(functions) if functions else None, tuple(library or ()), pid,
                           tuple(command or ()), api, everything, follow_children,
                           return_probes, entries, ring_size, stacks, aggregate, emit,
-                          emit_memory, py_stacks, sample_returns)
+                          emit_memory, py_stacks, sample_returns, per_process)
         self.session = Session(options, log)
         self.names = KernelNamer(probe_names=self.session.probe_name,
                                  exec_times=self.session.exec_times)

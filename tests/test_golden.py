@@ -61,6 +61,7 @@ class Variant(NamedTuple):
     uprobe_multi: bool = True  # shared programs, function id from the attach cookie
     py_stacks: bool = False  # the entry walks the Python stack (thread pointer at fp 3128)
     sample_returns: int = 0  # launch rows: uprobe sessions taking 1 return in N
+    per_process: bool = False  # aggregates by process too (the monitor)
 
 
 VARIANTS = {
@@ -84,7 +85,8 @@ VARIANTS = {
                          functions=("cudaMalloc", "cudaLaunchKernel"), py_stacks=True),
     "monitor": Variant("ebpf-cuda monitor (host-wide in-kernel aggregates; launch rows as "
                        "uprobe sessions sampling 1 return in 64: kernels with sessions)",
-                       aggregate=True, emit=False, follow=False, sample_returns=64),
+                       aggregate=True, emit=False, follow=False, sample_returns=64,
+                       per_process=True),
 }
 
 
@@ -121,7 +123,8 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
     plain = probes.ProbeOptions(stash=spec.return_probes, emit_entry=spec.entries,
                                 emit=spec.emit, aggregate=spec.aggregate, follow=spec.follow,
                                 task_storage=spec.task_storage, wakeup_bytes=WAKEUP_BYTES,
-                                py_stacks=THREAD_POINTER if spec.py_stacks else None)
+                                py_stacks=THREAD_POINTER if spec.py_stacks else None,
+                                per_process=spec.per_process)
     with_stack = plain._replace(stacks=True)
     shared = spec.uprobe_multi
     loaded: Dict[object, _Generated] = {}

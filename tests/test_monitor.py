@@ -54,6 +54,27 @@ def check_totals(samples, sampled: bool = False) -> None:
     assert value(samples, "ebpf_cuda_events_lost_total") == 0
 
 
+def check_per_process(samples, before: int, after: int, sampled: bool) -> None:
+    """The calls, errors and API time of each process (BEFORE's and AFTER's)."""
+    calls, errors = "ebpf_cuda_process_api_calls_total", "ebpf_cuda_process_api_errors_total"
+    seconds = "ebpf_cuda_process_api_seconds_total"
+    for pid, mallocs, malloc_errors, setdevices, setdevice_errors, launches in (
+            (before, 40, 0, 2, 1, 5), (after, 11, 1, 1, 0, 4)):
+        mine = dict(pid=str(pid), comm="cuda_driver_pro")
+        assert value(samples, calls, api="cudaMalloc", layer="runtime", **mine) == mallocs
+        assert value(samples, errors, api="cudaMalloc", **mine) == malloc_errors
+        assert value(samples, calls, api="cudaSetDevice", **mine) == setdevices
+        assert value(samples, errors, api="cudaSetDevice", **mine) == setdevice_errors
+        assert value(samples, calls, api="cudaLaunchKernel", **mine) == launches
+        assert 0 < value(samples, seconds, api="cudaMalloc", **mine) < 1
+        has_launch_errors = any(name == errors and ("api", "cudaLaunchKernel") in labels
+                                and ("pid", str(pid)) in labels for name, labels in samples)
+        assert has_launch_errors == (not sampled)  # (sampled returns are not by process)
+    if not sampled:
+        assert value(samples, errors, api="cudaLaunchKernel", pid=str(after)) == 1
+    assert value(samples, calls) == value(samples, "ebpf_cuda_api_calls_total")
+
+
 @pytest.mark.parametrize("sampling", [1, DEFAULT_SAMPLE_RETURNS])
 def test_counts_of_processes_started_before_and_after_it(prog, lib, sampling):
     """Every return taken (1), and the default: launch returns sampled where the kernel has
@@ -74,6 +95,7 @@ def test_counts_of_processes_started_before_and_after_it(prog, lib, sampling):
                          comm="cuda_driver_pro", api="cudaLaunchKernel", layer="runtime") == 5
             assert value(samples, launches, pid=str(after.pid), kernel=KERNEL) == 3 + sampled
             assert value(samples, launches) == 8 + sampled
+            check_per_process(samples, before.pid, after.pid, sampled)
     finally:
         before.kill()
 
@@ -88,8 +110,12 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
         assert value(first, "ebpf_cuda_processes") == 0
         settle(monitor)  # a collect saw its last values: the next tick lets it go
         second = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(first, "ebpf_cuda_process_api_calls_total", pid=str(held.pid)) == 8
         assert value(second, "ebpf_cuda_kernel_launches_total", pid=str(held.pid)) == 0
+        assert value(second, "ebpf_cuda_process_api_calls_total", pid=str(held.pid)) == 0
         assert value(second, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 7
+        calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
+        assert held.pid not in [layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()]
         assert held.pid not in monitor.processes
         keys = [struct.unpack_from("<I", key)[0]
                 for key in monitor.tracer.session.maps[layout.LAUNCHES].keys()]

@@ -136,6 +136,14 @@ def test_prometheus_sees_the_exact_counts(tmp_path, prog, lib):
             series = 'ebpf_cuda_kernel_launches_total{pid="%d",kernel="%s"}' % (held.pid, KERNEL)
             server.wait_for("max_over_time(%s[5m])" % series, launches)
             server.wait_for(series, None)
+        # Calls and errors by process: the same processes' own counts, then stale too.
+        for held, mallocs, errors in ((before, 40, 0), (after, 11, 1)):
+            mine = '{pid="%d",api="cudaMalloc"}' % held.pid
+            server.wait_for("max_over_time(ebpf_cuda_process_api_calls_total%s[5m])" % mine,
+                            mallocs)
+            server.wait_for("max_over_time(ebpf_cuda_process_api_errors_total%s[5m])" % mine,
+                            errors)
+            server.wait_for("ebpf_cuda_process_api_calls_total%s" % mine, None)
         server.wait_for('ebpf_cuda_processes', 0)
         assert server.number('sum(ebpf_cuda_api_calls_total{api="cudaMalloc"})') == 51
     finally:
