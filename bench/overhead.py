@@ -86,44 +86,39 @@ class Bench:
 
     def tracer(self, return_probes: bool) -> LoopResult:
         """The library's probes through the public Tracer; frames counted, not decoded."""
-        with tempfile.TemporaryFile("w+") as out:
-            tracer = Tracer(library=[str(self.built.lib)], functions=[self.function],
-                            command=self.command(), return_probes=return_probes)
-            try:
-                with _stdout_to(out.fileno()):
-                    tracer.start()  # forks the held command with stdout redirected
-                with _pinned(self.tracer_cpu):
-                    seen = sum(record.call_count(frames) for frames in tracer.frames())
-                lost = tracer.stats()["lost"]
-            finally:
-                tracer.close()
-            out.seek(0)
-            result = common.parse_loop(out.read())
-        _check("tracer", result.made, seen, lost)
-        return result
+        def seen(tracer: Tracer) -> int:
+            return sum(record.call_count(frames) for frames in tracer.frames())
+        return self._traced("tracer", seen, return_probes=return_probes)
 
     def monitor(self, sample_returns: int) -> LoopResult:
         """The monitor's probes (Tracer(aggregate=True, emit=False) as `ebpf-cuda monitor`
         makes them): launch returns sampled 1 in `sample_returns` where the kernel has uprobe
         sessions (64, the monitor's default), or every return (1)."""
+        def counted(tracer: Tracer) -> int:
+            for _ in tracer.frames():
+                pass
+            return sum(f.count for f in tracer.aggregates().functions
+                       if f.api == self.function)
+        return self._traced("monitor", counted, aggregate=True, emit=False,
+                            sample_returns=sample_returns)
+
+    def _traced(self, what: str, count: Callable[[Tracer], int], **options) -> LoopResult:
+        """The loop under a Tracer of the bench's function with `options`; `count(tracer)`
+        reads until the end and says how many calls the tracer saw."""
         with tempfile.TemporaryFile("w+") as out:
             tracer = Tracer(library=[str(self.built.lib)], functions=[self.function],
-                            command=self.command(), aggregate=True, emit=False,
-                            sample_returns=sample_returns)
+                            command=self.command(), **options)
             try:
                 with _stdout_to(out.fileno()):
-                    tracer.start()
+                    tracer.start()  # forks the held command with stdout redirected
                 with _pinned(self.tracer_cpu):
-                    for _ in tracer.frames():
-                        pass
-                counted = sum(f.count for f in tracer.aggregates().functions
-                              if f.api == self.function)
+                    seen = count(tracer)
                 lost = tracer.stats()["lost"]
             finally:
                 tracer.close()
             out.seek(0)
             result = common.parse_loop(out.read())
-        _check("monitor", result.made, counted, lost)
+        _check(what, result.made, seen, lost)
         return result
 
     def cli(self, *options: str) -> LoopResult:

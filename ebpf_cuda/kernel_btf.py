@@ -19,7 +19,7 @@ _QUALIFIERS = (8, 9, 10, 11, 18)  # typedef, volatile, const, restrict, type tag
 _FIXED = {1: 4, 3: 12, 14: 4, 17: 4}
 _PER_ITEM = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
 
-_cache: Dict[Tuple[str, Tuple[str, ...]], Optional[int]] = {}
+_cache: Dict[tuple, object] = {}  # (file, what, name...) -> what was read, or None
 
 
 def _types(data: bytes) -> Iterator[Tuple[int, int, int, int, int]]:
@@ -45,12 +45,18 @@ def member_offset(path: Sequence[str], btf_path: str = VMLINUX) -> Optional[int]
     """Byte offset of a member path such as ("task_struct", "thread", "fsbase"): the first
     name is a struct, the others members of members. None when the kernel has no BTF or
     no such member."""
-    key = (btf_path, tuple(path))
+    return _cached(btf_path, ("member",) + tuple(path), lambda data: _member_offset(data, path))
+
+
+def _cached(btf_path: str, key: tuple, read):
+    """read(the BTF's bytes), once per (file, key); None when the file cannot be read or
+    is no BTF."""
+    key = (btf_path,) + key
     if key not in _cache:
         try:
             with open(btf_path, "rb") as f:
                 data = f.read()
-            _cache[key] = _member_offset(data, path)
+            _cache[key] = read(data)
         except (OSError, ValueError, struct.error):
             _cache[key] = None
     return _cache[key]
@@ -107,21 +113,12 @@ def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
 
 
 KIND_FUNC, KIND_FUNC_PROTO = 12, 13
-_func_cache: Dict[Tuple[str, str], Optional[Tuple[int, int]]] = {}
 
 
 def function(name: str, btf_path: str = VMLINUX) -> Optional[Tuple[int, int]]:
     """(BTF type id, number of parameters) of the kernel function `name` (a kfunc's call
     instruction names it by that id); None when the kernel has no BTF or no such function."""
-    key = (btf_path, name)
-    if key not in _func_cache:
-        try:
-            with open(btf_path, "rb") as f:
-                data = f.read()
-            _func_cache[key] = _function(data, name)
-        except (OSError, ValueError, struct.error):
-            _func_cache[key] = None
-    return _func_cache[key]
+    return _cached(btf_path, ("function", name), lambda data: _function(data, name))
 
 
 def _function(data: bytes, name: str) -> Optional[Tuple[int, int]]:
