@@ -107,6 +107,8 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
     prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
             asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
+    if per_process and not sampled:  # (first: the reader, reading `agg` first, finds this
+        prog += _count_per_process(api, arch)  # map never behind it, but for losses)
     prog += [
         asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
         asm.call(Helper.MAP_LOOKUP_ELEM),
@@ -127,8 +129,6 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
     prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
     prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
     prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
-    if per_process and not sampled:
-        prog += _count_per_process(api, arch)
     prog += _count_error(api, fn_id, arch)
     if api.role == Role.LAUNCH and not sampled:  # successful ones, as the event summary
         prog += layout.ret_into(R1, api.returns_value, arch.ret) + [

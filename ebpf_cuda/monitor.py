@@ -396,6 +396,8 @@ class Monitor:
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
         self._process_calls: Optional[HashReader] = None
+        self._retired_calls: Dict[int, int] = {}  # calls of pruned processes, by function id
+        self._process_map_full = 0  # calls counted, not by process (the full `proc_calls`)
         self._launch_ids = {i for i, api in enumerate(TABLE) if api.role == Role.LAUNCH}
         self._captured: Dict[int, int] = {}  # launches captures recorded, by function id
         self.memory = DeviceMemory()  # (the reader's; published with the series)
@@ -544,9 +546,9 @@ class Monitor:
         already dropped) are the ones the full map could not take."""
         assert self.tracer is not None
         sampled = set(self.tracer.sampled_returns())  # (their map counts every attempt)
+        totals = self._aggregates()  # (read first: the maps by process can only be ahead)
         ok = {apis.FN_ID[f.api.name]: f.count - (0 if f.api.name in sampled else f.errors)
-              for f in self._aggregates()
-              if f.api.role == Role.LAUNCH}  # (read first: the map can only be ahead)
+              for f in totals if f.api.role == Role.LAUNCH}
         per_key: Dict[Tuple[int, int, int], int] = {}
         for key, value in self._launches.items():
             pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
@@ -566,10 +568,26 @@ class Monitor:
         missing = sum(max(n - attributed.get(fn_id, 0), 0) for fn_id, n in ok.items())
         self._map_full = max(self._map_full, missing)
         per_process = self._per_process(per_key, sampled)
+        self._process_map_full = max(self._process_map_full, self._calls_unattributed(
+            [f for f in totals if f.api.name not in sampled], per_process))
         live = [p for p in self.processes.values() if p.exited is None]
         memory = tuple((p.label_set(), self.memory.held(p.pid))
                        for p in sorted(live, key=lambda p: p.pid))
         return LaunchSeries(launches, self._map_full, len(live), memory, per_process)
+
+    def _calls_unattributed(self, totals: Sequence[FunctionTotals],
+                            per_process: Dict[Tuple[Labels, int], list]) -> int:
+        """The calls of `totals` (the rows counted by process in `proc_calls`) that no
+        process's entry holds, nor one of a process dropped: those the full map could not
+        take."""
+        held: Dict[int, int] = dict(self._retired_calls)
+        for (_, fn_id), values in per_process.items():
+            held[fn_id] = held.get(fn_id, 0) + values[0]
+        counted: Dict[int, int] = {}
+        for f in totals:
+            fn_id = apis.FN_ID[f.api.name]
+            counted[fn_id] = counted.get(fn_id, 0) + f.count
+        return sum(max(n - held.get(fn_id, 0), 0) for fn_id, n in counted.items())
 
     def _process(self, pid: int) -> Process:
         process = self.processes.get(pid)
@@ -635,8 +653,12 @@ class Monitor:
                 self.retired_launches[series] = self.retired_launches.get(series, 0) + count
                 launches.delete(key)
         calls = self.tracer.session.maps[layout.PROCESS_CALLS]
-        for key, _ in self._process_calls.items():
-            if layout.PROCESS_KEY.unpack(key)[0] in doomed:
+        for key, value in self._process_calls.items():
+            pid, index = layout.PROCESS_KEY.unpack(key)
+            if pid in doomed:
+                fn_id = index // layout.KIND_SLOTS
+                self._retired_calls[fn_id] = (self._retired_calls.get(fn_id, 0)
+                                              + layout.PROCESS_VALUE.unpack(value)[0])
                 calls.delete(key)
         for pid in gone:
             del self.processes[pid]
@@ -691,7 +713,8 @@ class Monitor:
         stats = self.tracer.session.maps[layout.STATS]
         lost = [("ring_full", _per_cpu_sum(stats, record.STAT_RING_FULL)),
                 ("inflight_full", _per_cpu_sum(stats, record.STAT_INFLIGHT_FULL)),
-                ("launch_map_full", map_full)]
+                ("launch_map_full", map_full),
+                ("process_map_full", self._process_map_full)]
         if self.flight is not None:
             lost.append(("flight_recorder_full", self.flight.overwritten))
         if self.watch is not None:
@@ -700,7 +723,8 @@ class Monitor:
                       "What the probes could not count or keep, by cause: ring_full (records "
                       "of name-teaching calls, or with a flight recorder every call's), "
                       "inflight_full (calls not counted), launch_map_full (launches counted "
-                      "but not by process), flight_recorder_full (calls overwritten in the "
+                      "but not by process), process_map_full (calls counted but not by "
+                      "process), flight_recorder_full (calls overwritten in the "
                       "flight recorder before they were SECONDS old), notice_ring_full "
                       "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])

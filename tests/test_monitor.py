@@ -142,6 +142,21 @@ def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
         assert value(samples, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 6
 
 
+def test_calls_the_full_process_map_could_not_take_are_counted_as_lost(prog, lib):
+    with running_monitor(paths=(str(lib),)) as monitor:
+        calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
+        # Fill the map with entries of a function not probed here (cuMemAlloc_v2).
+        index = FN_ID["cuMemAlloc_v2"] * layout.KIND_SLOTS
+        for n in range(calls.max_entries):
+            calls.set(layout.PROCESS_KEY.pack((1 << 22) + n, index),
+                      layout.PROCESS_VALUE.pack(0, 0, 0))
+        Held(prog, ["setdevice:0", "loop:5:malloc:64"]).go().wait()
+        settle(monitor)
+        samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(samples, "ebpf_cuda_events_lost_total", cause="process_map_full") == 6
+        assert value(samples, "ebpf_cuda_api_calls_total", api="cudaMalloc") == 5
+
+
 def test_kernel_labels_are_given_once_per_process_and_bounded():
     class Namer:
         def name_for(self, pid, api, func):
