@@ -260,13 +260,15 @@ def test_every_program_in_namespace_mode_passes_the_verifier(variant):
             m.close()
 
 
-@pytest.mark.parametrize("group_dead", [True, False], ids=["group_dead", "leader_exit"])
-def test_the_followers_namespace_programs_load_with_either_exit_rule(group_dead, monkeypatch):
+@pytest.mark.parametrize("as_found", [True, False], ids=["as_found", "leader_exit"])
+def test_the_followers_namespace_programs_load_with_either_exit_rule(as_found, monkeypatch):
     """The fork and exit programs of a follower in a PID namespace pass the verifier and
-    attach, with this kernel's sched_process_exit and with one lacking group_dead."""
+    attach, with this kernel's sched_process_exit (group_dead where it has the field: 6.16+)
+    and with one lacking group_dead."""
     from ebpf_cuda import follow, tracepoints
 
-    if not group_dead:
+    has_field = "group_dead" in tracepoints.find("sched", "sched_process_exit").fields
+    if not as_found:
         real = tracepoints.find_all
         monkeypatch.setattr(tracepoints, "find_all", lambda wanted: [
             p._replace(fields={k: v for k, v in p.fields.items() if k != "group_dead"})
@@ -274,7 +276,8 @@ def test_the_followers_namespace_programs_load_with_either_exit_rule(group_dead,
     follower = follow.ProcessFollower(pid_ns=(4, 0xF0000001))
     try:
         assert follower.forked is not None
-        assert follower.exit_rule == (follow.GROUP_DEAD if group_dead else follow.LEADER_EXIT)
+        assert follower.exit_rule == (follow.GROUP_DEAD if as_found and has_field
+                                      else follow.LEADER_EXIT)
     finally:
         follower.close()
 
