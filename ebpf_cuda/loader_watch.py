@@ -354,6 +354,15 @@ def maps_lines(pid: int) -> List[bytes]:
                            % (pid, err.strerror or err)) from None
 
 
+_DELETED = b" (deleted)"
+
+
+def _undeleted(path: bytes) -> bytes:
+    """A maps line's path without the " (deleted)" the kernel adds once the file is unlinked
+    or replaced: the same file as before (looked at once)."""
+    return path[:-len(_DELETED)] if path.endswith(_DELETED) else path
+
+
 def new_mappings(pid: int, kinds: Iterable[str], examined: Any,
                  lines: Optional[List[bytes]] = None) -> List[Tuple[discovery.Mapping, bool]]:
     """(mapping, named) for each file process `pid` maps that is not in `examined` (maps
@@ -375,7 +384,7 @@ def new_mappings(pid: int, kinds: Iterable[str], examined: Any,
         fields = line.split(None, 5)
         if len(fields) < 6:
             continue
-        key = (fields[3], fields[4], fields[5].rstrip(b"\n"))
+        key = (fields[3], fields[4], _undeleted(fields[5].rstrip(b"\n")))
         if key in examined:
             continue
         m = discovery.parse_maps_line(os.fsdecode(line))
@@ -623,8 +632,8 @@ class LateLoads:
         mkey = maps_key(m) if m is not None else None
         with self._lock:
             if key is None or key in self.probed:
-                if mkey is not None and mkey not in self.files:
-                    self.mappers.pop(mkey, None)  # (a file of the start, reached anew)
+                if mkey is not None:
+                    self._forget_mappers(mkey)  # (a file of the start, reached anew)
                 return
             self.probed.add(key)
         probed = self._probe(path, pid, notice_ns, why, key, m)
@@ -633,7 +642,14 @@ class LateLoads:
                 self.files[mkey] = (key, probed)
                 self.paths[probed] = key
             elif mkey is not None:
-                self.mappers.pop(mkey, None)
+                self._forget_mappers(mkey)
+
+    def _forget_mappers(self, mkey: MapsKey) -> None:
+        """Stop keeping the processes that map `mkey`, unless it is a file probed here (its
+        processes keep its probes on: a look at it under another name changes nothing).
+        Holding the lock."""
+        if mkey not in self.files:
+            self.mappers.pop(mkey, None)
 
     def _check(self) -> None:
         """The checker thread: libraries that may carry the runtime statically, one by one
@@ -653,7 +669,7 @@ class LateLoads:
             except Exception as err:  # (a thread of its own: its error is said, not raised)
                 self.log("not probed: %s: %s" % (path, err))
             with self._lock:
-                self.mappers.pop(maps_key(m), None)  # (not a file probed here)
+                self._forget_mappers(maps_key(m))  # (not a file probed here)
 
     def idle(self, timeout: float = 10.0) -> bool:
         """Wait until the checker has looked at everything handed to it so far (tests)."""

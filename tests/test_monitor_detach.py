@@ -304,7 +304,8 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
         old.kill()
         if new is not None:
             new.kill()
-    assert counts(monitor, old.pid, new.pid) == [exact(5), exact(11)]
+    assert counts(monitor, old.pid, new.pid) == [exact(5), exact(11)], (
+        said(monitor, copy), monitor.lines)
     wait_until(lambda: not any(f.startswith(mapped) for f in monitor.files),
                why="%s %s" % (monitor.files, said(monitor, copy)))
     assert str(copy) not in link_files()
