@@ -128,6 +128,11 @@ def probed(monitor, copy: Path) -> bool:
     return str(copy) in monitor.files
 
 
+def said_probed(monitor, copy: Path) -> bool:
+    """The monitor has said `copy` is probed: every link of it is on."""
+    return any(l.startswith("probed late: %s " % copy) for l in list(monitor.lines))
+
+
 def detached_lines(monitor, copy: Path) -> list:
     return [l for l in monitor.lines if l.startswith("detached: %s " % copy)]
 
@@ -286,7 +291,9 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
     old = HeldRun(dlopen_prog, copy, 5)
     new = None
     try:
-        wait_until(lambda: probed(monitor, copy), why="never probed: %s" % monitor.lines)
+        # (all its probes on, not only the first link's: a link made after the rename
+        # below would resolve the path to the new file)
+        wait_until(lambda: said_probed(monitor, copy), why="never probed: %s" % monitor.lines)
         fresh = fresh_copy(lib, tmp_path / "staging")
         os.rename(fresh, copy)  # (a new inode at the old path)
         new = HeldRun(dlopen_prog, copy, 11)
