@@ -65,9 +65,11 @@ def _json_launches(path: Path) -> List[Tuple[int, int, Optional[str]]]:
 def test_the_exec_tracepoint_times_each_exec_of_a_process(root):
     watcher = ExecWatcher()
     try:
+        # (flushed: exec drops what a pipe's buffer holds unless PYTHONUNBUFFERED is set)
         child = subprocess.run([sys.executable, "-c", "import os, time; print(os.getpid(), "
-                                "time.monotonic_ns()); os.execv('/bin/sh', ['sh', '-c', "
-                                "'exec /bin/true'])"], capture_output=True, text=True)
+                                "time.monotonic_ns(), flush=True); os.execv('/bin/sh', "
+                                "['sh', '-c', 'exec /bin/true'])"], capture_output=True,
+                               text=True)
         pid, before = map(int, child.stdout.split())
         times = watcher.times(pid)
         # python itself (exec'd by the fork), then sh, then true: three, in order

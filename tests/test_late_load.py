@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from fakecuda import device_ptr
-from helpers import REPO, cli_argv, cli_env, run_cli
+from helpers import REPO, cli_argv, cli_env, run_cli, slowdown
 from ebpf_cuda import loader_watch, record
 
 LATE = re.compile(r"probed late: (\S+) \(\d+ functions\), mapped by process (\d+).*?"
@@ -119,8 +119,10 @@ def test_a_runtime_inside_a_library_of_another_name_is_probed(root, late_prog, f
 def test_a_running_process_traced_by_pid_has_its_later_runtime_probed(root, late_prog,
                                                                        folder, tmp_path):
     out = tmp_path / "t.jsonl"
-    # The dlopen comes 3 s after the start: the tracer is on by then.
-    proc = subprocess.Popen([str(late_prog), str(folder), "400", "1", "300", "3000"],
+    # The dlopen comes 3 s after the start (times the machine's slowness: the tracer starts
+    # in seconds under emulation): the tracer is on by then.
+    delay_ms = int(3000 * slowdown())
+    proc = subprocess.Popen([str(late_prog), str(folder), "400", "1", "300", str(delay_ms)],
                             stdout=subprocess.PIPE, text=True)
     try:
         done = run_cli("-v", "--json", "-o", out, "--functions", "cudaMalloc", "-d", proc.pid)
