@@ -7,6 +7,7 @@
 It owns every file descriptor it opens and closes them all in `close()`, also when `start()`
 fails half-way. Reading the ring and naming kernels is stream.py's job.
 """
+import contextlib
 import errno as errnos
 import os
 import threading
@@ -24,7 +25,7 @@ from .follow import GROUP_DEAD, ProcessFollower
 from .programs import EXPECTED_UPROBE_MULTI, Program
 from .ringbuf import RingBuffer
 from .targets import Target, check_proc_is_ours, find_targets, launch_at_driver_only
-from .uprobe import (PATHS, UPROBE_MULTI, Link, attach_path, attach_uprobe,
+from .uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                      attach_uprobe_multi)
 from .workers import Workers, close_all
 
@@ -82,6 +83,28 @@ class Options(NamedTuple):
     def follows(self) -> bool:
         """Whether the kernel keeps the set of followed processes (a command and children)."""
         return bool(self.command) and self.follow_children
+
+
+@contextlib.contextmanager
+def pinned(paths: Sequence[str]) -> Iterator[Dict[str, str]]:
+    """Each file of `paths` held open (O_PATH) while its links are made: path -> a path
+    through that descriptor. A file's links are made one after the other; made by its path,
+    a file replaced there meanwhile (a reinstall) would get the rest of them."""
+    fds: Dict[str, int] = {}
+    through: Dict[str, str] = {}
+    try:
+        for path in paths:
+            if path in through:
+                continue
+            try:
+                fds[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                through[path] = PINNED + str(fds[path])
+            except OSError:
+                through[path] = path  # (its links fail as they would have, and say why)
+        yield through
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 class Attachment(NamedTuple):
@@ -206,10 +229,11 @@ class Session:
             groups_of: Dict[int, list] = {}  # program -> its (file, sites) links
             for group in self._link_groups() if attach else []:
                 groups_of.setdefault(id(group[0]), []).append(group)
-            for program, load in loads:
-                load.result()  # the first error, if any (the others finish first)
-                for group in groups_of.get(id(program), []):
-                    self._attach(*group, pid=self.options.pid)
+            with pinned([t.path for t in self.targets] if attach else []) as through:
+                for program, load in loads:
+                    load.result()  # the first error, if any (the others finish first)
+                    for group in groups_of.get(id(program), []):
+                        self._attach(*group, pid=self.options.pid, at=through[group[1]])
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
@@ -341,16 +365,19 @@ class Session:
         return list(groups.values())
 
     def _attach_all(self, pid: Optional[int]) -> None:
-        for group in self._link_groups():
-            self._attach(*group, pid=pid)
+        with pinned([t.path for t in self.targets]) as through:
+            for group in self._link_groups():
+                self._attach(*group, pid=pid, at=through[group[1]])
 
     def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
-                retprobe: bool, pid: Optional[int]) -> None:
+                retprobe: bool, pid: Optional[int], at: Optional[str] = None) -> None:
         """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
         links carry each site's function id as cookie. A program loaded for uprobe_multi
         whose link the kernel refuses falls back to perf-event uprobes (its copy loaded for
-        them, the function ids still in cookies)."""
+        them, the function ids still in cookies). `at`: the path the links are made through
+        (a pinned descriptor of the file at `path`: see `_probe_late`)."""
         names = sorted({api_name for api_name, _, _ in sites})
+        through = at or path
         session = program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION
         shared = session or program.expected_attach_type == EXPECTED_UPROBE_MULTI
         try:
@@ -358,23 +385,24 @@ class Session:
             if multi:
                 try:
                     self._links.append(attach_uprobe_multi(
-                        program, path, [off for _, _, off in sites],
+                        program, through, [off for _, _, off in sites],
                         cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
                         retprobe=retprobe, pid=pid, what=", ".join(names), session=session))
                 except AttachError as err:
                     if err.errno in _NOT_THE_LINK or session:  # (sessions: no fallback)
                         raise
                     self.log("uprobe_multi link refused (%s): attaching perf-event uprobes "
-                             "instead" % err)
+                             "instead" % str(err).replace(through, path))
                     multi = False
             if not multi:
                 for api_name, symbol, offset in sites:
                     self._links.append(attach_uprobe(
-                        program, path, offset, retprobe=retprobe, pid=pid, what=symbol,
+                        program, through, offset, retprobe=retprobe, pid=pid, what=symbol,
                         cookie=apis.FN_ID[api_name] if shared else 0))
         except AttachError as err:
-            self.failures.append(str(err))
-            self.log("not traced: %s" % err)
+            said = str(err).replace(through, path)  # (the file's name, not the descriptor's)
+            self.failures.append(said)
+            self.log("not traced: %s" % said)
             return
         for api_name, symbol, offset in sites:
             self.attachments.append(Attachment(path, api_name, symbol, offset, retprobe))
@@ -440,8 +468,9 @@ class Session:
             self.targets.append(target)
             self._log_targets([target])
             made = len(self._links)
-            for group in self._link_groups([target]):
-                self._attach(*group, pid=pid)
+            with pinned([target.path]) as through:
+                for group in self._link_groups([target]):
+                    self._attach(*group, pid=pid, at=through[target.path])
             self._late_links.setdefault(target.path, []).extend(self._links[made:])
             return True
 

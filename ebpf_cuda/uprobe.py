@@ -101,6 +101,9 @@ def _attach_error(err: KernelError, kind: str, path: str, offsets: Sequence[int]
                        err.errno, err.log)
 
 
+PINNED = "/proc/self/fd/"  # a path through a descriptor this process holds (Session.pinned)
+
+
 def resolve_path(path: str, what: str = "") -> str:
     """The real file behind `path` (uprobes are keyed by inode), AttachError if missing.
 
@@ -113,6 +116,8 @@ def resolve_path(path: str, what: str = "") -> str:
         raise AttachError("cannot attach uprobe to %s%s: %s"
                           % ("%s in " % what if what else "", path, exc.strerror),
                           exc.errno or 0) from None
+    if path.startswith(PINNED):
+        return path  # (a file held open: the kernel follows the fd to it, whatever its name)
     real = os.path.realpath(path)
     try:
         same = os.stat(real)

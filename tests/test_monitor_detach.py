@@ -347,3 +347,32 @@ def test_a_library_given_a_deleted_files_inode_is_probed(monitor, dlopen_prog, l
     finally:
         done.kill()
     assert counts(monitor, done.pid) == [exact(7)]
+
+
+def test_a_file_replaced_while_its_probes_go_on_gets_them_all(monitor, dlopen_prog, lib,
+                                                              tmp_path, monkeypatch):
+    """A reinstall that lands while a late file's links are being made (one link after the
+    other, tens of ms): every link goes to the file the process maps, none to the new file
+    at its path (they are made through one descriptor of it)."""
+    from ebpf_cuda.session import Session
+
+    copy = fresh_copy(lib, tmp_path / "venv")
+    fresh = fresh_copy(lib, tmp_path / "staging")
+    real_attach = Session._attach
+    renamed = []
+
+    def attach(self, program, path, *args, **kwargs):
+        real_attach(self, program, path, *args, **kwargs)
+        if path == str(copy) and not renamed:  # (after its first link: the new file in)
+            os.rename(fresh, copy)
+            renamed.append(os.stat(copy).st_ino)
+
+    monkeypatch.setattr(Session, "_attach", attach)
+    run = HeldRun(dlopen_prog, copy, 7)
+    try:
+        wait_until(lambda: said_probed(monitor, copy), why="never probed: %s" % monitor.lines)
+        assert renamed, monitor.lines
+        run.go()
+    finally:
+        run.kill()
+    assert counts(monitor, run.pid) == [exact(7)], monitor.lines
