@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import asm, layout, record
 from .apis import TABLE, Api, Kind, Role, arg_cells
 from .arch import Arch
-from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Helper
+from .asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Atomic, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
 PROCESS_MAP = layout.PROCESS_CALLS
@@ -141,10 +141,11 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
 
 def count_call(api: Api, fn_id, arch: Arch) -> list:
     """Entry code of a call whose return is not taken (probes.session_program; R6 ctx,
-    fp-16 pid_tgid): its count, and for a launch its `launches` entry by process and
-    kernel (func) alone, the other cells 0 (the monitor's series have no geometry: no stack
-    argument is read), counting the attempt (whether it succeeded is not known here).
-    Durations, errors and bytes are the sampled returns'."""
+    fp-16 pid_tgid): its count, and for a launch its count by process and kernel (func)
+    alone (the monitor's series have no geometry: no stack argument is read), counting
+    the attempt (whether it succeeded is not known here): in its `launch_slots` slot
+    (`_count_in_slot`), else in `launches` with the other cells 0. Durations, errors and
+    bytes are the sampled returns'."""
     prog = _agg_index(api, fn_id) + [
         asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
         asm.call(Helper.MAP_LOOKUP_ELEM),
@@ -158,13 +159,50 @@ def count_call(api: Api, fn_id, arch: Arch) -> list:
         asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # pid, from the key
     ] + layout.fn_id_into(R2, fn_id) + [
         asm.lsh(R2, 32), asm.or_(R1, R2), asm.stx(DW, FP, _LAUNCH_KEY, R1),
-        asm.ldx(DW, R1, R6, arch.arg(func.slot)),
-    ]
+        asm.ldx(DW, R2, R6, arch.arg(func.slot)), asm.stx(DW, FP, _SLOT_FUNC, R2),
+    ] + _count_in_slot() + [asm.ldx(DW, R1, FP, _SLOT_FUNC)]
     for c in range(record.ARG_CELLS):
         where = _LAUNCH_KEY + 8 + 8 * c
         prog.append(asm.stx(DW, FP, where, R1) if c == cell else asm.st(DW, FP, where, 0))
     prog += [asm.st(DW, FP, _LAUNCH_VALUE, 1), asm.st(DW, FP, _LAUNCH_VALUE + 8, 0)]
-    return prog + _hash_add(LAUNCHES_MAP, _LAUNCH_KEY, _LAUNCH_VALUE, [(0, None)], "launch")
+    return prog + _hash_add(LAUNCHES_MAP, _LAUNCH_KEY, _LAUNCH_VALUE, [(0, None)], "launch") + [
+        asm.Label("slot_counted")]
+
+
+# Where count_call keeps the launch's kernel and slot index (the value's room of
+# `launches`, written only on the way to it).
+_SLOT_FUNC = _LAUNCH_VALUE + 8
+_SLOT_INDEX = _LAUNCH_VALUE
+_SLOT_HASH = 0x9E3779B97F4A7C15  # (2^64 / the golden ratio: Fibonacci hashing)
+_OWNER, _FUNC, _SLOT_COUNT = 0, 8, 16  # layout.LAUNCH_SLOT
+
+
+def _count_in_slot() -> list:
+    """R1 = the owner (fn_id << 32 | pid, never 0), R2 = func: add 1 to the slot of
+    (owner, func) in `launch_slots` and jump to "slot_counted", claiming the slot when it
+    is free (an atomic compare-and-exchange of its owner; the winner then writes func).
+    A slot another owns, one whose func is not yet written, or a null func (a launch that
+    will fail) falls through to `launches`: every launch is counted once, in one or the
+    other, which the reader adds up (monitor.LaunchSlots)."""
+    return [
+        asm.jeq(R2, 0, "slot_missed"),
+        asm.xor(R1, R2), asm.ld_imm64(R3, _SLOT_HASH), asm.mul(R1, R3),
+        asm.rsh(R1, 64 - layout.LAUNCH_SLOT_BITS), asm.stx(W, FP, _SLOT_INDEX, R1),
+        asm.ld_map(R1, layout.LAUNCH_SLOTS), asm.mov(R2, FP), asm.add(R2, _SLOT_INDEX),
+        asm.call(Helper.MAP_LOOKUP_ELEM),  # (an array: the verifier inlines it)
+        asm.jeq(R0, 0, "slot_missed"),
+        asm.ldx(DW, R1, R0, _OWNER), asm.ldx(DW, R2, FP, _LAUNCH_KEY),
+        asm.jeq(R1, R2, "slot_owned"), asm.jne(R1, 0, "slot_missed"),
+        asm.mov(R3, R0), asm.mov(R0, 0), asm.atomic(Atomic.CMPXCHG, DW, R3, _OWNER, R2),
+        asm.jne(R0, 0, "slot_missed"),  # (taken meanwhile)
+        asm.ldx(DW, R1, FP, _SLOT_FUNC), asm.stx(DW, R3, _FUNC, R1),
+        asm.mov(R1, 1), asm.atomic_add(DW, R3, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+        asm.Label("slot_owned"),
+        asm.ldx(DW, R1, R0, _FUNC), asm.ldx(DW, R2, FP, _SLOT_FUNC),
+        asm.jne(R1, R2, "slot_missed"),
+        asm.mov(R1, 1), asm.atomic_add(DW, R0, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+        asm.Label("slot_missed"),
+    ]
 
 
 # -- stream captures in progress -----------------------------------------------------------
@@ -427,9 +465,34 @@ class Aggregates:
     launches: List[Tuple[int, str, Tuple[int, ...], int, int]]  # pid, api, cells, count, ns
 
 
+def owned_slots(items) -> List[Tuple[int, int, int, int, int]]:
+    """(index, pid, fn_id, func, count) of each slot of `launch_slots` an owner holds
+    (count_call), from the map's raw (key, value) items."""
+    owned = []
+    for key, value in items:
+        if value[:8] != _NO_OWNER:
+            owner, func, count = LAUNCH_SLOT.unpack(value)
+            owned.append((struct.unpack("<I", key)[0], owner & 0xFFFFFFFF, owner >> 32,
+                          func, count))
+    return owned
+
+
+def free_slot(slots_map, index: int, owner: int) -> None:
+    """Free a slot of `launch_slots` whose process has exited: its kernel and count are
+    cleared while its owner still holds it (a launch finding another's owner goes to
+    `launches`), then the owner, so no launch ever sees a half-cleared slot as free."""
+    slots_map.set(index, (owner, 0, 0))
+    slots_map.set(index, (0, 0, 0))
+
+
+_NO_OWNER = bytes(8)
+LAUNCH_SLOT = layout.LAUNCH_SLOT
+
+
 def read_aggregates(agg_map, errors_map, launches_map,
-                    table: Sequence[Api] = TABLE) -> Aggregates:
-    """Sum the per-CPU aggregates and read the error and launch maps."""
+                    table: Sequence[Api] = TABLE, slots_map=None) -> Aggregates:
+    """Sum the per-CPU aggregates and read the error and launch maps (and the launch
+    slots, added to the launches: one entry per process, function and kernel)."""
     functions = []
     for index in range(len(table) * KIND_SLOTS):
         per_cpu = agg_map[index]
@@ -447,9 +510,22 @@ def read_aggregates(agg_map, errors_map, launches_map,
     for key, value in errors_map.items():
         fn_id, code = ERROR_KEY.unpack(key)
         errors[(table[fn_id].name, code)] = struct.unpack("<Q", value)[0]
-    launches = []
+    found: Dict[Tuple[int, int, Tuple[int, ...]], List[int]] = {}
     for key, value in launches_map.items():
         pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
-        count, total = LAUNCH_VALUE.unpack(value)
-        launches.append((pid, table[fn_id].name, tuple(cells), count, total))
+        found[(pid, fn_id, tuple(cells))] = list(LAUNCH_VALUE.unpack(value))
+    if slots_map is not None:
+        raw = ((struct.pack("<I", i), LAUNCH_SLOT.pack(*v)) for i, v in slots_map.items())
+        for _, pid, fn_id, func, count in owned_slots(raw):
+            if not count:  # (claimed, its first count not yet added)
+                continue
+            cells = tuple(func if c == _func_cell(table[fn_id]) else 0
+                          for c in range(record.ARG_CELLS))
+            found.setdefault((pid, fn_id, cells), [0, 0])[0] += count
+    launches = [(pid, table[fn_id].name, cells, count, total)
+                for (pid, fn_id, cells), (count, total) in found.items()]
     return Aggregates(functions, errors, launches)
+
+
+def _func_cell(api: Api) -> int:
+    return next(cell for arg, cell in arg_cells(api) if arg.name == "func")

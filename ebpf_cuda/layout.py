@@ -21,6 +21,8 @@ SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stac
 AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
 ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
+LAUNCH_SLOTS = "launch_slots"  # the sampled launch rows' counts at entry (aggregates.py)
+SAMPLING = "sampling"  # per-CPU xorshift state: which launches take their return (probes.py)
 PROCESS_CALLS = "proc_calls"  # the monitor's (pid, agg index) -> calls, errors, total ns
 # With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
 # per process (tgid -> captures begun and not ended), and their sum over all processes in a
@@ -64,6 +66,13 @@ ERROR_ENTRIES = 4096
 LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells
 LAUNCH_VALUE = struct.Struct("<QQ")  # count, total ns
 LAUNCH_ENTRIES = 16384
+# A sampled launch row counts each launch at entry in an array slot chosen by hashing its
+# (process, function, kernel) in the program: no hash-map helper on the launch path. A slot
+# is its first owner's for good (until the reader frees it at its process's exit); a
+# launch finding its slot another's goes to `launches` (aggregates.count_call).
+LAUNCH_SLOT = struct.Struct("<QQQ")  # owner (fn_id << 32 | pid), kernel (func), count
+LAUNCH_SLOT_BITS = 13
+LAUNCH_SLOT_ENTRIES = 1 << LAUNCH_SLOT_BITS
 PROCESS_KEY = struct.Struct("<II")  # tgid, agg index (function * KIND_SLOTS + memcpy kind)
 PROCESS_VALUE = struct.Struct("<QQQ")  # calls, errors, total ns
 PROCESS_ENTRIES = 16384  # (processes x functions they call)
@@ -85,10 +94,12 @@ class MapSpec(NamedTuple):
 
 
 def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
-              follow: bool, pid_ns: bool = False, per_process: bool = False) -> List[MapSpec]:
+              follow: bool, pid_ns: bool = False, per_process: bool = False,
+              launch_slots: bool = False) -> List[MapSpec]:
     """The maps of one session, calls in flight in task storage (see `inflight_fallback`);
     `pid_ns`: the tracer runs in a PID namespace of its own (see follow.py); `per_process`:
-    aggregates also by process (the monitor)."""
+    aggregates also by process (the monitor); `launch_slots`: launches counted at entry
+    (sampled returns)."""
     specs = [
         MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
         MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
@@ -107,6 +118,10 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
             MapSpec(CAPTURING, "Hash", 4, 8, CAPTURING_ENTRIES, U64, PID),
             MapSpec(CAPTURING_ANY, "Array", 4, 8, 1, U64),
         ]
+        if launch_slots:
+            specs += [MapSpec(LAUNCH_SLOTS, "Array", 4, LAUNCH_SLOT.size,
+                              LAUNCH_SLOT_ENTRIES, LAUNCH_SLOT),
+                      MapSpec(SAMPLING, "PerCpuArray", 4, 8, 1, U64)]
         if per_process:
             specs.append(MapSpec(PROCESS_CALLS, "Hash", PROCESS_KEY.size, PROCESS_VALUE.size,
                                  PROCESS_ENTRIES))

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from . import apis, discovery, layout, record, syscalls
+from . import aggregates, apis, discovery, layout, record, syscalls
 from .apis import TABLE, Api, Kind, Role
 from .containers import container_of
 from .cuda_enums import error_name, memcpy_kind_name
@@ -258,11 +258,11 @@ class HashReader:
 
     BATCH = 512  # entries per call (ENOSPC, a hash bucket holding more: twice as many)
 
-    def __init__(self, hash_map) -> None:
+    def __init__(self, hash_map, room: bool = False) -> None:
         self.map = hash_map
         self.tokens = (ctypes.create_string_buffer(8), ctypes.create_string_buffer(8))
         self.batches = True
-        self._room(self.BATCH)
+        self._room(hash_map.max_entries if room else self.BATCH)  # (room: one call)
 
     def _room(self, count: int) -> None:
         self.count = count
@@ -395,6 +395,7 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
+        self._slots: Optional[HashReader] = None  # (launch_slots, with sampled returns)
         self._process_calls: Optional[HashReader] = None
         self._retired_calls: Dict[int, int] = {}  # calls of pruned processes, by function id
         self._process_map_full = 0  # calls counted, not by process (the full `proc_calls`)
@@ -426,6 +427,8 @@ class Monitor:
             maps = self.tracer.session.maps
             self._aggregates()
             self._launches = HashReader(maps[layout.LAUNCHES])
+            self._slots = (HashReader(maps[layout.LAUNCH_SLOTS], room=True)
+                           if layout.LAUNCH_SLOTS in maps else None)
             self._process_calls = HashReader(maps[layout.PROCESS_CALLS])
             if o.late if o.late is not None else not o.paths:
                 self.watch = self._watch_late()
@@ -555,6 +558,9 @@ class Monitor:
             func = cells[_FUNC_CELL[fn_id]]
             count = layout.LAUNCH_VALUE.unpack(value)[0]
             per_key[(pid, fn_id, func)] = per_key.get((pid, fn_id, func), 0) + count
+        for _, pid, fn_id, func, count in self._owned_slots():
+            if count:  # (else claimed, its first launch not yet added)
+                per_key[(pid, fn_id, func)] = per_key.get((pid, fn_id, func), 0) + count
         attributed = dict(self._retired)
         for fn_id, count in self._captured.items():  # (in the aggregates, not in the map)
             attributed[fn_id] = attributed.get(fn_id, 0) + count
@@ -633,6 +639,18 @@ class Monitor:
         process.labels[(fn_id, func)] = label
         return label
 
+    def _owned_slots(self) -> List[Tuple[int, int, int, int, int]]:
+        """(index, pid, fn_id, func, count) of the owned launch slots (sampled rows)."""
+        return [] if self._slots is None else aggregates.owned_slots(self._slots.items())
+
+    def _retire_launches(self, pid: int, fn_id: int, func: int, count: int) -> None:
+        """An exited process's launches of one kernel, leaving the kernel's maps."""
+        self._retired[fn_id] = self._retired.get(fn_id, 0) + count
+        process = self.processes[pid]
+        label = process.labels.get((fn_id, func), UNNAMED_KERNEL)
+        series = (process.comm, TABLE[fn_id].name, label)
+        self.retired_launches[series] = self.retired_launches.get(series, 0) + count
+
     def _prune(self, collects: int) -> None:
         """Drop the processes whose exit was seen before an exporter's last collect: their
         launch entries leave the kernel's map (counted as retired), their names go."""
@@ -646,12 +664,13 @@ class Monitor:
             pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
             if pid in doomed:
                 count = layout.LAUNCH_VALUE.unpack(value)[0]
-                self._retired[fn_id] = self._retired.get(fn_id, 0) + count
-                process = self.processes[pid]
-                label = process.labels.get((fn_id, cells[_FUNC_CELL[fn_id]]), UNNAMED_KERNEL)
-                series = (process.comm, TABLE[fn_id].name, label)
-                self.retired_launches[series] = self.retired_launches.get(series, 0) + count
+                self._retire_launches(pid, fn_id, cells[_FUNC_CELL[fn_id]], count)
                 launches.delete(key)
+        for index, pid, fn_id, func, count in self._owned_slots():
+            if pid in doomed:
+                self._retire_launches(pid, fn_id, func, count)
+                aggregates.free_slot(self.tracer.session.maps[layout.LAUNCH_SLOTS], index,
+                                     fn_id << 32 | pid)
         calls = self.tracer.session.maps[layout.PROCESS_CALLS]
         for key, value in self._process_calls.items():
             pid, index = layout.PROCESS_KEY.unpack(key)

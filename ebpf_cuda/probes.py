@@ -169,8 +169,7 @@ def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) ->
     if options.follow:  # (not followed: counted nowhere, no return)
         prog += asm.relabel(_only_followed(options, outside=1), "f_")
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
-    prog += [asm.call(Helper.GET_PRANDOM_U32), asm.and_(R0, options.sample_returns - 1),
-             asm.stx(DW, FP, layout.SAMPLE_AT, R0)]
+    prog += _draw(options.sample_returns)
     prog += _pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
     prog += aggregates.capturing_gate([asm.ja("timed")])  # (all its return counts)
     prog += aggregates.count_call(api, fn_id, arch)
@@ -179,6 +178,28 @@ def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) ->
     prog += _entry_body(api, fn_id, arch, options)  # (ends returning 0)
     return prog + [asm.Label("r_return")] + asm.relabel(
         _return_body(api, fn_id, arch, options), "r_")
+
+
+_XORSHIFT_SEED = 0x9E3779B97F4A7C15  # (any non-zero state)
+
+
+def _draw(one_in: int) -> Items:
+    """fp-368 = a draw in [0, one_in) (a power of two), 0 taking the return: the top bits of
+    this CPU's xorshift64 state, stepped (an array lookup the verifier inlines, where the
+    prandom helper is a call). Two threads of one CPU interleaving may draw alike: harmless."""
+    bits = one_in.bit_length() - 1
+    return [
+        asm.st(DW, FP, layout.SAMPLE_AT, 0),
+        asm.ld_map(R1, layout.SAMPLING), asm.mov(R2, FP), asm.add(R2, layout.SAMPLE_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "drawn"),  # (never: one entry)
+        asm.ldx(DW, R1, R0, 0), asm.jne(R1, 0, "seeded"), asm.ld_imm64(R1, _XORSHIFT_SEED),
+        asm.Label("seeded"),
+        asm.mov(R2, R1), asm.lsh(R2, 13), asm.xor(R1, R2),
+        asm.mov(R2, R1), asm.rsh(R2, 7), asm.xor(R1, R2),
+        asm.mov(R2, R1), asm.lsh(R2, 17), asm.xor(R1, R2),
+        asm.stx(DW, R0, 0, R1), asm.rsh(R1, 64 - bits), asm.stx(DW, FP, layout.SAMPLE_AT, R1),
+        asm.Label("drawn"),
+    ]
 
 
 def _gated(api: Api, options: ProbeOptions) -> bool:

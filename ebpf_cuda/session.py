@@ -198,7 +198,8 @@ class Session:
     def _create_maps(self) -> None:
         o = self.options
         specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
-                                 o.follows, self.pid_ns is not None, o.per_process)
+                                 o.follows, self.pid_ns is not None, o.per_process,
+                                 launch_slots=o.aggregate and o.sample_returns > 1)
         if o.py_stacks:
             specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
@@ -272,12 +273,12 @@ class Session:
                 continue
             options = self.probe_options(api)
             if options.sample_returns:  # (one session program, entry and return: _sampled)
-                key = ((probes.shape_of(api, False, arch, True),
-                        probes.shape_of(api, True, arch, True)), options, "session")
+                # One per function, its id a constant: a launch pays no cookie helper.
+                key = (fn_id, "session")
                 if key not in loaded:
-                    code = probes.session_program(api, probes.FROM_COOKIE, arch, options)
+                    code = probes.session_program(api, fn_id, arch, options)
                     loaded[key] = Program(
-                        code, self.maps, name="cudass%d_ses" % len(loaded),
+                        code, self.maps, name="cuda%d_ses" % fn_id,
                         expected_attach_type=features.BPF_TRACE_UPROBE_SESSION)
                     yield loaded[key]
                 self.programs[(api.name, False)] = loaded[key]
@@ -573,7 +574,8 @@ class Session:
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
         return aggregates.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
-                                          self.maps[layout.LAUNCHES])
+                                          self.maps[layout.LAUNCHES],
+                                          slots_map=self.maps.get(layout.LAUNCH_SLOTS))
 
     def stack(self, stack_id: int) -> List[int]:
         """Return addresses (innermost first) of an event's `stack_id` (1 + map id); [] when

@@ -13,7 +13,7 @@ import resource  # (here, not where EMFILE is met: importing it then needs a des
 import struct
 import threading
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import arch
 from .errors import KernelError, PrivilegeError, UnsupportedKernelError, VerifierError
@@ -25,6 +25,8 @@ BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_PROG_LOAD = 5
+BPF_PROG_GET_NEXT_ID = 11
+BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_BTF_LOAD = 18
 BPF_LINK_CREATE = 28
@@ -473,6 +475,29 @@ def map_info(fd: int) -> MapInfo:
     raw = obj_info(fd, 104, "a map")
     fields = struct.unpack_from("<IIIIII", raw, 0)
     return MapInfo(*fields, name=_name(raw[24:40]))
+
+
+def prog_ids() -> Iterator[int]:
+    """The id of every BPF program loaded on the machine, ascending (BPF_PROG_GET_NEXT_ID:
+    root), e.g. to read another process's programs' run statistics."""
+    attr = _attr(12)
+    while True:
+        res, err = bpf_raw(BPF_PROG_GET_NEXT_ID, attr)
+        if res < 0:
+            if err == errnos.ENOENT:
+                return
+            raise kernel_error("listing the programs", err)
+        next_id = struct.unpack_from("<I", attr, 4)[0]
+        yield next_id
+        struct.pack_into("<I", attr, 0, next_id)
+
+
+def prog_fd_by_id(prog_id: int) -> Fd:
+    """A descriptor of the program with id `prog_id` (BPF_PROG_GET_FD_BY_ID: root)."""
+    attr = _attr(12)
+    struct.pack_into("<I", attr, 0, prog_id)
+    return Fd(bpf(BPF_PROG_GET_FD_BY_ID, attr, "opening program %d" % prog_id),
+              "program %d" % prog_id)
 
 
 @dataclass

@@ -144,18 +144,21 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
                                        is_return_kfunc=SESSION_IS_RETURN)
             kinds = [("session", "session", probes.session_program)]
         for retprobe, kind, generate in kinds:
+            by_shape = shared and kind != "session"  # (a session program per function)
             key = ((probes.shape_of(api, retprobe is True, ARCH, options.aggregate), options,
-                    retprobe) if shared else (fn_id, retprobe))
+                    retprobe) if by_shape else (fn_id, retprobe))
             if key not in loaded:
                 loaded[key] = _Generated(
                     kind, options,
-                    generate(api, probes.FROM_COOKIE if shared else fn_id, ARCH, options), [])
+                    generate(api, probes.FROM_COOKIE if by_shape else fn_id, ARCH, options),
+                    [])
             loaded[key].functions.append(api.name)
     files = {}
     for program in loaded.values():
         files["%s-%s.txt" % (program.kind, program.functions[0])] = _header(variant, [
             "# %s probe, %s, function id %s" % (
-                program.kind, ARCH.name, "from the attach cookie" if shared else "a constant"),
+                program.kind, ARCH.name, "from the attach cookie"
+                if shared and program.kind != "session" else "a constant"),
             "# %s" % (program.options,),
             "# functions (%d): %s" % (len(program.functions), " ".join(program.functions)),
             "# %d instructions" % len([i for i in program.instructions

@@ -128,13 +128,20 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
 
 def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
     with running_monitor(paths=(str(lib),)) as monitor:
-        launches = monitor.tracer.session.maps[layout.LAUNCHES]
-        # Fill the map with entries of a function not probed here (cuLaunchKernel).
+        maps = monitor.tracer.session.maps
+        launches = maps[layout.LAUNCHES]
+        # Fill the map with entries of a function not probed here (cuLaunchKernel), and
+        # the launch slots (sampled returns) too: a launch finding its slot another's goes
+        # to the map.
         cells = [0] * (layout.LAUNCH_KEY.size // 8 - 1)
         for n in range(launches.max_entries):
             cells[0] = n
             launches.set(layout.LAUNCH_KEY.pack(1 << 22, FN_ID["cuLaunchKernel"], *cells),
                          layout.LAUNCH_VALUE.pack(0, 0))
+        if layout.LAUNCH_SLOTS in maps:
+            owner = FN_ID["cuLaunchKernel"] << 32 | 1 << 22
+            for index in range(layout.LAUNCH_SLOT_ENTRIES):
+                maps[layout.LAUNCH_SLOTS].set(index, (owner, index + 1, 0))
         Held(prog, ["setdevice:0", "loop:6:launch:4,1,1:256,1,1"]).go().wait()
         settle(monitor)
         samples = parse_metrics(prometheus.render(monitor.collect()).decode())

@@ -114,3 +114,21 @@ def test_programs_close_their_fds(root):
     Program([asm.mov(R0, 0), asm.exit()], name="gc").load()
     gc.collect()
     assert open_fds() == before
+
+
+@pytest.mark.kernel
+def test_a_program_is_found_by_id_with_its_name(root):
+    """syscalls.prog_ids / prog_fd_by_id (how a benchmark reads the run statistics of
+    programs another process loaded)."""
+    from ebpf_cuda import syscalls
+
+    with Program([asm.mov(R0, 0), asm.exit()], name="by_id_probe").load() as prog:
+        own = syscalls.prog_info(prog.fd).id
+        ids = list(syscalls.prog_ids())
+        assert own in ids and ids == sorted(ids)
+        fd = syscalls.prog_fd_by_id(own)
+        try:
+            assert syscalls.prog_info(fd.value).name == "by_id_probe"
+        finally:
+            fd.close()
+    assert own not in syscalls.prog_ids()

@@ -4,6 +4,8 @@ while its process captures, at return. Calls and launches are counted exactly at
 failed launch too: its return is not seen); durations and errors come from the sampled
 returns, whose count is the histogram's."""
 import signal
+import struct
+import subprocess
 import time
 
 import pytest
@@ -176,3 +178,113 @@ def test_sampled_returns_in_a_pid_namespace_of_the_tracers_own(fake):
     [[pid, launches]] = found["launches"]
     assert launches == N and pid == found["command"]  # (as the namespace numbers it)
     assert pid < 100  # (a namespace's pid, not the host's)
+
+
+# -- where the entry counts the launches: an array slot, else the launch map ---------------
+
+def _slots_and_map(tracer):
+    """The owned launch slots (pid, api, func, count) and the launch map's entries."""
+    from ebpf_cuda import aggregates, apis, layout
+
+    maps = tracer.session.maps
+    slots = [(pid, apis.TABLE[fn_id].name, func, count)
+             for _, pid, fn_id, func, count in aggregates.owned_slots(
+                 (struct.pack("<I", i), layout.LAUNCH_SLOT.pack(*v))
+                 for i, v in maps[layout.LAUNCH_SLOTS].items())]
+    hashed = []
+    for key, value in maps[layout.LAUNCHES].items():
+        pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
+        hashed.append((pid, apis.TABLE[fn_id].name, cells,
+                       layout.LAUNCH_VALUE.unpack(value)[0]))
+    return slots, hashed
+
+
+def _host_wide(fake, ops, before=None):
+    """Run the fake program with `ops` under a host-wide sampled Tracer (`before(tracer)`
+    first): (pid, owned slots, launch map entries, aggregates)."""
+    lib, prog = fake
+    with Tracer(library=[str(lib)], aggregate=True, emit=False, sample_returns=64) as tracer:
+        if before is not None:
+            before(tracer)
+        proc = subprocess.Popen([str(prog), *ops], stdout=subprocess.DEVNULL)
+        assert proc.wait(120) == 0
+        slots, hashed = _slots_and_map(tracer)
+        agg = tracer.aggregates()
+    return proc.pid, slots, hashed, agg
+
+
+def test_a_launch_counts_in_its_slot_and_a_null_kernel_in_the_launch_map(fake):
+    """The launch path takes no hash-map helper: a kernel's launches count in the array
+    slot its (process, function, kernel) hashes to; a null kernel (a launch that fails)
+    goes to the launch map. The aggregates add both up."""
+    pid, slots, hashed, agg = _host_wide(fake, ["loop:500:launch:2,1,1:64,1,1",
+                                                "loop:7:launchnull:2,1,1:64,1,1"])
+    assert len(slots) == 1 and hashed == [(pid, "cudaLaunchKernel", [0] * 10, 7)], (slots,
+                                                                                   hashed)
+    (owner, api, func, count), = slots
+    assert (owner, api, count) == (pid, "cudaLaunchKernel", 500) and func != 0
+    assert sorted((p, a, max(cells), n) for p, a, cells, n, _ in agg.launches) == [
+        (pid, "cudaLaunchKernel", 0, 7), (pid, "cudaLaunchKernel", func, 500)]
+    assert by_api(agg)["cudaLaunchKernel"].count == 507
+
+
+def test_launches_whose_slot_another_owns_count_in_the_launch_map(fake):
+    """Every slot held by another owner (as by colliding processes and kernels): the
+    launches all go to the launch map, counted exactly; the slots stay as they were."""
+    from ebpf_cuda import apis, layout
+
+    foreign = apis.FN_ID["cudaLaunchKernel"] << 32 | 1  # (pid 1's: it launches nothing)
+
+    def take_every_slot(tracer):
+        slots = tracer.session.maps[layout.LAUNCH_SLOTS]
+        for index in range(layout.LAUNCH_SLOT_ENTRIES):
+            slots.set(index, (foreign, 0xDEAD0000 + index, 0))
+
+    pid, slots, hashed, agg = _host_wide(fake, ["loop:300:launch:2,1,1:64,1,1"],
+                                         take_every_slot)
+    assert len(slots) == layout.LAUNCH_SLOT_ENTRIES
+    assert {(p, count) for p, _, _, count in slots} == {(1, 0)}
+    assert [(p, a, n) for p, a, _, n in hashed] == [(pid, "cudaLaunchKernel", 300)]
+    assert [(p, n) for p, _, _, n, _ in agg.launches] == [(pid, 300)]  # (no empty slot)
+
+
+def test_threads_racing_for_a_new_slot_count_every_launch_once(fake):
+    """Eight threads launching one kernel at once: one claims the slot, a launch that sees
+    it half-claimed goes to the launch map; between them every launch is counted once."""
+    _, slots, hashed, agg = _host_wide(fake, ["threads:8:4000:launch:2,1,1:64,1,1"])
+    assert [n for *_, n in slots] and len(slots) == 1
+    assert sum(n for *_, n in slots) + sum(n for *_, n in hashed) == 32000
+    assert [n for *_, n, _ in agg.launches] == [32000]
+    assert by_api(agg)["cudaLaunchKernel"].count == 32000
+
+
+def test_an_exited_processs_slots_are_freed_and_its_launches_stay_counted(fake):
+    """The monitor frees the slots of a process gone (its exit seen by an exporter): a
+    later process can take them, and the launches of the one gone stay in the counter."""
+    from ebpf_cuda import layout
+    from ebpf_cuda.monitor import Monitor, MonitorOptions
+
+    lib, prog = fake
+    monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False)).start()
+    try:
+        slots = monitor.tracer.session.maps[layout.LAUNCH_SLOTS]
+        proc = subprocess.Popen([str(prog), "loop:250:launch:2,1,1:64,1,1"],
+                                stdout=subprocess.DEVNULL)
+        assert proc.wait(60) == 0
+        owned = [i for i, (owner, _, count) in slots.items() if owner]
+        assert len(owned) == 1 and slots[owned[0]][0] & 0xFFFFFFFF == proc.pid
+
+        def launches():
+            family, = [f for f in monitor.collect() if f.name == "ebpf_cuda_kernel_launches"]
+            return sum(v for labels, v in family.samples if dict(labels).get("pid") in
+                       (None, str(proc.pid)))
+
+        for _ in range(2):  # (the process found, its exit noted; each seen by a collect)
+            monitor.tick()
+            assert launches() == 250
+            assert slots[owned[0]][2] == 250
+        monitor.tick()  # (pruned: its series go, their values seen by the last collect)
+        assert slots[owned[0]] == (0, 0, 0) and launches() == 0
+        assert sum(monitor.launch_totals().values()) == 250  # (the run's: not lost)
+    finally:
+        monitor.close()
