@@ -203,6 +203,45 @@ def child_stats_tiny(ops: int, reps: int) -> dict:
     return {"value": took, "ops": ops * reps, "unit": "us per op"}
 
 
+def child_loop(what: str, ops: int) -> None:
+    """Reps of `ops` tiny ops (what "tiny") or MLP steps ("mlp") until killed, one line
+    each: the rep's end (CLOCK_MONOTONIC, s) and its us per op (ms per step)."""
+    import torch
+
+    if hasattr(os, "sched_setaffinity") and os.environ.get("TINY_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["TINY_CPU"])})
+    if what == "tiny":
+        x = torch.zeros(16, device="cuda")
+
+        def step():
+            x.add_(1)
+        scale = 1e6
+    else:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                    torch.nn.Linear(4096, 1024)).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(256, 1024, device="cuda")
+        y = torch.randn(256, 1024, device="cuda")
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        scale = 1e3
+    for _ in range(50):
+        step()
+    torch.cuda.synchronize()
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            step()
+        torch.cuda.synchronize()
+        took = (time.perf_counter() - t0) * scale / ops
+        print("%.6f %.6f" % (time.monotonic(), took), flush=True)
+
+
 CHILDREN = {
     "mlp": lambda a: child_mlp(a.steps),
     "compile": lambda a: child_compile(a.steps),
@@ -357,21 +396,32 @@ def entry_sites(pyz: str, files) -> list:
 
 
 class BareProbes:
-    """A counting program (one atomic add) at each entry site: the floor."""
+    """A counting program (one atomic add) at each entry site: the floor. `multi`: through
+    one uprobe_multi link per file (as the monitor attaches), else a perf-event uprobe
+    each."""
 
-    def __init__(self, sites) -> None:
+    def __init__(self, sites, multi: bool = False) -> None:
         from ebpf_cuda import asm
         from ebpf_cuda.asm import DW, R0, R1, R2
         from ebpf_cuda.maps import ArrayMap
-        from ebpf_cuda.programs import Program
-        from ebpf_cuda.uprobe import attach_uprobe
+        from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
+        from ebpf_cuda.uprobe import attach_uprobe, attach_uprobe_multi
 
         self.counts = ArrayMap(8, 1, "bare_counts")
         code = [asm.ld_map_value(R1, "counts", 0), asm.mov(R2, 1),
                 asm.atomic_add(DW, R1, 0, R2), asm.mov(R0, 0), asm.exit()]
-        self.program = Program(code, {"counts": self.counts}, name="bare_cnt").load()
-        self.links = [attach_uprobe(self.program, path, offset, what="bare")
-                      for path, offset in sites]
+        self.program = Program(code, {"counts": self.counts}, name="bare_cnt",
+                               expected_attach_type=EXPECTED_UPROBE_MULTI if multi else 0
+                               ).load()
+        if multi:
+            by_file = {}
+            for path, offset in sites:
+                by_file.setdefault(path, []).append(offset)
+            self.links = [attach_uprobe_multi(self.program, path, offsets, what="bare")
+                          for path, offsets in sorted(by_file.items())]
+        else:
+            self.links = [attach_uprobe(self.program, path, offset, what="bare")
+                          for path, offset in sites]
 
     def close(self) -> int:
         hits = int.from_bytes(self.counts[0][:8], "little")
@@ -391,7 +441,8 @@ MODES_CHOSEN = MODES  # (--modes)
 
 def start_mode(mode: str, pyz: str, args, monitor_args, sites):
     """(bare probes or None, a Monitor or None) for one overhead mode."""
-    bare = BareProbes(sites) if mode == "bare-entry" else None
+    bare = (BareProbes(sites, multi=mode == "bare-multi") if mode.startswith("bare")
+            else None)
     extra = ["--return-sampling", "1"] if mode == "monitor-every-return" else []
     which = args.old_pyz if mode == "monitor-old" else pyz
     monitor = Monitor(which, monitor_args + extra) if mode.startswith("monitor") else None
@@ -463,6 +514,74 @@ def stats_part(pyz: str, files, args, monitor_args) -> None:
                 "us_per_op_with_stats": result["value"], "programs": programs,
                 "program_ns_per_op": sum(p["ns_per_op"] for p in programs.values())})
     emit(record)
+
+
+class LoopChild:
+    """A child_loop child; its (end, value) lines gathered by a thread."""
+
+    def __init__(self, what: str, ops: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, HERE, "--child", "loop-" + what,
+                                      "--ops", str(ops)], stdout=subprocess.PIPE, text=True)
+        self.reps = []
+        threading.Thread(target=self._gather, daemon=True).start()
+
+    def _gather(self) -> None:
+        for line in self.proc.stdout:
+            end, value = line.split()
+            self.reps.append((float(end), float(value)))
+
+    def within(self, start: float, end: float) -> list:
+        return [v for t, v in list(self.reps) if start <= t <= end]
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def windows_part(pyz: str, files, args, monitor_args) -> None:
+    """One child looping all along (tiny ops, then MLP steps); the probe modes take turns
+    under it, `--window` seconds each (the reps ending inside a mode's window are its
+    own), `--rounds` rounds: slow drift of the host hits neighbouring windows alike, so
+    each round's window medians give a ratio, and the median of those is the figure."""
+    sites = entry_sites(pyz, files)
+    for what, ops in (("tiny", 2000), ("mlp", 20)):
+        if what not in args.workloads:
+            continue
+        child = LoopChild(what, ops)
+        windows = {mode: [] for mode in MODES_CHOSEN}
+        try:
+            while len(child.reps) < 5:  # (warm: imports done, first reps out)
+                time.sleep(0.2)
+            for _ in range(args.rounds):
+                for mode in MODES_CHOSEN:
+                    bare, monitor = start_mode(mode, pyz, args, monitor_args, sites)
+                    try:
+                        time.sleep(0.3)  # (a rep begun before the mode ends after it)
+                        start = time.monotonic()
+                        time.sleep(args.window)
+                        windows[mode].append(child.within(start, time.monotonic()))
+                    finally:
+                        if bare is not None:
+                            bare.close()
+                        if monitor is not None:
+                            monitor.close()
+        finally:
+            child.close()
+        medians = {m: [statistics.median(w) if w else None for w in ws]
+                   for m, ws in windows.items()}
+        record = {"part": "windows", "workload": what, "ops_per_rep": ops,
+                  "window_s": args.window, "window_medians": medians,
+                  "reps_per_window": {m: [len(w) for w in ws] for m, ws in windows.items()},
+                  "p10": {m: statistics.median([sorted(w)[len(w) // 10] for w in ws if w])
+                          for m, ws in windows.items() if any(ws)}}
+        base = "untraced" if what == "mlp" else "bare-entry"
+        for mode in MODES_CHOSEN:
+            pairs = [a / b for a, b in zip(medians[mode], medians.get(base, []))
+                     if a and b]
+            if mode != base and pairs:
+                record["ratio %s/%s" % (mode, base)] = statistics.median(pairs)
+                record["ratios %s/%s" % (mode, base)] = pairs
+        emit(record)
 
 
 def overhead_part(pyz: str, files, args, monitor_args) -> None:
@@ -538,7 +657,7 @@ def cpu_facts() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pyz", default="ebpf-cuda.pyz")
-    parser.add_argument("--child", choices=sorted(CHILDREN))
+    parser.add_argument("--child", choices=sorted(CHILDREN) + ["loop-tiny", "loop-mlp"])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--ops", type=int, default=20000)
     parser.add_argument("--reps", type=int, default=3)
@@ -549,9 +668,13 @@ def main() -> int:
     parser.add_argument("--smoke", nargs=2, metavar=("LIB", "PROG"))
     parser.add_argument("--modes", default=",".join(MODES), help="of the overhead part")
     parser.add_argument("--old-pyz", help="the zipapp of mode monitor-old")
+    parser.add_argument("--window", type=float, default=5.0, help="s (windows part)")
     args = parser.parse_args()
     global MODES_CHOSEN
     MODES_CHOSEN = tuple(args.modes.split(","))
+    if args.child and args.child.startswith("loop-"):
+        child_loop(args.child[5:], args.ops)
+        return 0
     if args.child:
         print(json.dumps(CHILDREN[args.child](args)), flush=True)
         return 0
@@ -569,6 +692,8 @@ def main() -> int:
     finally:
         status = monitor.close()
     emit({"part": "stopped", "exit_status": status, "stderr": monitor.lines[-3:]})
+    if "windows" in args.parts and not args.smoke:
+        windows_part(pyz, files.split(", "), args, monitor_args)
     if "stats" in args.parts and not args.smoke:
         stats_part(pyz, files.split(", "), args, monitor_args)
     if "overhead" in args.parts and not args.smoke:
