@@ -465,16 +465,20 @@ class Aggregates:
     launches: List[Tuple[int, str, Tuple[int, ...], int, int]]  # pid, api, cells, count, ns
 
 
-def owned_slots(items) -> List[Tuple[int, int, int, int, int]]:
-    """(index, pid, fn_id, func, count) of each slot of `launch_slots` an owner holds
-    (count_call), from the map's raw (key, value) items."""
-    owned = []
-    for key, value in items:
-        if value[:8] != _NO_OWNER:
-            owner, func, count = LAUNCH_SLOT.unpack(value)
-            owned.append((struct.unpack("<I", key)[0], owner & 0xFFFFFFFF, owner >> 32,
-                          func, count))
-    return owned
+def owned_slots(keys: bytes, values: bytes, count: int) -> List[Tuple[int, int, int, int, int]]:
+    """(index, pid, fn_id, func, count) of each owned slot of `launch_slots` (count_call)
+    among `count` entries packed as a batch read gives them (u32 indices; values)."""
+    cells = memoryview(values).cast("Q")[:3 * count]
+    indices = memoryview(keys).cast("I")
+    return [(indices[at // 3], owner & 0xFFFFFFFF, owner >> 32, cells[at + 1], cells[at + 2])
+            for at, owner in zip(range(0, 3 * count, 3), cells[::3]) if owner]
+
+
+def owned_slots_of(slots_map) -> List[Tuple[int, int, int, int, int]]:
+    """owned_slots of the whole map, element by element."""
+    items = list(slots_map.items())
+    return owned_slots(b"".join(struct.pack("<I", i) for i, _ in items),
+                       b"".join(LAUNCH_SLOT.pack(*v) for _, v in items), len(items))
 
 
 def free_slot(slots_map, index: int, owner: int) -> None:
@@ -485,7 +489,6 @@ def free_slot(slots_map, index: int, owner: int) -> None:
     slots_map.set(index, (0, 0, 0))
 
 
-_NO_OWNER = bytes(8)
 LAUNCH_SLOT = layout.LAUNCH_SLOT
 
 
@@ -515,8 +518,7 @@ def read_aggregates(agg_map, errors_map, launches_map,
         pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
         found[(pid, fn_id, tuple(cells))] = list(LAUNCH_VALUE.unpack(value))
     if slots_map is not None:
-        raw = ((struct.pack("<I", i), LAUNCH_SLOT.pack(*v)) for i, v in slots_map.items())
-        for _, pid, fn_id, func, count in owned_slots(raw):
+        for _, pid, fn_id, func, count in owned_slots_of(slots_map):
             if not count:  # (claimed, its first count not yet added)
                 continue
             cells = tuple(func if c == _func_cell(table[fn_id]) else 0

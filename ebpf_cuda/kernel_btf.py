@@ -6,6 +6,7 @@ in each thread state. BTF is the UAPI `linux/btf.h` format: a header, a type sec
 variable-size entries (type ids count from 1) and a string section.
 """
 import struct
+from array import array
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
@@ -34,6 +35,26 @@ def _types(data: bytes) -> Iterator[Tuple[int, int, int, int, int]]:
         at += _TYPE.size
         yield kind, info >> 31, name_off, size, at
         at += _FIXED.get(kind, 0) + _PER_ITEM.get(kind, 0) * vlen
+
+
+class _Types:
+    """The type entries of a BTF blob by id (from 1), each decoded when asked for: a list
+    of vmlinux's ~150,000 entries as tuples would take ~26 MB at its peak, for a lookup."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = array("I", [0])  # (where each entry's kind data begins; id 0: none)
+        self.at.extend(entry[4] for entry in _types(data))
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def __getitem__(self, type_id: int) -> Tuple[int, int, int, int, int]:
+        if type_id == 0:
+            return (0, 0, 0, 0, 0)
+        at = self.at[type_id]
+        name_off, info, size = _TYPE.unpack_from(self.data, at - _TYPE.size)
+        return (info >> 24) & 0x1F, info >> 31, name_off, size, at
 
 
 def _string(data: bytes, strings: int, off: int) -> str:
@@ -65,11 +86,11 @@ def _cached(btf_path: str, key: tuple, read):
 def _member_offset(data: bytes, path: Sequence[str]) -> Optional[int]:
     _, _, _, hdr_len, _, _, str_off, str_len = _HEADER.unpack_from(data)
     strings = hdr_len + str_off
-    types = [(0, 0, 0, 0, 0)] + list(_types(data))  # (type ids count from 1)
     name_off = _string_offset(data[strings:strings + str_len], path[0])
     if name_off is None:
         return None
-    first = next((t for t in types[1:] if t[0] == KIND_STRUCT and t[2] == name_off
+    types = _Types(data)
+    first = next((t for t in _types(data) if t[0] == KIND_STRUCT and t[2] == name_off
                   and _vlen(data, t)), None)
     if first is None:
         return None
@@ -126,8 +147,8 @@ def _function(data: bytes, name: str) -> Optional[Tuple[int, int]]:
     name_off = _string_offset(data[hdr_len + str_off:hdr_len + str_off + str_len], name)
     if name_off is None:
         return None
-    types = [(0, 0, 0, 0, 0)] + list(_types(data))  # (type ids count from 1)
-    for type_id, entry in enumerate(types):
+    types = _Types(data)
+    for type_id, entry in enumerate(_types(data), 1):
         if entry[0] == KIND_FUNC and entry[2] == name_off and entry[3] < len(types):
             proto = types[entry[3]]
             if proto[0] == KIND_FUNC_PROTO:

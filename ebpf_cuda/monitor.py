@@ -33,7 +33,8 @@ import os
 import struct
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
+                    Sequence, Set, Tuple)
 
 from . import aggregates, apis, discovery, layout, record, syscalls
 from .apis import TABLE, Api, Kind, Role
@@ -280,8 +281,13 @@ class HashReader:
         return list(self.map.items())
 
     def _batched(self) -> List[Tuple[bytes, bytes]]:
-        found: List[Tuple[bytes, bytes]] = []
         ksize, vsize = self.map.key_size, self.map.value_size
+        return [(keys[i * ksize:(i + 1) * ksize], values[i * vsize:(i + 1) * vsize])
+                for count, keys, values in self.batches_raw() for i in range(count)]
+
+    def batches_raw(self) -> Iterator[Tuple[int, bytes, bytes]]:
+        """(count, keys, values) of each batch: the entries packed, as the kernel gave them.
+        OSError where the kernel has no batches."""
         first = True
         while True:
             attr = ctypes.create_string_buffer(_BATCH_ATTR.size)
@@ -295,14 +301,33 @@ class HashReader:
                 continue
             if res < 0 and err != errno.ENOENT:
                 raise OSError(err, os.strerror(err))
-            count = struct.unpack_from("<I", attr, 32)[0]
-            keys, values = self.keys.raw, self.values.raw
-            found += [(keys[i * ksize:(i + 1) * ksize], values[i * vsize:(i + 1) * vsize])
-                      for i in range(count)]
+            yield struct.unpack_from("<I", attr, 32)[0], self.keys.raw, self.values.raw
             if res < 0:  # ENOENT: that was the last batch
-                return found
+                return
             ctypes.memmove(self.tokens[0], self.tokens[1], 8)
             first = False
+
+
+class SlotReader:
+    """The owned slots of `launch_slots` (aggregates.count_call): the whole array in one
+    batch, its owners scanned in place (no object made per free slot: it is read at each
+    tick); element by element where the kernel has no batches."""
+
+    def __init__(self, slots_map) -> None:
+        self.map = slots_map
+        self.reader = HashReader(slots_map, room=True)
+
+    def owned(self) -> List[Tuple[int, int, int, int, int]]:
+        """(index, pid, fn_id, func, count) of each owned slot."""
+        if self.reader.batches:
+            try:
+                return [slot for count, keys, values in self.reader.batches_raw()
+                        for slot in aggregates.owned_slots(keys, values, count)]
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, _ENOTSUPP):
+                    raise
+                self.reader.batches = False
+        return aggregates.owned_slots_of(self.map)
 
 
 def _per_cpu_sum(stats_map, index: int) -> int:
@@ -395,7 +420,7 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
-        self._slots: Optional[HashReader] = None  # (launch_slots, with sampled returns)
+        self._slots: Optional[SlotReader] = None  # (launch_slots, with sampled returns)
         self._process_calls: Optional[HashReader] = None
         self._retired_calls: Dict[int, int] = {}  # calls of pruned processes, by function id
         self._process_map_full = 0  # calls counted, not by process (the full `proc_calls`)
@@ -427,7 +452,7 @@ class Monitor:
             maps = self.tracer.session.maps
             self._aggregates()
             self._launches = HashReader(maps[layout.LAUNCHES])
-            self._slots = (HashReader(maps[layout.LAUNCH_SLOTS], room=True)
+            self._slots = (SlotReader(maps[layout.LAUNCH_SLOTS])
                            if layout.LAUNCH_SLOTS in maps else None)
             self._process_calls = HashReader(maps[layout.PROCESS_CALLS])
             if o.late if o.late is not None else not o.paths:
@@ -641,7 +666,7 @@ class Monitor:
 
     def _owned_slots(self) -> List[Tuple[int, int, int, int, int]]:
         """(index, pid, fn_id, func, count) of the owned launch slots (sampled rows)."""
-        return [] if self._slots is None else aggregates.owned_slots(self._slots.items())
+        return [] if self._slots is None else self._slots.owned()
 
     def _retire_launches(self, pid: int, fn_id: int, func: int, count: int) -> None:
         """An exited process's launches of one kernel, leaving the kernel's maps."""

@@ -54,6 +54,7 @@ class Program:
             from . import asm  # not needed by programs built from bytes
 
             self._code = asm.assemble(self.instructions, maps=self.map_fds())
+            self.instructions = []  # (the bytecode says it all now: a monitor keeps ~130)
         return self._code
 
     def load(self, log_level: int = 0) -> "Program":

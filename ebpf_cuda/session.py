@@ -224,9 +224,14 @@ class Session:
         if layout.FOLLOWED in self.maps:
             self._follower = self._start_follower()
         self._execs = self._start_exec_watcher()
-        with Workers(min(os.cpu_count() or 2, 16)) as pool:
-            loads = [(program, pool.submit(Program.load, program))
-                     for program in self._generate_programs()]
+        workers = min(os.cpu_count() or 2, 16)
+        with Workers(workers) as pool:
+            loads = []
+            for program in self._generate_programs():
+                program.code  # (assembled here: its instruction list freed before the next)
+                loads.append((program, pool.submit(Program.load, program)))
+                if len(loads) > 2 * workers:  # (no more made than the verifier can take)
+                    loads[-2 * workers - 1][1].done.wait()
             groups_of: Dict[int, list] = {}  # program -> its (file, sites) links
             for group in self._link_groups() if attach else []:
                 groups_of.setdefault(id(group[0]), []).append(group)

@@ -4,7 +4,6 @@ while its process captures, at return. Calls and launches are counted exactly at
 failed launch too: its return is not seen); durations and errors come from the sampled
 returns, whose count is the histogram's."""
 import signal
-import struct
 import subprocess
 import time
 
@@ -188,14 +187,12 @@ def _slots_and_map(tracer):
 
     maps = tracer.session.maps
     slots = [(pid, apis.TABLE[fn_id].name, func, count)
-             for _, pid, fn_id, func, count in aggregates.owned_slots(
-                 (struct.pack("<I", i), layout.LAUNCH_SLOT.pack(*v))
-                 for i, v in maps[layout.LAUNCH_SLOTS].items())]
+             for _, pid, fn_id, func, count in aggregates.owned_slots_of(
+                 maps[layout.LAUNCH_SLOTS])]
     hashed = []
-    for key, value in maps[layout.LAUNCHES].items():
+    for key, raw in maps[layout.LAUNCHES].items():
         pid, fn_id, *cells = layout.LAUNCH_KEY.unpack(key)
-        hashed.append((pid, apis.TABLE[fn_id].name, cells,
-                       layout.LAUNCH_VALUE.unpack(value)[0]))
+        hashed.append((pid, apis.TABLE[fn_id].name, cells, layout.LAUNCH_VALUE.unpack(raw)[0]))
     return slots, hashed
 
 
