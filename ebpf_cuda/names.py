@@ -21,7 +21,7 @@ of an old image are kept as they were last read (its process shows another progr
 import copy
 import time
 from bisect import bisect_right
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import record
 from .analysis.kernels import AddressResolver, Frame
@@ -61,6 +61,44 @@ def _takes_handle(api: Optional[Api]) -> bool:
                                    for a in api.args)
 
 
+class HandleNames:
+    """(image, handle) -> kernel name, kept as one dict per image with the names as UTF-8
+    bytes: a framework registers ~30,000 kernels a process, and a flat dict of (image,
+    handle) tuples to str cost ~400 bytes of tracer memory each (~250 this way)."""
+
+    def __init__(self) -> None:
+        self._by_image: Dict[int, Dict[int, bytes]] = {}
+
+    def get(self, key: Tuple[int, int], default: Optional[str] = None) -> Optional[str]:
+        raw = self._by_image.get(key[0], {}).get(key[1])
+        return default if raw is None else raw.decode("utf-8", "replace")
+
+    def __getitem__(self, key: Tuple[int, int]) -> str:
+        name = self.get(key)
+        if name is None:
+            raise KeyError(key)
+        return name
+
+    def __setitem__(self, key: Tuple[int, int], name: str) -> None:
+        self._by_image.setdefault(key[0], {})[key[1]] = name.encode("utf-8", "replace")
+
+    def __contains__(self, key: object) -> bool:
+        return (isinstance(key, tuple) and len(key) == 2
+                and key[1] in self._by_image.get(key[0], {}))
+
+    def __len__(self) -> int:
+        return sum(len(table) for table in self._by_image.values())
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        return ((image, handle) for image, table in list(self._by_image.items())
+                for handle in list(table))
+
+    def forget(self, pid: int) -> None:
+        """Drop every image of process `pid`."""
+        for image in [i for i in self._by_image if i & PID_MASK == pid]:
+            del self._by_image[image]
+
+
 class KernelNamer:
     """Kernel names of launches (see the module's docstring).
 
@@ -76,7 +114,7 @@ class KernelNamer:
         self.resolver = resolver or AddressResolver()  # the processes' programs of now
         self.probe_names = probe_names
         self.exec_times = exec_times
-        self.handles: Dict[Tuple[int, int], str] = {}  # (image, CUfunction/CUkernel) -> name
+        self.handles = HandleNames()  # (image, CUfunction/CUkernel) -> name
         self.stubs: Dict[Tuple[int, int], int] = {}  # (image, cudaKernel_t) -> stub address
         self._symbols: Dict[Tuple[int, int], Optional[str]] = {}  # (image, address) -> name
         self._found: Dict[Tuple[int, str, int], str] = {}  # name_for's answers (known ones)
@@ -195,7 +233,8 @@ class KernelNamer:
     def forget(self, pid: int) -> None:
         """Drop everything known of process `pid` (it exited): its snapshots, handles,
         stubs, names found, execs; its unnamed launches stay counted (the run's account)."""
-        for table in (self.handles, self.stubs, self._symbols, self._found, self._retired):
+        self.handles.forget(pid)
+        for table in (self.stubs, self._symbols, self._found, self._retired):
             for key in [key for key in table
                         if (key if isinstance(key, int) else key[0]) & PID_MASK == pid]:
                 del table[key]
