@@ -669,6 +669,7 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="of the overhead part")
     parser.add_argument("--old-pyz", help="the zipapp of mode monitor-old")
     parser.add_argument("--window", type=float, default=5.0, help="s (windows part)")
+    parser.add_argument("--monitor-args", default="", help="more options of the monitor")
     args = parser.parse_args()
     global MODES_CHOSEN
     MODES_CHOSEN = tuple(args.modes.split(","))
@@ -680,7 +681,8 @@ def main() -> int:
         return 0
     os.makedirs(OUT, exist_ok=True)
     pyz = os.path.abspath(args.pyz)
-    monitor_args = ["--kernel-labels", "200"] + (["-p", args.smoke[0]] if args.smoke else [])
+    monitor_args = (["--kernel-labels", "200"] + args.monitor_args.split()
+                    + (["-p", args.smoke[0]] if args.smoke else []))
     monitor = Monitor(pyz, monitor_args)
     files = re.search(r"monitoring \d+ functions in (.*)", "\n".join(monitor.lines)).group(1)
     emit({"part": "start", "files": files.split(", "), "stderr": monitor.lines,
