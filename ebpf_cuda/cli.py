@@ -562,7 +562,7 @@ def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
               help="A synchronising call (cudaDeviceSynchronize, cuStreamSynchronize, ...) "
                    "at least this long triggers a dump.")
 @click.option("--ring-size", metavar="SIZE",
-              help="Ring buffer size (default 1M, 16M with --flight-recorder).")
+              help="Ring buffer size (default 4M, 16M with --flight-recorder).")
 @click.option("--return-sampling", type=click.IntRange(min=1), metavar="N",
               default=64,  # (monitor.DEFAULT_SAMPLE_RETURNS)
               show_default=True,

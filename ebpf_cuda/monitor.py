@@ -48,8 +48,10 @@ from .tracer import Tracer
 
 TICK_S = 0.5  # how often the reader names launches and looks for processes that exited
 # hello records, name-teaching calls (a framework's import registers tens of thousands of
-# kernels in a burst), graph calls and what a process does while it captures travel
-RING_SIZE = 8 << 20
+# kernels in a burst), graph calls and what a process does while it captures travel: 1 MiB
+# lost most of PyTorch's import burst on the H200 host (D23), 4 MiB none (D25), and the
+# ring's pages count in the monitor's memory
+RING_SIZE = 4 << 20
 FLIGHT_RING_SIZE = 16 << 20  # with a flight recorder every call travels
 DEFAULT_KERNEL_LABELS = 20
 OTHER_KERNEL = "other"
