@@ -130,7 +130,8 @@ def child_cupy(steps: int) -> dict:
     return {"loop_launches": steps + 1, "value": float(x[0])}
 
 
-def child_time_mlp(steps: int, reps: int) -> dict:
+def mlp_step():
+    """One training step of the MLP (a function; the model made once)."""
     import torch
 
     torch.manual_seed(0)
@@ -145,7 +146,13 @@ def child_time_mlp(steps: int, reps: int) -> dict:
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+    return step
 
+
+def child_time_mlp(steps: int, reps: int) -> dict:
+    import torch
+
+    step = mlp_step()
     for _ in range(20):
         step()
     torch.cuda.synchronize()
@@ -217,18 +224,7 @@ def child_loop(what: str, ops: int) -> None:
             x.add_(1)
         scale = 1e6
     else:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
-                                    torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
-                                    torch.nn.Linear(4096, 1024)).cuda()
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x = torch.randn(256, 1024, device="cuda")
-        y = torch.randn(256, 1024, device="cuda")
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
+        step = mlp_step()
         scale = 1e3
     for _ in range(50):
         step()
