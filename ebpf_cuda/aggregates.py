@@ -37,7 +37,7 @@ SUMSQ_EXP_AT = 58
 _MANTISSA = (1 << SUMSQ_EXP_AT) - 1
 _ROOT_BITS = SUMSQ_EXP_AT // 2  # (d >> exponent) < 2^29: its square fits the mantissa
 AGG_VALUE, ERROR_KEY = layout.AGG_VALUE, layout.ERROR_KEY
-LAUNCH_KEY, LAUNCH_VALUE = layout.LAUNCH_KEY, layout.LAUNCH_VALUE
+LAUNCH_KEY, LAUNCH_VALUE, LAUNCH_SLOT = layout.LAUNCH_KEY, layout.LAUNCH_VALUE, layout.LAUNCH_SLOT
 ERROR_ENTRIES, LAUNCH_ENTRIES = layout.ERROR_ENTRIES, layout.LAUNCH_ENTRIES
 
 # The return program's stack below layout.NOW_AT.
@@ -183,7 +183,7 @@ def _count_in_slot() -> list:
     is free (an atomic compare-and-exchange of its owner; the winner then writes func).
     A slot another owns, one whose func is not yet written, or a null func (a launch that
     will fail) falls through to `launches`: every launch is counted once, in one or the
-    other, which the reader adds up (monitor.LaunchSlots)."""
+    other, which the readers add up (owned_slots)."""
     return [
         asm.jeq(R2, 0, "slot_missed"),
         asm.xor(R1, R2), asm.ld_imm64(R3, _SLOT_HASH), asm.mul(R1, R3),
@@ -489,8 +489,6 @@ def free_slot(slots_map, index: int, owner: int) -> None:
     slots_map.set(index, (0, 0, 0))
 
 
-LAUNCH_SLOT = layout.LAUNCH_SLOT
-
 
 def read_aggregates(agg_map, errors_map, launches_map,
                     table: Sequence[Api] = TABLE, slots_map=None) -> Aggregates:
@@ -521,7 +519,7 @@ def read_aggregates(agg_map, errors_map, launches_map,
         for _, pid, fn_id, func, count in owned_slots_of(slots_map):
             if not count:  # (claimed, its first count not yet added)
                 continue
-            cells = tuple(func if c == _func_cell(table[fn_id]) else 0
+            cells = tuple(func if c == func_cell(table[fn_id]) else 0
                           for c in range(record.ARG_CELLS))
             found.setdefault((pid, fn_id, cells), [0, 0])[0] += count
     launches = [(pid, table[fn_id].name, cells, count, total)
@@ -529,5 +527,6 @@ def read_aggregates(agg_map, errors_map, launches_map,
     return Aggregates(functions, errors, launches)
 
 
-def _func_cell(api: Api) -> int:
+def func_cell(api: Api) -> int:
+    """The record cell of a launch row's `func` argument."""
     return next(cell for arg, cell in arg_cells(api) if arg.name == "func")

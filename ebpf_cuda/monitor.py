@@ -336,11 +336,7 @@ def _per_cpu_sum(stats_map, index: int) -> int:
     return sum(stats_map[index])
 
 
-def _func_cell(api: Api) -> int:
-    return next(cell for arg, cell in apis.arg_cells(api) if arg.name == "func")
-
-
-_FUNC_CELL = {fn_id: _func_cell(api) for fn_id, api in enumerate(TABLE)
+_FUNC_CELL = {fn_id: aggregates.func_cell(api) for fn_id, api in enumerate(TABLE)
               if api.role == Role.LAUNCH}
 
 

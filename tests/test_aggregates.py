@@ -278,3 +278,19 @@ def test_summary_alone_counts_direct_driver_calls_as_the_event_summary_does(cc):
     counts = {line[line.index("["):]: line.split()[0] for line in bandwidth.splitlines()[4:]}
     assert counts == {"[CUDA memcpy Host-to-Device]": "2", "[CUDA memcpy Device-to-Host]": "2",
                       "[CUDA memcpy Default (unified addressing)]": "1"}
+
+
+def test_owned_slots_are_read_from_a_packed_batch():
+    import struct
+
+    from ebpf_cuda import layout
+    from ebpf_cuda.aggregates import owned_slots
+
+    entries = [(0, (0, 0, 0)), (1, (7 << 32 | 1234, 0xABC, 5)), (2, (0, 0, 0)),
+               (8191, (3 << 32 | 99, 0xDEF, 0))]
+    keys = b"".join(struct.pack("<I", i) for i, _ in entries)
+    values = b"".join(layout.LAUNCH_SLOT.pack(*v) for _, v in entries)
+    assert owned_slots(keys, values, len(entries)) == [(1, 1234, 7, 0xABC, 5),
+                                                       (8191, 99, 3, 0xDEF, 0)]
+    assert owned_slots(keys + bytes(8), values + bytes(48), len(entries)) == owned_slots(
+        keys, values, len(entries))  # (room beyond the count is not read)

@@ -174,3 +174,21 @@ def test_mappings_of_the_same_name_are_taken_at_once(monkeypatch):
     namer = names.KernelNamer(exec_times=lambda pid, known: [])
     namer._snapshot(os.getpid(), comm=b"alpha")
     assert namer._snapshot_of[os.getpid()] == 0
+
+
+def test_handle_names_are_kept_per_image_and_forgotten_by_process():
+    from ebpf_cuda.names import HandleNames, image_of
+
+    names = HandleNames()
+    old, new, other = image_of(42, 0), image_of(42, 1), image_of(7, 0)
+    names[(old, 0x10)] = "_Z3fooPf"
+    names[(new, 0x10)] = "bar"
+    names[(other, 0x10)] = "kernel \u00e9"  # (not ASCII: kept as UTF-8)
+    names[(new, 0x10)] = "baz"  # (a handle taught again: the last name)
+    assert (old, 0x10) in names and (old, 0x11) not in names and "x" not in names
+    assert names[(new, 0x10)] == "baz" and names.get((other, 0x10)) == "kernel \u00e9"
+    assert names.get((old, 0x11)) is None and names.get((9, 1), "d") == "d"
+    assert len(names) == 3 and sorted(names) == sorted([(old, 0x10), (new, 0x10),
+                                                         (other, 0x10)])
+    names.forget(42)  # (both of its images)
+    assert list(names) == [(other, 0x10)]
