@@ -20,6 +20,10 @@ zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h
 - `{"part": "stats"}` (`--parts stats`): with kernel.bpf_stats_enabled=1, the programs'
   own time (no trap) per tiny op under the bare probes and under each monitor mode: runs
   per op and ns per run of each program, read around the timed loop only.
+- `{"part": "windows", ...}` (`--parts windows`): one child looping all along (tiny ops,
+  then MLP steps) while the modes take turns under it, `--window` seconds each, `--rounds`
+  rounds; each round's window medians give a ratio (the median of those is the figure),
+  and each mode's 10th percentiles.
 - `{"part": "monitor"}`: its scrape time and resident memory (VmRSS, and its anonymous,
   file and BPF-map shares).
 
