@@ -18,7 +18,7 @@ from ebpf_cuda.apis import BY_NAME
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
 from fakecuda import SEED_FUNCTIONS, device_ptr, parse_output
-from helpers import REPO, cli_argv, cli_env, run_cli
+from helpers import REPO, cli_argv, cli_env, run_cli, slowdown
 from kernel_fds import bpf_link_types
 
 COMM = "cuda_driver_prog"[:15]
@@ -34,6 +34,16 @@ def start_cli(*args, stdin=subprocess.DEVNULL) -> "Live":
     return Live(subprocess.Popen(cli_argv(*args), stdin=stdin, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, env=cli_env(),
                                  cwd=str(REPO)))
+
+
+_SLOWDOWN: List[float] = []
+
+
+def _slowdown() -> float:
+    """helpers.slowdown(), measured once."""
+    if not _SLOWDOWN:
+        _SLOWDOWN.append(slowdown())
+    return _SLOWDOWN[0]
 
 
 class Live:
@@ -54,7 +64,10 @@ class Live:
         self._queue.put((name, None))
 
     def wait_line(self, stream: str, pattern: str, timeout: float = 30) -> re.Match:
-        """The first line on `stream` matching `pattern` (searched), waiting for it."""
+        """The first line on `stream` matching `pattern` (searched), waiting for it (the
+        timeout stretched under emulation: two CLIs starting at once on the 6.1 guest's one
+        vCPU took more than 30 s)."""
+        timeout *= _slowdown()
         regex = re.compile(pattern)
         for line in self.lines[stream]:
             if regex.search(line):
