@@ -276,8 +276,10 @@ def test_json_matches_text_event_by_event(root, lib, prog, cleanup):
         if "func" in obj["args"]:
             shown = _unname(shown, "0x%x" % obj["args"]["func"])
         assert _no_duration(shown) == _no_duration(_details_from_json(obj))
+        # (Under emulation the clock reads of each tracer's estimate are slower and less
+        # even: the 6.1 guest's two tracers differed by 36 ms once.)
         offset = _seconds_of_day(line.group("time")) - _seconds_of_day(_clock(obj["ts"]))
-        assert abs(offset) < 0.005
+        assert abs(offset) < 0.005 * _slowdown()
 
 
 def _no_duration(details: str) -> str:
