@@ -199,7 +199,7 @@ class Session:
         o = self.options
         specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
                                  o.follows, self.pid_ns is not None, o.per_process,
-                                 launch_slots=o.aggregate and o.sample_returns > 1)
+                                 launch_slots=self._samples_returns())
         if o.py_stacks:
             specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
@@ -339,14 +339,19 @@ class Session:
         return sorted(name for (name, _), program in list(self.programs.items())
                       if program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION)
 
+    def _samples_returns(self) -> bool:
+        """Whether this session can sample launch returns (`_sampled` rows may exist): only
+        then are the launch slots and the draw's state made (and read at each tick)."""
+        return (self.options.aggregate and not self.options.emit
+                and self.options.sample_returns > 1 and attach_path() == UPROBE_MULTI
+                and features.session_is_return_id() is not None)
+
     def _sampled(self, api: Api, options: probes.ProbeOptions) -> bool:
         """Whether `api`'s returns are sampled (Options.sample_returns): a launch row
         aggregated without records, on a kernel with uprobe sessions and uprobe_multi."""
-        return (self.options.sample_returns > 1 and api.role == apis.Role.LAUNCH
+        return (self._samples_returns() and api.role == apis.Role.LAUNCH
                 and options.aggregate and not options.emit and options.stash
-                and options.task_storage and options.py_stacks is None
-                and attach_path() == UPROBE_MULTI
-                and features.session_is_return_id() is not None)
+                and options.task_storage and options.py_stacks is None)
 
     def _log_targets(self, targets: Optional[Sequence[Target]] = None) -> None:
         for target in self.targets if targets is None else targets:
