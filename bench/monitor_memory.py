@@ -7,9 +7,13 @@ Starts `ebpf-cuda monitor -p LIB --prometheus 127.0.0.1:0` on the stand-in runti
 and runs PROCS stand-in processes, PARALLEL at a time, each making a few calls and
 launching KERNELS different geometries before it exits. Prints VmRSS every REPORT
 processes, then the growth per 1,000 processes over the second half of the run (after the
-start-up allocations) and what it gives for 10,000. Needs root and gcc.
+start-up allocations) and what it gives for 10,000. Then, with --idle-minutes, it keeps
+scraping with no process running and prints VmRSS each minute and the growth per hour that
+time alone adds: the churn's figure is per process, this one per hour of a day's run.
+Needs root and gcc.
 
     sudo python3 bench/monitor_memory.py [--procs 10000] [--parallel 4] [--kernels 5]
+                                         [--idle-minutes 0]
 """
 import argparse
 import os
@@ -17,6 +21,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -25,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 BUILD = Path(os.environ.get("EBPF_CUDA_BENCH_BUILD", "/tmp/ebpf-cuda-bench")) / "monitor"
 
-from churn import churn, growth_line  # noqa: E402
+from churn import churn, growth_line, rss_kib  # noqa: E402
 from conftest import Builder  # noqa: E402
 from fakecuda import build_fake_cuda  # noqa: E402
 
@@ -36,6 +41,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--kernels", type=int, default=5)
     parser.add_argument("--report", type=int, default=500)
+    parser.add_argument("--idle-minutes", type=float, default=0.0)
     args = parser.parse_args()
     BUILD.mkdir(parents=True, exist_ok=True)
     lib, prog = build_fake_cuda(Builder(BUILD))
@@ -66,11 +72,29 @@ def main() -> None:
         samples = churn(monitor.pid, [str(prog), *ops], args.procs, args.parallel, args.report,
                         note=lambda line: print("%s page_bytes=%d" % (
                             line, pages[-1] if pages else 0), flush=True))
+        print(growth_line(samples, args.procs), flush=True)
+        if args.idle_minutes > 0:
+            print(idle_growth(monitor.pid, args.idle_minutes), flush=True)
     finally:
         done.set()
         monitor.terminate()
         monitor.wait(30)
-    print(growth_line(samples, args.procs))
+
+
+def idle_growth(pid: int, minutes: float) -> str:
+    """VmRSS each minute for `minutes` with no process running (the scrapes go on), and the
+    growth per hour from the first sample to the last."""
+    started = time.monotonic()
+    first = rss_kib(pid)
+    print("idle: minute=0 rss_kib=%d" % first, flush=True)
+    while time.monotonic() - started < minutes * 60:
+        time.sleep(min(60.0, max(minutes * 60 - (time.monotonic() - started), 0.1)))
+        print("idle: minute=%.0f rss_kib=%d anon_kib=%d" % (
+            (time.monotonic() - started) / 60, rss_kib(pid), rss_kib(pid, "RssAnon")),
+            flush=True)
+    last, hours = rss_kib(pid), (time.monotonic() - started) / 3600
+    return "idle end: minutes=%.1f rss_kib=%d growth_kib_per_hour=%.1f" % (
+        hours * 60, last, (last - first) / hours)
 
 if __name__ == "__main__":
     main()
