@@ -21,13 +21,14 @@ of an old image are kept as they were last read (its process shows another progr
 import copy
 import time
 from bisect import bisect_right
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from . import record
 from .analysis.kernels import AddressResolver, Frame
 from .apis import BY_NAME, Api, Kind
 from .elf import demangle
 from .events import EXIT, Event
+from .name_store import PID_MASK, HandleNames
 from .registrations import launch_site_kernel
 
 # fn_id, pid, tid, entry and exit time, func, caller (the return address, or 0)
@@ -39,7 +40,6 @@ STUB_PREFIX = "__device_stub__"  # nvcc's host stub of kernel _Z... is __device_
 # (pid, handle, the teaching call's exit time) -> the name the probes stored at that call
 ProbeNames = Callable[[int, int, int], Optional[str]]
 ExecTimes = Callable[[int, int], List[int]]  # (pid, execs known) -> times of the later ones
-PID_MASK = 0xFFFFFFFF
 
 
 def image_of(pid: int, generation: int) -> int:
@@ -59,45 +59,6 @@ def _takes_handle(api: Optional[Api]) -> bool:
     return api is not None and any((a.name == "func" and a.kind == Kind.HANDLE)
                                    or (api.driver and a.kind == Kind.KERNEL_NODE)
                                    for a in api.args)
-
-
-class HandleNames:
-    """(image, handle) -> kernel name, kept as one dict per image with the names as UTF-8
-    bytes: a framework registers ~30,000 kernels a process, and a flat dict of (image,
-    handle) tuples to str cost ~440 bytes of tracer memory a registration (~300 this way,
-    all told)."""
-
-    def __init__(self) -> None:
-        self._by_image: Dict[int, Dict[int, bytes]] = {}
-
-    def get(self, key: Tuple[int, int], default: Optional[str] = None) -> Optional[str]:
-        raw = self._by_image.get(key[0], {}).get(key[1])
-        return default if raw is None else raw.decode("utf-8", "replace")
-
-    def __getitem__(self, key: Tuple[int, int]) -> str:
-        name = self.get(key)
-        if name is None:
-            raise KeyError(key)
-        return name
-
-    def __setitem__(self, key: Tuple[int, int], name: str) -> None:
-        self._by_image.setdefault(key[0], {})[key[1]] = name.encode("utf-8", "replace")
-
-    def __contains__(self, key: object) -> bool:
-        return (isinstance(key, tuple) and len(key) == 2
-                and key[1] in self._by_image.get(key[0], {}))
-
-    def __len__(self) -> int:
-        return sum(len(table) for table in self._by_image.values())
-
-    def __iter__(self) -> Iterator[Tuple[int, int]]:
-        return ((image, handle) for image, table in list(self._by_image.items())
-                for handle in list(table))
-
-    def forget(self, pid: int) -> None:
-        """Drop every image of process `pid`."""
-        for image in [i for i in self._by_image if i & PID_MASK == pid]:
-            del self._by_image[image]
 
 
 class KernelNamer:
@@ -270,7 +231,9 @@ class KernelNamer:
                     if self.probe_names is not None and handle is not None else None)
             if name:
                 self.handles[(image, handle)] = name
-            self.annotate([event])
+                event.outs["kernel_name"] = name
+            else:
+                self.annotate([event])  # (a name taught before, if any)
         elif api.learn_alias is not None:
             new, known = api.learn_alias
             name = self.handles.get((image, args.get(known, outs.get(known))))
