@@ -373,3 +373,36 @@ def test_cli_a_port_in_use_is_exit_2(lib):
                        "127.0.0.1:%d" % taken.getsockname()[1])
     assert done.returncode == 2, done.stderr
     assert "cannot listen on" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_framework_sized_registration_burst_is_named_and_kept_small(prog, lib):
+    """PyTorch's start-up registers ~30,000 kernels of a few hundred bytes each: every
+    registration reaches the namer (or is counted as lost, never silently), the names take
+    a few dozen bytes each of tracer memory, and they go with the process."""
+    count, length = 30000, 200
+    with running_monitor(paths=(str(lib),)) as monitor:
+        held = Held(prog, ["sleep:200", "registermany:%d:%d" % (count, length),
+                           "sleep:4000"]).go()
+        time.sleep(2.5)  # (its registrations made: it sleeps 4 s before it exits)
+        settle(monitor)
+        names = monitor.tracer.names
+        (store,) = [table for image, table in names.handles._by_image.items()
+                    if image & 0xFFFFFFFF == held.pid]
+        stub = min(store.handles())
+        learned = [k for k in range(count) if names.learned(held.pid, stub + k) is not None]
+        samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+        lost = value(samples, "ebpf_cuda_events_lost_total")
+        assert len(learned) + lost == count and lost <= count // 10, lost
+        assert len(store) == len(learned)  # (nothing else taught)
+        for k in learned[::997]:
+            name = names.learned(held.pid, stub + k)
+            assert name.startswith("_Z6k%08dv" % k) and len(name) == length
+        kept = (len(store._handles) + sum(map(len, store._blocks)) + len(store._tail)
+                + store._starts.itemsize * len(store._starts))
+        assert kept < 20 * len(learned), kept  # (the names alone are 200 bytes each)
+        (call,) = [c for c in held.wait() if c.op == "registermany"]
+        assert int(call.fields["stub"], 16) == stub
+        deadline = time.monotonic() + 30
+        while [i for i in names.handles._by_image if i & 0xFFFFFFFF == held.pid]:
+            assert time.monotonic() < deadline, "its names stayed after it exited"
+            time.sleep(0.1)

@@ -24,6 +24,10 @@ zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h
   then MLP steps) while the modes take turns under it, `--window` seconds each, `--rounds`
   rounds; each round's window medians give a ratio (the median of those is the figure),
   and each mode's 10th percentiles.
+- `{"part": "parallel", ...}` (`--parts parallel`): `--parallel` MLP children started at
+  once (ranks of one job starting together: each registers PyTorch's ~30,000 kernels in the
+  same second), each child's launches and unnamed launches against its CUPTI count, and the
+  events lost meanwhile by cause.
 - `{"part": "monitor"}`: its scrape time and resident memory (VmRSS, and its anonymous,
   file and BPF-map shares).
 
@@ -386,6 +390,37 @@ def counts_part(monitor: Monitor, args, smoke) -> None:
         emit(record)
 
 
+def parallel_part(monitor: Monitor, args) -> None:
+    before = monitor.scrape()
+    procs = [subprocess.Popen([sys.executable, HERE, "--child", "mlp", "--steps",
+                               str(args.steps)], stdout=subprocess.PIPE, text=True)
+             for _ in range(args.parallel)]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        result = (json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0
+                  else {"error": "exit status %d" % proc.returncode})
+        results.append(dict(result, pid=proc.pid))
+    time.sleep(1.5)  # (two reader ticks)
+    after = monitor.scrape()
+    children = []
+    for result in results:
+        names = kernel_names(after, result["pid"])
+        launches = sum(names.values())
+        children.append({"pid": result["pid"], "monitor_launches": launches,
+                         "cupti_launch_calls": result.get("cupti_launch_calls"),
+                         "launches_match": launches == result.get("cupti_launch_calls"),
+                         "unnamed_launches": names.get("unnamed", 0),
+                         "kernels": len(names), "error": result.get("error")})
+    lost = {}
+    for (n, labels), v in after.items():
+        if n == "ebpf_cuda_events_lost_total":
+            lost[labels] = v - before.get((n, labels), 0)
+    emit({"part": "parallel", "children": children, "lost": lost,
+          "all_match": all(c["launches_match"] for c in children),
+          "unnamed": sum(c["unnamed_launches"] for c in children)})
+
+
 def entry_sites(pyz: str, files) -> list:
     """(path, offset) of every entry probe the monitor attaches (its default set)."""
     sys.path.insert(0, pyz)
@@ -670,6 +705,7 @@ def main() -> int:
     parser.add_argument("--old-pyz", help="the zipapp of mode monitor-old")
     parser.add_argument("--window", type=float, default=5.0, help="s (windows part)")
     parser.add_argument("--monitor-args", default="", help="more options of the monitor")
+    parser.add_argument("--parallel", type=int, default=4, help="MLP children at once")
     args = parser.parse_args()
     global MODES_CHOSEN
     MODES_CHOSEN = tuple(args.modes.split(","))
@@ -690,6 +726,8 @@ def main() -> int:
     try:
         if "counts" in args.parts:
             counts_part(monitor, args, args.smoke)
+        if "parallel" in args.parts and not args.smoke:
+            parallel_part(monitor, args)
         monitor_part(monitor)
     finally:
         status = monitor.close()

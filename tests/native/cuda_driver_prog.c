@@ -577,6 +577,27 @@ static void do_register(const struct op *op, struct outcome *r) {
     add(r, " stub=%p name=%s", (const void *)vec_add_kernel, name);
 }
 
+/* registermany:N:LEN: N registrations of N different stubs (vec_add_kernel + i: only
+ * addresses to the runtime) with names of LEN bytes, as a framework's start-up makes them
+ * (PyTorch: ~30,000 of a few hundred bytes). */
+static void do_register_many(const struct op *op, struct outcome *r) {
+    static void *fat_cubin;
+    unsigned long long count = num_at(op, 1, 1), len = num_at(op, 2, 64);
+    char name[4096];
+    if (len < 16 || len >= sizeof name)
+        die("name length out of 16..4095", op->text);
+    r->fn = "__cudaRegisterFunction";
+    for (unsigned long long i = 0; i < count; i++) {
+        int head = snprintf(name, sizeof name, "_Z6k%08lluv", i);
+        memset(name + head, 'x', len - head);
+        name[len] = '\0';
+        __cudaRegisterFunction(&fat_cubin, (const char *)vec_add_kernel + i, name, name, -1,
+                               NULL, NULL, NULL, NULL, NULL);
+    }
+    r->ret = 0;
+    add(r, " count=%llu stub=%p", count, (const void *)vec_add_kernel);
+}
+
 /* What nvcc generates for vec_add_kernel's `<<<>>>`: a host stub named after the mangled kernel
  * that launches it (here with the kernel handle of the last getkernel: CUDA 13's way). */
 __attribute__((noinline, used)) cudaError_t
@@ -999,7 +1020,7 @@ static const struct {
     {"launch", do_launch}, {"launchptsz", do_launch}, {"coop", do_launch},
     {"launchex", do_launch}, {"launchnull", do_launch}, {"launchhandle", do_launch}, {"stublaunch", do_launch},
     {"getkernel", do_get_kernel}, {"cudagetkernel", do_get_kernel},
-    {"register", do_register},
+    {"register", do_register}, {"registermany", do_register_many},
     {"capture", do_graph}, {"endcapture", do_graph}, {"instantiate", do_graph},
     {"graphlaunch", do_graph},
     {"addkernel", do_add_node}, {"addmemcpy", do_add_node}, {"addmemcpy1d", do_add_node},
