@@ -36,7 +36,7 @@ import time
 from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from . import aggregates, apis, discovery, layout, record, syscalls
+from . import aggregates, apis, discovery, heap, layout, record, syscalls
 from .apis import TABLE, Api, Kind, Role
 from .containers import container_of
 from .cuda_enums import error_name, memcpy_kind_name
@@ -708,6 +708,7 @@ class Monitor:
             self.memory.forget(pid)
             if self.flight is not None:
                 self.flight.forget(pid)
+        heap.trim()  # (what they kept, freed now, leaves the resident set)
 
     # -- what exporters call ---------------------------------------------------------------
 
