@@ -201,7 +201,7 @@ def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losse
     if reports and summary and losses.read().total:  # the summary says what it did not see
         reports[0] += "\n\n" + plan.summary_losses(losses.read())
     printed = _print("\n\n".join(reports), err=reports_err) if reports else True
-    if losses.total:
+    if losses.sentence():
         _say(losses.sentence())
     unnamed = tracer.unnamed_launches()
     if unnamed:
@@ -415,7 +415,7 @@ def report_cmd(paths: Tuple[str, ...], collectives: bool, no_timestamps: bool, a
     incomplete = saved.incomplete()
     if incomplete:  # what is known to be missing, the noted losses with it
         _say(incomplete)
-    elif losses.total:  # the line the live run printed
+    elif losses.sentence():  # the line the live run printed
         _say(losses.sentence())
     if outputs.failures or not printed:
         sys.exit(1)

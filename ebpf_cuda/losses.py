@@ -10,7 +10,7 @@ Counts are of records: a complete call is one, and with --entries a call's entry
 """
 from typing import Dict, List, Optional, Tuple
 
-from . import record
+from . import layout, record
 
 
 class Losses:
@@ -22,13 +22,15 @@ class Losses:
     `interrupted`: left in the spool when a second interrupt stopped the writing;
     `unwritten`: output name -> (records it could not take, the error's text), counted from
     the batch whose write failed on;
-    `entries`: the trace has entry records (--entries): counts mix entries and calls."""
+    `entries`: the trace has entry records (--entries): counts mix entries and calls;
+    `names_lost`: kernel names lost, not events: teaching calls (registrations, module
+    lookups) whose name the probes' map had let go before the reader read their record."""
 
     def __init__(self, ring_full: int = 0, spool_past: int = 0, spool_limit: str = "",
                  spool_refused: int = 0, spool_error: Optional[str] = None,
                  interrupted: int = 0,
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
-                 entries: bool = False, too_deep: int = 0) -> None:
+                 entries: bool = False, too_deep: int = 0, names_lost: int = 0) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
         self.spool_limit = spool_limit
@@ -38,6 +40,7 @@ class Losses:
         self.unwritten: Dict[str, Tuple[int, str]] = dict(unwritten or {})
         self.entries = entries
         self.too_deep = too_deep  # calls nested deeper than record.TASK_DEPTH on one thread
+        self.names_lost = names_lost
 
     @property
     def total(self) -> int:
@@ -73,21 +76,28 @@ class Losses:
         which write nothing as they go, saw all the others)."""
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
                       self.spool_error, self.interrupted, entries=self.entries,
-                      too_deep=self.too_deep)
+                      too_deep=self.too_deep, names_lost=self.names_lost)
 
     def sentence(self) -> str:
-        """The "events lost" line (without the `ebpf-cuda: ` prefix); "" when none."""
-        if not self.total:
-            return ""
-        what = "records (entries and calls)" if self.entries else "events"
-        return "%d %s lost: %s" % (self.total, what, ", ".join(self.causes()))
+        """The "events lost" line (without the `ebpf-cuda: ` prefix), with the kernel names
+        lost; "" when none."""
+        said = []
+        if self.total:
+            what = "records (entries and calls)" if self.entries else "events"
+            said.append("%d %s lost: %s" % (self.total, what, ", ".join(self.causes())))
+        if self.names_lost:
+            said.append("%d kernel names lost: their registrations were read after the "
+                        "names map (%d entries) had let them go" % (self.names_lost,
+                                                                    layout.NAME_ENTRIES))
+        return "; ".join(said)
 
     # -- in saved traces -------------------------------------------------------------------
 
     def to_json(self) -> dict:
         return {"ring_full": self.ring_full, "spool_past": self.spool_past,
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
-                "too_deep": self.too_deep, "entries": self.entries}
+                "too_deep": self.too_deep, "entries": self.entries,
+                "names_lost": self.names_lost}
 
     @classmethod
     def from_json(cls, obj) -> "Losses":
@@ -95,7 +105,8 @@ class Losses:
         if not isinstance(obj, dict):
             raise ValueError("its losses are not an object")
         counts = {}
-        for key in ("ring_full", "spool_past", "spool_refused", "interrupted", "too_deep"):
+        for key in ("ring_full", "spool_past", "spool_refused", "interrupted", "too_deep",
+                    "names_lost"):
             value = obj.get(key, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError("its loss count %s is not a count" % key)

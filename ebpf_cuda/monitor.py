@@ -757,7 +757,8 @@ class Monitor:
         lost = [("ring_full", _per_cpu_sum(stats, record.STAT_RING_FULL)),
                 ("inflight_full", _per_cpu_sum(stats, record.STAT_INFLIGHT_FULL)),
                 ("launch_map_full", map_full),
-                ("process_map_full", self._process_map_full)]
+                ("process_map_full", self._process_map_full),
+                ("name_map_full", self.tracer.names.names_lost)]
         if self.flight is not None:
             lost.append(("flight_recorder_full", self.flight.overwritten))
         if self.watch is not None:
@@ -767,7 +768,8 @@ class Monitor:
                       "of name-teaching calls, or with a flight recorder every call's), "
                       "inflight_full (calls not counted), launch_map_full (launches counted "
                       "but not by process), process_map_full (calls counted but not by "
-                      "process), flight_recorder_full (calls overwritten in the "
+                      "process), name_map_full (kernel names gone from the probes' names "
+                      "map before the reader read their registrations), flight_recorder_full (calls overwritten in the "
                       "flight recorder before they were SECONDS old), notice_ring_full "
                       "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])

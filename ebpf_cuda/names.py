@@ -90,6 +90,9 @@ class KernelNamer:
         # address of a program whose mappings were never read) -> launches
         self.unnamed: Dict[Tuple[int, int, object], int] = {}
         self._unnamed_retired: Dict[object, List[int]] = {}  # why -> of processes forgotten
+        # Teaching calls whose name the probes' names map (an LRU of layout.NAME_ENTRIES)
+        # had let go before their record was read: the reader fell that far behind a burst
+        self.names_lost = 0
 
     # -- taking in -------------------------------------------------------------------------
 
@@ -233,6 +236,7 @@ class KernelNamer:
                 self.handles[(image, handle)] = name
                 event.outs["kernel_name"] = name
             else:
+                self.names_lost += self.probe_names is not None and handle is not None
                 self.annotate([event])  # (a name taught before, if any)
         elif api.learn_alias is not None:
             new, known = api.learn_alias

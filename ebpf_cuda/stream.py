@@ -259,7 +259,7 @@ class Stream:
         spool's and the failed outputs' as the last `deliver` left them)."""
         stats = self.session.stats()
         losses = Losses(ring_full=stats["lost"], entries=self.session.options.entries,
-                        too_deep=stats["too_deep"])
+                        too_deep=stats["too_deep"], names_lost=self.names.names_lost)
         spool = self._spool
         if spool is not None:
             refused = spool.dropped if spool.error else 0
