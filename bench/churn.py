@@ -27,6 +27,9 @@ def churn(watched: int, argv: Sequence[str], procs: int, parallel: int, report: 
     running: List[subprocess.Popen] = []
     count = 0
     while count < procs:
+        for p in running:
+            if p.poll() not in (None, 0):  # (a bench of failing programs measures nothing)
+                raise SystemExit("churn: %s exited with status %d" % (argv[0], p.returncode))
         running = [p for p in running if p.poll() is None]
         while len(running) < parallel and count < procs:
             running.append(subprocess.Popen(list(argv), stdout=subprocess.DEVNULL))
@@ -38,7 +41,8 @@ def churn(watched: int, argv: Sequence[str], procs: int, parallel: int, report: 
                         rss_kib(watched, "RssShmem"), time.monotonic() - started))
         time.sleep(0.002)
     for p in running:
-        p.wait()
+        if p.wait() != 0:
+            raise SystemExit("churn: %s exited with status %d" % (argv[0], p.returncode))
     time.sleep(3)
     samples.append((count, rss_kib(watched)))
     return samples

@@ -5,7 +5,10 @@ with it).
 Starts `ebpf-cuda monitor -p LIB --prometheus 127.0.0.1:0` on the stand-in runtime, scrapes
 /metrics every second (as Prometheus would: exited processes are dropped once scraped),
 and runs PROCS stand-in processes, PARALLEL at a time, each making a few calls and
-launching KERNELS different geometries before it exits. Prints VmRSS every REPORT
+launching KERNELS different geometries before it exits (with --registrations N:LEN, also
+registering N kernels with names of LEN bytes first, as a PyTorch process does: ~30000:300;
+such bursts overrun the ring and the names map unless the processes live a while: --live-ms
+keeps each one that long before its exit; the last scrape's losses count them). Prints VmRSS every REPORT
 processes, then the growth per 1,000 processes over the second half of the run (after the
 start-up allocations) and what it gives for 10,000. Then, with --idle-minutes, it keeps
 scraping with no process running and prints VmRSS each minute and the growth per hour that
@@ -13,7 +16,8 @@ time alone adds: the churn's figure is per process, this one per hour of a day's
 Needs root and gcc.
 
     sudo python3 bench/monitor_memory.py [--procs 10000] [--parallel 4] [--kernels 5]
-                                         [--idle-minutes 0]
+                                         [--idle-minutes 0] [--registrations N:LEN]
+                                         [--live-ms 0]
 """
 import argparse
 import os
@@ -42,6 +46,8 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=5)
     parser.add_argument("--report", type=int, default=500)
     parser.add_argument("--idle-minutes", type=float, default=0.0)
+    parser.add_argument("--registrations", help="N:LEN, kernels each process registers")
+    parser.add_argument("--live-ms", type=int, default=0, help="each process, before exit")
     args = parser.parse_args()
     BUILD.mkdir(parents=True, exist_ok=True)
     lib, prog = build_fake_cuda(Builder(BUILD))
@@ -66,13 +72,19 @@ def main() -> None:
 
     scraper = threading.Thread(target=scrape, daemon=True)
     scraper.start()
-    ops = ["setdevice:0", "sleep:20", "loop:20:malloc:64"] + [
-        "launch:%d,1,1:32,1,1" % (k + 1) for k in range(args.kernels)]
+    register = ["registermany:" + args.registrations] if args.registrations else []
+    ops = ["setdevice:0", "sleep:20", *register, "loop:20:malloc:64"] + [
+        "launch:%d,1,1:32,1,1" % (k + 1) for k in range(args.kernels)] + (
+        ["sleep:%d" % args.live_ms] if args.live_ms else [])
     try:
         samples = churn(monitor.pid, [str(prog), *ops], args.procs, args.parallel, args.report,
                         note=lambda line: print("%s page_bytes=%d" % (
                             line, pages[-1] if pages else 0), flush=True))
         print(growth_line(samples, args.procs), flush=True)
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port) as answer:
+            lost = [line for line in answer.read().decode().splitlines()
+                    if line.startswith("ebpf_cuda_events_lost_total")]
+        print("lost: " + " ".join(line.split("{", 1)[1] for line in lost), flush=True)
         if args.idle_minutes > 0:
             print(idle_growth(monitor.pid, args.idle_minutes), flush=True)
     finally:

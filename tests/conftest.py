@@ -46,10 +46,15 @@ class Builder:
             return path
         raise FileNotFoundError(path)
 
+    def _stale(self, out: Path, source: str) -> bool:
+        """Not built yet, or built before its source changed (the benches keep their
+        builds in a fixed folder across checkouts)."""
+        return not out.exists() or out.stat().st_mtime < self._src(source).stat().st_mtime
+
     def shared(self, source: str, name: str, extra=()) -> Path:
         """Build tests/native/<source> as lib<name>.so; returns its path."""
         out = self.outdir / name
-        if not out.exists():
+        if self._stale(out, source):
             subprocess.run(["gcc", "-O2", "-g", "-shared", "-fPIC", "-fno-omit-frame-pointer",
                             "-o", str(out), str(self._src(source)), *extra], check=True)
         return out
@@ -57,7 +62,7 @@ class Builder:
     def executable(self, source: str, name: str, extra=()) -> Path:
         """Build tests/native/<source> as an executable; `extra` may add -L/-l/-Wl,-rpath flags."""
         out = self.outdir / name
-        if not out.exists():
+        if self._stale(out, source):
             subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(out),
                             str(self._src(source)), *extra], check=True)
         return out
