@@ -47,7 +47,8 @@ PY_RING = "pystacks"
 
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms at 500k/s
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
-NAME_ENTRIES = 16384  # kernel names learned from cuModuleGetFunction & co.
+NAME_ENTRIES = 16384  # name chunks kept by the probes (cuModuleGetFunction & co.), at least
+NAME_ENTRIES_MAX = 65536  # and at most (~330 bytes of kernel memory each)
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 MAX_PROCESSES = 1 << 16  # followed processes
 NAME_KEY_SIZE = 24  # (u64 pid, u64 handle, u64 exit time of the call)
@@ -93,6 +94,15 @@ class MapSpec(NamedTuple):
     key_struct: Optional[struct.Struct] = None
 
 
+def name_entries(ring_size: int) -> int:
+    """Entries of the names map for a ring of `ring_size` bytes: two chunks for every
+    record the ring can hold. A name must outlive its record's wait in the ring: with fewer
+    entries than records, a burst of registrations that the ring still holds (PyTorch's
+    30,000 at its start) had a third of its names let go before the reader came to them."""
+    records = ring_size // (record.FRAME_SIZE + 8)  # (8: the ring's own record header)
+    return max(NAME_ENTRIES, min(NAME_ENTRIES_MAX, 2 * records))
+
+
 def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
               follow: bool, pid_ns: bool = False, per_process: bool = False,
               launch_slots: bool = False) -> List[MapSpec]:
@@ -103,7 +113,7 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
     specs = [
         MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
         MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
-        MapSpec(NAMES, "LruHash", NAME_KEY_SIZE, NAME_SIZE, NAME_ENTRIES),
+        MapSpec(NAMES, "LruHash", NAME_KEY_SIZE, NAME_SIZE, name_entries(ring_size)),
         MapSpec(SCRATCH, "PerCpuArray", 4, NAME_KEY_SIZE + NAME_SIZE, 1),
         MapSpec(STATS, "PerCpuArray", 4, 8, record.STAT_COUNT, value_struct=U64),
     ]

@@ -10,7 +10,7 @@ Counts are of records: a complete call is one, and with --entries a call's entry
 """
 from typing import Dict, List, Optional, Tuple
 
-from . import layout, record
+from . import record
 
 
 class Losses:
@@ -87,8 +87,7 @@ class Losses:
             said.append("%d %s lost: %s" % (self.total, what, ", ".join(self.causes())))
         if self.names_lost:
             said.append("%d kernel names lost: their registrations were read after the "
-                        "names map (%d entries) had let them go" % (self.names_lost,
-                                                                    layout.NAME_ENTRIES))
+                        "probes' names map had let them go" % self.names_lost)
         return "; ".join(said)
 
     # -- in saved traces -------------------------------------------------------------------

@@ -90,7 +90,7 @@ class KernelNamer:
         # address of a program whose mappings were never read) -> launches
         self.unnamed: Dict[Tuple[int, int, object], int] = {}
         self._unnamed_retired: Dict[object, List[int]] = {}  # why -> of processes forgotten
-        # Teaching calls whose name the probes' names map (an LRU of layout.NAME_ENTRIES)
+        # Teaching calls whose name the probes' names map (an LRU: layout.name_entries)
         # had let go before their record was read: the reader fell that far behind a burst
         self.names_lost = 0
 

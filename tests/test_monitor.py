@@ -379,7 +379,8 @@ def test_cli_a_port_in_use_is_exit_2(lib):
 
 def _burst(monitor, prog, count: int, length: int):
     """A process registering `count` names of `length` bytes, then sleeping 4 s: (its
-    pid, the stub of its first, the names learned, the events lost by every cause)."""
+    pid, the names learned as {k: name} for its k-th registration, the bytes its store
+    keeps, the metrics), the names read while it lives."""
     held = Held(prog, ["sleep:200", "registermany:%d:%d" % (count, length),
                        "sleep:4000"]).go()
     time.sleep(2.5)  # (its registrations made: it sleeps until 4.2 s)
@@ -387,13 +388,23 @@ def _burst(monitor, prog, count: int, length: int):
     names = monitor.tracer.names
     stored = [table for image, table in names.handles._by_image.items()
               if image & 0xFFFFFFFF == held.pid]
-    stub = min(stored[0].handles()) if stored else None
-    learned = ([k for k in range(count) if names.learned(held.pid, stub + k) is not None]
-               if stub is not None else [])
-    lost = parse_metrics(prometheus.render(monitor.collect()).decode())
+    assert len(stored) <= 1
+    learned = {h: names.learned(held.pid, h) for h in (stored[0].handles() if stored else ())}
+    kept = 0
+    if stored:
+        store = stored[0]
+        assert len(store) == len(learned)  # (nothing else taught)
+        kept = (len(store._handles) + sum(map(len, store._blocks)) + len(store._tail)
+                + store._starts.itemsize * len(store._starts))
+    samples = parse_metrics(prometheus.render(monitor.collect()).decode())
     (call,) = [c for c in held.wait() if c.op == "registermany"]
-    assert stub is None or int(call.fields["stub"], 16) == stub
-    return held.pid, stub, learned, lost
+    stub = int(call.fields["stub"], 16)
+    assert all(0 <= h - stub < count for h in learned)
+    deadline = time.monotonic() + 30
+    while [i for i in names.handles._by_image if i & 0xFFFFFFFF == held.pid]:
+        assert time.monotonic() < deadline, "its names stayed after it exited"
+        time.sleep(0.1)
+    return {h - stub: name for h, name in learned.items()}, kept, samples
 
 
 def test_a_framework_sized_registration_burst_is_named_and_kept_small(prog, lib):
@@ -403,33 +414,31 @@ def test_a_framework_sized_registration_burst_is_named_and_kept_small(prog, lib)
     bytes each of tracer memory, and they go with the process."""
     count, length = 30000, 200
     with running_monitor(paths=(str(lib),)) as monitor:
-        pid, stub, learned, samples = _burst(monitor, prog, count, length)
+        learned, kept, samples = _burst(monitor, prog, count, length)
         lost = value(samples, "ebpf_cuda_events_lost_total")
         assert len(learned) + lost == count and len(learned) >= count // 2, lost
-        names = monitor.tracer.names
-        for k in learned[::997]:
-            name = names.learned(pid, stub + k)
-            assert name.startswith("_Z6k%08dv" % k) and len(name) == length
-        (store,) = [table for image, table in names.handles._by_image.items()
-                    if image & 0xFFFFFFFF == pid]
-        assert len(store) == len(learned)  # (nothing else taught)
-        kept = (len(store._handles) + sum(map(len, store._blocks)) + len(store._tail)
-                + store._starts.itemsize * len(store._starts))
+        for k in sorted(learned)[::997]:
+            assert learned[k].startswith("_Z6k%08dv" % k) and len(learned[k]) == length
         assert kept < 20 * len(learned), kept  # (the names alone are 200 bytes each)
-        deadline = time.monotonic() + 30
-        while [i for i in names.handles._by_image if i & 0xFFFFFFFF == pid]:
-            assert time.monotonic() < deadline, "its names stayed after it exited"
-            time.sleep(0.1)
+
+
+def test_the_names_map_outlasts_what_the_ring_holds():
+    from ebpf_cuda import record
+
+    records = layout.DEFAULT_RING_SIZE // (record.FRAME_SIZE + 8)
+    assert layout.name_entries(layout.DEFAULT_RING_SIZE) >= 2 * records
+    assert layout.name_entries(64 << 10) == layout.NAME_ENTRIES
+    assert layout.name_entries(1 << 30) == layout.NAME_ENTRIES_MAX
 
 
 def test_names_the_names_map_let_go_are_counted(prog, lib, monkeypatch):
     """With a names map of 256 entries the reader cannot keep up with a burst of 5,000
     registrations: the names it comes to too late are counted (cause name_map_full), and
     with the records the ring could not take they make up the whole burst."""
-    monkeypatch.setattr(layout, "NAME_ENTRIES", 256)
+    monkeypatch.setattr(layout, "name_entries", lambda ring_size: 256)
     count = 5000
     with running_monitor(paths=(str(lib),)) as monitor:
-        _, _, learned, samples = _burst(monitor, prog, count, 64)
+        learned, _, samples = _burst(monitor, prog, count, 64)
         evicted = value(samples, "ebpf_cuda_events_lost_total", cause="name_map_full")
         ring = value(samples, "ebpf_cuda_events_lost_total", cause="ring_full")
         assert evicted > 0 and len(learned) + evicted + ring == count, (learned, evicted, ring)
