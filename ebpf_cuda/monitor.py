@@ -769,7 +769,8 @@ class Monitor:
                       "inflight_full (calls not counted), launch_map_full (launches counted "
                       "but not by process), process_map_full (calls counted but not by "
                       "process), name_map_full (kernel names gone from the probes' names "
-                      "map before the reader read their registrations), flight_recorder_full (calls overwritten in the "
+                      "map before the reader read their registrations), "
+                      "flight_recorder_full (calls overwritten in the "
                       "flight recorder before they were SECONDS old), notice_ring_full "
                       "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])

@@ -79,16 +79,15 @@ class ImageNames:
 
     def _name(self, index: int) -> bytes:
         if index >= self._tail_first:
-            data, first, count = self._tail, self._tail_first, len(self._starts)
+            data, count = self._tail, len(self._starts)
         else:
             block = bisect_right(self._block_first, index) - 1
             if self._open[0] != block:
                 self._open = (block, zlib.decompress(self._blocks[block]))
             data = self._open[1]
-            first = self._block_first[block]
             count = (self._block_first[block + 1] if block + 1 < len(self._block_first)
                      else self._tail_first)
-        start = self._starts[index]
+        start = self._starts[index]  # (`count`: the index past the block's last name)
         end = self._starts[index + 1] if index + 1 < count else len(data)
         return bytes(data[start:end])
 
@@ -102,7 +101,8 @@ class HandleNames:
 
     def get(self, key: Tuple[int, int], default: Optional[str] = None) -> Optional[str]:
         table = self._by_image.get(key[0])
-        raw = table.get(key[1]) if table is not None else None
+        handle = key[1]  # (None where a failed call gave no handle)
+        raw = table.get(handle) if table is not None and isinstance(handle, int) else None
         return default if raw is None else raw.decode("utf-8", "replace")
 
     def __getitem__(self, key: Tuple[int, int]) -> str:
@@ -118,8 +118,7 @@ class HandleNames:
         table.set(key[1], name.encode("utf-8", "replace"))
 
     def __contains__(self, key: object) -> bool:
-        return (isinstance(key, tuple) and len(key) == 2 and key[0] in self._by_image
-                and self._by_image[key[0]].get(key[1]) is not None)
+        return isinstance(key, tuple) and len(key) == 2 and self.get(key) is not None
 
     def __len__(self) -> int:
         return sum(len(list(table.handles())) for table in self._by_image.values())

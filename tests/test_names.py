@@ -188,6 +188,7 @@ def test_handle_names_are_kept_per_image_and_forgotten_by_process():
     assert (old, 0x10) in names and (old, 0x11) not in names and "x" not in names
     assert names[(new, 0x10)] == "baz" and names.get((other, 0x10)) == "kernel \u00e9"
     assert names.get((old, 0x11)) is None and names.get((9, 1), "d") == "d"
+    assert names.get((old, None)) is None and (old, None) not in names  # (a failed call's)
     assert len(names) == 3 and sorted(names) == sorted([(old, 0x10), (new, 0x10),
                                                          (other, 0x10)])
     names.forget(42)  # (both of its images)
