@@ -7,10 +7,11 @@ Starts `ebpf-cuda monitor -p LIB --prometheus 127.0.0.1:0` on the stand-in runti
 and runs PROCS stand-in processes, PARALLEL at a time, each making a few calls and
 launching KERNELS different geometries before it exits (with --registrations N:LEN, also
 registering N kernels with names of LEN bytes first, as a PyTorch process does: ~30000:300;
-such bursts overrun the ring and the names map unless the processes live a while: --live-ms
-keeps each one that long before its exit; the last scrape's losses count them). Prints VmRSS every REPORT
-processes, then the growth per 1,000 processes over the second half of the run (after the
-start-up allocations) and what it gives for 10,000. Then, with --idle-minutes, it keeps
+such bursts overrun the ring unless the processes live a while: --live-ms keeps each one
+that long before its exit; the last scrape's losses count what was lost). Prints VmRSS
+every REPORT processes, then the growth per 1,000 processes over the second half of the
+run (after the start-up allocations) and what it gives for 10,000 (meaningless when each
+living process holds megabytes: read the plateau). Then, with --idle-minutes, it keeps
 scraping with no process running and prints VmRSS each minute and the growth per hour that
 time alone adds: the churn's figure is per process, this one per hour of a day's run.
 Needs root and gcc.

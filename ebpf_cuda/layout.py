@@ -48,7 +48,7 @@ PY_RING = "pystacks"
 DEFAULT_RING_SIZE = 4 << 20  # 4 MiB (data pages mapped once): ~26k records, ~50 ms at 500k/s
 INFLIGHT_ENTRIES = 16384  # concurrent calls in flight, all threads together (LRU)
 NAME_ENTRIES = 16384  # name chunks kept by the probes (cuModuleGetFunction & co.), at least
-NAME_ENTRIES_MAX = 65536  # and at most (~330 bytes of kernel memory each)
+NAME_ENTRIES_MAX = 65536  # and at most (~350 bytes of kernel memory each: memlock)
 STACK_ENTRIES = 16384  # distinct user stacks kept with --stacks
 MAX_PROCESSES = 1 << 16  # followed processes
 NAME_KEY_SIZE = 24  # (u64 pid, u64 handle, u64 exit time of the call)
@@ -98,7 +98,7 @@ def name_entries(ring_size: int) -> int:
     """Entries of the names map for a ring of `ring_size` bytes: two chunks for every
     record the ring can hold. A name must outlive its record's wait in the ring: with fewer
     entries than records, a burst of registrations that the ring still holds (PyTorch's
-    30,000 at its start) had a third of its names let go before the reader came to them."""
+    30,000 at its start) had a fifth to a third of its names let go before the reader came to them."""
     records = ring_size // (record.FRAME_SIZE + 8)  # (8: the ring's own record header)
     return max(NAME_ENTRIES, min(NAME_ENTRIES_MAX, 2 * records))
 

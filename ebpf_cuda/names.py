@@ -236,7 +236,8 @@ class KernelNamer:
                 self.handles[(image, handle)] = name
                 event.outs["kernel_name"] = name
             else:
-                self.names_lost += self.probe_names is not None and handle is not None
+                if self.probe_names is not None and handle is not None:
+                    self.names_lost += 1  # (the map let it go, or the probe could not read it)
                 self.annotate([event])  # (a name taught before, if any)
         elif api.learn_alias is not None:
             new, known = api.learn_alias

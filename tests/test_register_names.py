@@ -93,3 +93,21 @@ def test_short_lived_processes_traced_system_wide_have_every_launch_named(root, 
     assert len(launches) == RUNS and len({e["pid"] for e in launches}) == RUNS
     assert [e.get("kernel") for e in launches] == [DEMANGLED] * RUNS
     assert "not named" not in stderr
+
+
+def test_a_trace_counts_the_names_its_names_map_let_go(root, fake, monkeypatch):
+    """A trace of a burst of 5,000 registrations with a names map of 256 entries: every
+    registration's exit event arrives, the names the map let go before the reader came to
+    them are the trace's `names_lost`, and the others carry their names."""
+    from ebpf_cuda import layout
+
+    monkeypatch.setattr(layout, "name_entries", lambda ring_size: 256)
+    lib, prog = fake
+    events, _, tracer = trace_command([prog, "registermany:5000:64"], library=[str(lib)],
+                                      functions=["__cudaRegisterFunction"])
+    exits = [e for e in events if e.api == "__cudaRegisterFunction" and e.phase == "exit"]
+    named = [e for e in exits if e.outs.get("kernel_name")]
+    losses = tracer.losses()
+    assert len(exits) + losses.ring_full == 5000
+    assert losses.names_lost > 0 and len(named) + losses.names_lost == len(exits)
+    assert ("%d kernel names lost" % losses.names_lost) in losses.sentence()
