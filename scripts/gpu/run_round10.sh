@@ -1,0 +1,22 @@
+#!/bin/sh
+# Issue 21 round 10, on the H200: the cost bounds measured in turns (monitor_turns.py: the
+# three modes side by side, each process on its own copy of the CUDA libraries, taking
+# turns rep by rep), then the monitor's counts and memory (monitor_h200.py). Run from the
+# repository root with this build's zipapp carried:
+#   sh scripts/gpu/run_round10.sh turns | counts | all
+export PYTHONPATH=$PWD/ebpf-cuda.pyz
+uname -r; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+lscpu | grep -E "Model name|^CPU\(s\)" | head -2
+case "$1" in
+turns|all)
+    OUT=$OUT timeout ${TURNS_S:-330} python3 scripts/gpu/monitor_turns.py --pyz ebpf-cuda.pyz \
+        --rounds ${ROUNDS:-1200} > $OUT/turns.log 2>&1; echo rc=$?
+    cut -c1-4000 $OUT/turns.log ;;
+esac
+case "$1" in
+counts|all)
+    OUT=$OUT timeout ${COUNTS_S:-240} python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz \
+        --parts counts,parallel --parallel ${PARALLEL:-4} > $OUT/monitor_counts.log 2>&1
+    echo rc=$?
+    grep -E '"part": "(counts|parallel|monitor)"' $OUT/monitor_counts.log | cut -c1-1500 ;;
+esac
