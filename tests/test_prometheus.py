@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -185,3 +186,107 @@ def test_the_page_follows_the_text_format():
 ])
 def test_addresses(text, address):
     assert prometheus.parse_address(text) == address
+
+
+# -- the server -----------------------------------------------------------------------------
+
+def _exchange(port: int, request: bytes, family=socket.AF_INET, host="127.0.0.1") -> bytes:
+    """What the server answers `request` with, to the end (it closes the connection)."""
+    with socket.socket(family) as s:
+        s.settimeout(10)
+        s.connect((host, port))
+        s.sendall(request)
+        answer = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return answer
+            answer += chunk
+
+
+@pytest.fixture
+def server():
+    families = [Family("x_calls", "counter", "Calls.", "1", [((("api", "a"),), 7)])]
+    server = prometheus.MetricsServer(("127.0.0.1", 0), lambda: families).start()
+    yield server
+    server.close()
+
+
+def test_the_server_answers_get_and_head_of_metrics(server):
+    port = server.address[1]
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics?x=1" % port, timeout=10) as got:
+        assert got.status == 200
+        assert got.headers["Content-Type"] == prometheus.CONTENT_TYPE
+        body = got.read()
+    assert body == b'# HELP x_calls_total Calls.\n# TYPE x_calls_total counter\n' \
+                   b'x_calls_total{api="a"} 7\n'
+    head = _exchange(port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Content-Length: %d\r\n" % len(body) in head and head.endswith(b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET / HTTP/1.1\r\n\r\n", b"404 Not Found"),
+    (b"GET /metricsx HTTP/1.0\r\n\r\n", b"404 Not Found"),
+    (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"405 Method Not Allowed"),
+    (b"hello\r\n\r\n", b"400 Bad Request"),
+    (b"GET /metrics SPDY/3\r\n\r\n", b"400 Bad Request"),
+    (b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n", b"400 Bad Request"),
+])
+def test_the_server_refuses_what_it_does_not_serve(server, request_bytes, status):
+    answer = _exchange(server.address[1], request_bytes)
+    assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer[:200]
+    assert b"Connection: close\r\n" in answer
+
+
+def test_a_client_that_sends_nothing_does_not_stop_the_others(server):
+    port = server.address[1]
+    with socket.create_connection(("127.0.0.1", port)) as idle:
+        idle.sendall(b"GET /met")  # (and nothing more)
+        answer = _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_failing_collect_is_a_500_and_the_server_goes_on():
+    calls = []
+
+    def collect():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return []
+    server = prometheus.MetricsServer(("127.0.0.1", 0), collect).start()
+    try:
+        port = server.address[1]
+        first = _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 500 Internal Server Error\r\n")
+        assert first.endswith(b"cannot collect: boom\n")
+        assert _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 OK")
+    finally:
+        server.close()
+
+
+def test_the_server_listens_on_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        server = prometheus.MetricsServer(("::1", 0), lambda: []).start()
+    except Exception as err:  # (a machine without ::1)
+        pytest.skip("cannot listen on ::1: %s" % err)
+    try:
+        answer = _exchange(server.address[1], b"GET /metrics HTTP/1.1\r\n\r\n",
+                           socket.AF_INET6, "::1")
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    finally:
+        server.close()
+
+
+def test_serving_metrics_costs_no_ssl_or_http_client():
+    """An always-on monitor's memory: importing the server brings neither `ssl` (~4 MB
+    resident) nor `http.client`/`http.server` (~2 MB)."""
+    code = ("import sys, ebpf_cuda.prometheus; "
+            "print(sorted(m for m in ('ssl', 'http.client', 'http.server') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout
+    assert out.strip() == "[]"
