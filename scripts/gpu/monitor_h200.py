@@ -29,7 +29,7 @@ zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h
   same second), each child's launches and unnamed launches against its CUPTI count, and the
   events lost meanwhile by cause.
 - `{"part": "monitor"}`: its scrape time and resident memory (VmRSS, and its anonymous,
-  file and BPF-map shares).
+  file and BPF-map shares); the same memory figures idle, after its start, in `"start"`.
 
 `--modes` picks the overhead modes (default: untraced, bare-entry, monitor,
 monitor-every-return); `monitor-old` runs the monitor of `--old-pyz` (an A/B of two builds
@@ -721,8 +721,9 @@ def main() -> int:
                     + (["-p", args.smoke[0]] if args.smoke else []))
     monitor = Monitor(pyz, monitor_args)
     files = re.search(r"monitoring \d+ functions in (.*)", "\n".join(monitor.lines)).group(1)
+    time.sleep(2)  # (its start-up's garbage gone: the idle figure)
     emit({"part": "start", "files": files.split(", "), "stderr": monitor.lines,
-          "cpu": cpu_facts()})
+          "cpu": cpu_facts(), "idle_memory_kib": monitor.memory_kib()})
     try:
         if "counts" in args.parts:
             counts_part(monitor, args, args.smoke)
