@@ -18,5 +18,5 @@ counts|all)
     OUT=$OUT timeout ${COUNTS_S:-240} python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz \
         --parts counts,parallel --parallel ${PARALLEL:-4} > $OUT/monitor_counts.log 2>&1
     echo rc=$?
-    grep -E '"part": "(counts|parallel|monitor)"' $OUT/monitor_counts.log | cut -c1-1500 ;;
+    grep -E '"part": "(start|counts|parallel|monitor)"' $OUT/monitor_counts.log | cut -c1-1500 ;;
 esac
