@@ -267,6 +267,9 @@ def run(what: str, args, copies: dict, sites, cpu: int) -> dict:
         time.sleep(1.5)  # (two reader ticks: the exited child's launches published)
         samples = monitor.scrape()
         result["monitor_said"] = [line for line in monitor.lines if "sampl" in line]
+        result["monitor_calls_by_api"] = {  # (what the monitor child called, per function)
+            labels: value for (name, labels), value in samples.items()
+            if name in ("ebpf_cuda_api_calls_total", "ebpf_cuda_api_errors_total") and value}
     finally:
         hits = bare.close()
         status = monitor.close()
