@@ -7,6 +7,7 @@ Failures raise the typed exceptions of `errors.py`, each with errno and a readab
 """
 import ctypes
 import errno as errnos
+import functools
 import os
 import re
 import resource  # (here, not where EMFILE is met: importing it then needs a descriptor)
@@ -181,7 +182,14 @@ def _syscall(nr: int, *args: int) -> Tuple[int, int]:
 
 def bpf_raw(cmd: int, attr: ctypes.Array) -> Tuple[int, int]:
     """bpf(cmd, attr, sizeof attr) -> (result, errno). No exception."""
-    return _syscall(arch.current().nr_bpf, cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+    return _syscall(_nr_bpf(), cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+
+
+@functools.lru_cache(maxsize=None)
+def _nr_bpf() -> int:
+    """bpf()'s number, found once: uname at every map lookup cost the monitor's reader a
+    tenth of its time in a registration burst."""
+    return arch.current().nr_bpf
 
 
 def bpf(cmd: int, attr: ctypes.Array, what: str) -> int:
