@@ -252,7 +252,7 @@ def check_probes(result: dict, monitor_samples: dict, bare_hits: int, copies: di
     return problems
 
 
-def run(what: str, args, copies: dict, sites, cpu: int) -> dict:
+def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     """One workload: the monitor on its copies, the bare probes on theirs, the turns."""
     monitor_args = ["--kernel-labels", "20"] + [a for p in copies["monitor"] for a in ("-p", p)]
     monitor = h200.Monitor(os.path.abspath(args.pyz), monitor_args)
@@ -261,8 +261,10 @@ def run(what: str, args, copies: dict, sites, cpu: int) -> dict:
     bare = h200.BareProbes(bare_sites)
     hits = None
     try:
-        per_turn = args.ops if what == "tiny" else args.steps
-        result = measure(what, per_turn, args.rounds, copies, cpu, args.smoke)
+        per_turn = per_turn or (args.ops if what == "tiny" else args.steps)
+        rounds = args.rounds if per_turn in (args.ops, args.steps) else max(
+            args.rounds * (args.ops if what == "tiny" else args.steps) // per_turn, 60)
+        result = measure(what, per_turn, rounds, copies, cpu, args.smoke)
         result["smoke"] = bool(args.smoke)
         time.sleep(1.5)  # (two reader ticks: the exited child's launches published)
         samples = monitor.scrape()
@@ -283,7 +285,8 @@ def main() -> int:
     parser.add_argument("--pyz", default="ebpf-cuda.pyz")
     parser.add_argument("--child", choices=("tiny", "mlp"))
     parser.add_argument("--per-turn", type=int)
-    parser.add_argument("--workloads", default="tiny,mlp")
+    parser.add_argument("--workloads", default="tiny,mlp",
+                        help="tiny, mlp; NAME:N for N steps a turn (fewer rounds: as long)")
     parser.add_argument("--ops", type=int, default=2000, help="tiny ops a turn")
     parser.add_argument("--steps", type=int, default=20, help="MLP steps a turn")
     parser.add_argument("--rounds", type=int, default=600)
@@ -306,10 +309,11 @@ def main() -> int:
     emit(dict(record, part="turns-start"))
     failed = False
     try:
-        for what in args.workloads.split(","):
+        for workload in args.workloads.split(","):
+            what, _, per_turn = workload.partition(":")  # ("mlp:100": 100 steps a turn)
             if args.smoke and what != "tiny":
                 continue
-            result = run(what, args, copies, sites, cpu)
+            result = run(what, args, copies, sites, cpu, int(per_turn) if per_turn else None)
             failed |= bool(result["problems"])
             emit(dict(record, **result))
     finally:

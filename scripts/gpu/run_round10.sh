@@ -10,7 +10,8 @@ lscpu | grep -E "Model name|^CPU\(s\)" | head -2
 case "$1" in
 turns|all)
     OUT=$OUT timeout ${TURNS_S:-330} python3 scripts/gpu/monitor_turns.py --pyz ebpf-cuda.pyz \
-        --rounds ${ROUNDS:-1200} > $OUT/turns.log 2>&1; echo rc=$?
+        --rounds ${ROUNDS:-1200} --workloads ${WORKLOADS:-tiny,mlp} > $OUT/turns.log 2>&1
+    echo rc=$?
     cut -c1-4000 $OUT/turns.log ;;
 esac
 case "$1" in
