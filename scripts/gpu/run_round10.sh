@@ -12,7 +12,11 @@ turns|all)
     OUT=$OUT timeout ${TURNS_S:-330} python3 scripts/gpu/monitor_turns.py --pyz ebpf-cuda.pyz \
         --rounds ${ROUNDS:-1200} --workloads ${WORKLOADS:-tiny,mlp} > $OUT/turns.log 2>&1
     echo rc=$?
-    cut -c1-4000 $OUT/turns.log ;;
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line); r.pop("times", None); r.pop("host", None); r.pop("children", None)
+        print(json.dumps(r)[:2500])' $OUT/turns.log ;;
 esac
 case "$1" in
 counts|all)
