@@ -16,6 +16,7 @@ that one imports `http.client`, which imports `ssl`, and the two cost an always-
 """
 import socket
 import socketserver
+import sys
 import threading
 from typing import Callable, List, Sequence, Tuple
 
@@ -89,7 +90,8 @@ class MetricsServer:
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         server_class = type("Server", (socketserver.ThreadingTCPServer,),
                             {"address_family": family, "daemon_threads": True,
-                             "allow_reuse_address": True, "collect": staticmethod(collect)})
+                             "allow_reuse_address": True, "collect": staticmethod(collect),
+                             "handle_error": _one_line_error})
         try:
             self._server = server_class(address, _Handler)
         except OSError as err:
@@ -115,6 +117,14 @@ class MetricsServer:
         self._server.server_close()
 
 
+def _one_line_error(server, request, client_address) -> None:
+    """A request that failed in a way the handler did not foresee: one line on stderr, not
+    socketserver's traceback; the server goes on."""
+    error = sys.exc_info()[1]
+    sys.stderr.write("ebpf-cuda: a /metrics request from %s failed: %s\n"
+                     % (client_address[0], error))
+
+
 MAX_LINE = 8192  # bytes of a request line or header line
 MAX_HEADERS = 100
 READ_TIMEOUT_S = 10.0  # a client that stops sending mid-request is dropped after this
@@ -132,7 +142,7 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         try:
             request = self._read_request()
-        except (socket.timeout, ConnectionError):
+        except OSError:  # (a timeout, a reset: the client is gone)
             return
         if request is None:
             self._answer(400, b"not an HTTP request\n")
@@ -171,5 +181,5 @@ class _Handler(socketserver.StreamRequestHandler):
                                                    len(body), extra))
         try:
             self.wfile.write(header.encode("ascii") + (b"" if head else body))
-        except (socket.timeout, ConnectionError):
+        except OSError:
             pass  # (the client went away)

@@ -290,3 +290,22 @@ def test_serving_metrics_costs_no_ssl_or_http_client():
     out = subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_an_unforeseen_failure_is_one_line_and_the_server_goes_on(capfd):
+    class Odd:  # (a collect whose families cannot even be rendered into the error text)
+        def __str__(self):
+            raise ValueError("no words")
+
+    def collect():
+        raise RuntimeError(Odd())  # (its message fails inside the handler's own except)
+    server = prometheus.MetricsServer(("127.0.0.1", 0), collect).start()
+    try:
+        port = server.address[1]
+        assert _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n") == b""  # (closed, nothing)
+        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 404")
+    finally:
+        server.close()
+    err = capfd.readouterr().err
+    assert "a /metrics request from 127.0.0.1 failed" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
