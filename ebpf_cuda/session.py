@@ -15,7 +15,7 @@ from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTup
                     Sequence, Set, Tuple)
 
 from . import (aggregates, apis, discovery, features, kernel_btf, layout, loader_watch, maps,
-               probes, pystack_probe, record)
+               probes, pystack_probe, record, syscalls)
 from .apis import Api
 from .arch import current as current_arch
 from .command import HeldCommand
@@ -144,6 +144,7 @@ class Session:
         self._runtime_launches = True  # False: the driver's launch probes replace them
         self._lock = threading.RLock()
         self._closed = False
+        self._name_lookup: Optional[syscalls.ElementLookup] = None  # (probe_name's)
         # Not the initial PID namespace: the probes use pids as this one numbers them.
         self.pid_ns = features.pid_namespace()
         # --py-stacks: where the kernel keeps a thread's pthread_self() (kernel BTF)
@@ -564,13 +565,17 @@ class Session:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
         time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
         probes._learn_name; the least recently used go when the map is full)."""
-        names = self.maps.get(layout.NAMES)
-        if names is None:
-            return None
+        lookup = self._name_lookup
+        if lookup is None:
+            names = self.maps.get(layout.NAMES)
+            if names is None:
+                return None
+            lookup = self._name_lookup = syscalls.ElementLookup(
+                names.fd, layout.NAME_KEY_SIZE, layout.NAME_SIZE)
         chunks = []
         for k in range(layout.NAME_CHUNKS):  # chunk by chunk, until one ends the string
             key = layout.NAME_KEY.pack(pid | k << 32, handle, when)
-            raw = names.get(key)
+            raw = lookup(key)
             if raw is None:
                 break
             chunk = raw.split(b"\0", 1)[0]

@@ -273,6 +273,35 @@ def map_lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
     return vbuf.raw
 
 
+class ElementLookup:
+    """Lookups of one map's elements with buffers made once: a registration burst looks up
+    a name chunk per record, and making map_lookup's three buffers took about half of each
+    lookup's time. Thread-safe (one lookup at a time)."""
+
+    def __init__(self, fd: int, key_size: int, value_size: int) -> None:
+        self._key = ctypes.create_string_buffer(key_size)
+        self._value = ctypes.create_string_buffer(value_size)
+        self._attr = _elem_attr(fd, self._key, self._value)
+        self._key_size = key_size
+        self._lock = threading.Lock()
+        # (the call's arguments made once too: bpf_raw makes them at every call)
+        self._call = functools.partial(_lib().syscall, *(ctypes.c_long(a) for a in (
+            _nr_bpf(), BPF_MAP_LOOKUP_ELEM, ctypes.addressof(self._attr),
+            ctypes.sizeof(self._attr))))
+
+    def __call__(self, key: bytes) -> Optional[bytes]:
+        """The value under `key` (of the map's key size), or None if absent."""
+        assert len(key) == self._key_size
+        with self._lock:
+            ctypes.memmove(self._key, key, self._key_size)
+            if self._call() >= 0:
+                return self._value.raw
+            err = ctypes.get_errno()  # (the library is loaded with use_errno)
+        if err == errnos.ENOENT:
+            return None
+        raise kernel_error("looking up a map element", err)
+
+
 def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
     """Store `value` under `key` (flags: BPF_ANY, BPF_NOEXIST, BPF_EXIST)."""
     kbuf = ctypes.create_string_buffer(key, len(key))

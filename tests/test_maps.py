@@ -159,3 +159,21 @@ def test_maps_close_their_fds(root):
     maps.RingBufMap(4096)
     gc.collect()
     assert open_fds() == before
+
+
+@pytest.mark.kernel
+def test_element_lookup_reuses_its_buffers(root):
+    """syscalls.ElementLookup (probe_name's): the value of each key asked, None for a key
+    the map lacks, never a previous answer; a failure other than absence raises."""
+    m = maps.HashMap(8, 16, 64, name="lookup")
+    try:
+        for k in range(10):
+            m.set(U64.pack(k), bytes([k]) * 16)
+        lookup = syscalls.ElementLookup(m.fd, 8, 16)
+        assert [lookup(U64.pack(k)) for k in range(10)] == [bytes([k]) * 16 for k in range(10)]
+        assert lookup(U64.pack(99)) is None and lookup(U64.pack(3)) == b"\x03" * 16
+    finally:
+        m.close()
+    with pytest.raises(KernelError) as caught:
+        lookup(U64.pack(3))  # (its map closed: the descriptor is gone)
+    assert caught.value.errno in (errno.EBADF, errno.EINVAL)  # (or its number reused)
