@@ -222,6 +222,8 @@ class AggregateReader:
     def __init__(self, agg_fd: int, fn_ids: Iterable[int]) -> None:
         self.fd = agg_fd
         self.size = layout.AGG_VALUE.size * possible_cpus()
+        # (read at every tick and every scrape: its buffers made once)
+        self._lookup = syscalls.ElementLookup(agg_fd, _INDEX.size, self.size)
         self.entries: List[Tuple[Api, Optional[int], bytes]] = []
         for fn_id in sorted(set(fn_ids)):
             api = TABLE[fn_id]
@@ -234,7 +236,7 @@ class AggregateReader:
     def read(self) -> List[FunctionTotals]:
         found = []
         for api, kind, key in self.entries:
-            raw = syscalls.map_lookup(self.fd, key, self.size)
+            raw = self._lookup(key)
             if raw is None:
                 continue
             words = memoryview(raw).cast("Q")
