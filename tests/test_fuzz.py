@@ -507,12 +507,12 @@ def test_non_utf8_paths_comms_and_kernel_names(tmp_path_factory, folder, name, c
     frame = frame[:8 + record.COMM] + comm + frame[8 + record.COMM + 16:]
     events = list(Decoder(clock_offset_ns=0).decode_frames(frame))
 
-    class NamesMap:  # the probes' `names` map: the name bytes as the probe copied them
-        def get(self, key):
-            return kernel + b"\0" * 8
+    def names_lookup(key):  # the probes' `names` map: the name bytes as the probe copied them
+        return kernel + b"\0" * 8
 
     session = Session.__new__(Session)
-    session.maps = {layout.NAMES: NamesMap()}
+    session.maps = {layout.NAMES: None}
+    session._name_lookup = names_lookup  # (what probe_name reads chunks through)
     learned = session.probe_name(42, 0x99)
     namer = KernelNamer(probe_names=session.probe_name)
     namer.handles[(42, 0x99)] = learned
