@@ -631,6 +631,7 @@ class Session:
         for program in self.programs.values():
             program.close()
         self.programs = {}
+        self._name_lookup = None  # (it holds the names map's descriptor number)
         for m in self.maps.values():
             m.close()
         self.maps = {}

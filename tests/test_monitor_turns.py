@@ -45,6 +45,7 @@ def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path):
     assert result["monitor_counted_launches"] == made  # (each child's launches exactly)
     assert result["monitor_calls_by_api"] == {
         'api="cudaLaunchKernel",layer="runtime"': made}
+    assert result["monitor_errors_by_api"] == {}
     assert result["bare_hits"] == made  # (the stand-in's launch enters one probed function)
     for mode, child in result["children"].items():
         assert child["maps"] == [str(tmp_path / "copies" / mode / "libcudart.so.12")]

@@ -154,21 +154,19 @@ def make_copies(files, where: str) -> dict:
 
 
 class TurnChild:
-    def __init__(self, mode: str, what: str, per_turn: int, preload, cpu: int, smoke) -> None:
+    def __init__(self, what: str, per_turn: int, preload, cpu: int, smoke) -> None:
         env = dict(os.environ, TURN_CPU=str(cpu))
         command = [sys.executable, HERE, "--child", what, "--per-turn", str(per_turn)]
         if smoke:
             command += ["--smoke", preload[0]]
         else:
             env["LD_PRELOAD"] = " ".join(preload)
-        self.mode = mode
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
-        self.hello = None
 
     def ready(self) -> dict:
-        self.hello = json.loads(self.proc.stdout.readline())
-        return self.hello
+        """Its pid and the CUDA files it maps, once warm."""
+        return json.loads(self.proc.stdout.readline())
 
     def turn(self) -> float:
         self.proc.stdin.write("go\n")
@@ -201,7 +199,7 @@ def bootstrap(ratios, draws: int = 2000) -> dict:
 
 
 def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke) -> dict:
-    children = {m: TurnChild(m, what, per_turn, copies[m], cpu, smoke) for m in MODES}
+    children = {m: TurnChild(what, per_turn, copies[m], cpu, smoke) for m in MODES}
     hellos = {m: c.ready() for m, c in children.items()}
     orders = list(itertools.permutations(MODES))
     times = {m: [] for m in MODES}
@@ -259,19 +257,20 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     bare_sites = [(os.path.join(os.path.dirname(copies["bare-entry"][0]),
                                 os.path.basename(path)), offset) for path, offset in sites]
     bare = h200.BareProbes(bare_sites)
-    hits = None
     try:
-        per_turn = per_turn or (args.ops if what == "tiny" else args.steps)
-        rounds = args.rounds if per_turn in (args.ops, args.steps) else max(
-            args.rounds * (args.ops if what == "tiny" else args.steps) // per_turn, 60)
-        result = measure(what, per_turn, rounds, copies, cpu, args.smoke)
+        usual = args.ops if what == "tiny" else args.steps
+        rounds = args.rounds  # (as long as the usual turns take, when a turn is longer)
+        if per_turn is not None and per_turn != usual:
+            rounds = max(args.rounds * usual // per_turn, 60)
+        result = measure(what, per_turn or usual, rounds, copies, cpu, args.smoke)
         result["smoke"] = bool(args.smoke)
         time.sleep(1.5)  # (two reader ticks: the exited child's launches published)
         samples = monitor.scrape()
         result["monitor_said"] = [line for line in monitor.lines if "sampl" in line]
-        result["monitor_calls_by_api"] = {  # (what the monitor child called, per function)
-            labels: value for (name, labels), value in samples.items()
-            if name in ("ebpf_cuda_api_calls_total", "ebpf_cuda_api_errors_total") and value}
+        for name, key in (("ebpf_cuda_api_calls_total", "monitor_calls_by_api"),
+                          ("ebpf_cuda_api_errors_total", "monitor_errors_by_api")):
+            result[key] = {labels: value for (n, labels), value in samples.items()
+                           if n == name and value}  # (what the monitor child called)
     finally:
         hits = bare.close()
         status = monitor.close()
