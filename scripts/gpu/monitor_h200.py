@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -268,9 +269,11 @@ def emit(record: dict) -> None:
 class Monitor:
     """`python3 PYZ monitor --prometheus 127.0.0.1:0 ARGS`, until close()."""
 
-    def __init__(self, pyz: str, args) -> None:
-        self.proc = subprocess.Popen([sys.executable, pyz, "monitor", "--prometheus",
+    def __init__(self, pyz: str, args, profile: bool = False) -> None:
+        wrapper = [os.path.join(os.path.dirname(HERE), "memory_profile.py")] if profile else []
+        self.proc = subprocess.Popen([sys.executable, *wrapper, pyz, "monitor", "--prometheus",
                                       "127.0.0.1:0", *args], stderr=subprocess.PIPE, text=True)
+        self.profile = profile
         self.lines = []
         self.port = None
         for line in self.proc.stderr:
@@ -319,6 +322,14 @@ class Monitor:
                     maps_kib += int(line.split()[1])
         found["bpf_map_mappings"] = maps_kib
         return found
+
+    def profile_now(self, when: str) -> None:
+        """A line in $OUT/memory_profile.jsonl (with --memory-profile): where its memory is."""
+        if self.profile:
+            with open(os.path.join(OUT, "memory_profile.jsonl"), "a") as f:
+                f.write(json.dumps({"when": when}) + "\n")
+            os.kill(self.proc.pid, signal.SIGUSR2)
+            time.sleep(3)  # (tracemalloc's snapshot of a big heap takes a moment)
 
     def close(self) -> int:
         self.proc.terminate()
@@ -706,6 +717,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=5.0, help="s (windows part)")
     parser.add_argument("--monitor-args", default="", help="more options of the monitor")
     parser.add_argument("--parallel", type=int, default=4, help="MLP children at once")
+    parser.add_argument("--memory-profile", action="store_true",
+                        help="the monitor under memory_profile.py: a report at each part")
     args = parser.parse_args()
     global MODES_CHOSEN
     MODES_CHOSEN = tuple(args.modes.split(","))
@@ -719,16 +732,19 @@ def main() -> int:
     pyz = os.path.abspath(args.pyz)
     monitor_args = (["--kernel-labels", "200"] + args.monitor_args.split()
                     + (["-p", args.smoke[0]] if args.smoke else []))
-    monitor = Monitor(pyz, monitor_args)
+    monitor = Monitor(pyz, monitor_args, args.memory_profile)
     files = re.search(r"monitoring \d+ functions in (.*)", "\n".join(monitor.lines)).group(1)
     time.sleep(2)  # (its start-up's garbage gone: the idle figure)
     emit({"part": "start", "files": files.split(", "), "stderr": monitor.lines,
           "cpu": cpu_facts(), "idle_memory_kib": monitor.memory_kib()})
+    monitor.profile_now("idle")
     try:
         if "counts" in args.parts:
             counts_part(monitor, args, args.smoke)
+            monitor.profile_now("after counts")
         if "parallel" in args.parts and not args.smoke:
             parallel_part(monitor, args)
+            monitor.profile_now("after parallel")
         monitor_part(monitor)
     finally:
         status = monitor.close()
