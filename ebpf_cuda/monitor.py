@@ -23,8 +23,9 @@ recorder (flight.py) every call's record travels too.
 Threads: `run()` is the reader. Every TICK_S it also names the launches in the kernel's
 `launches` map and publishes them as series, and drops the state of processes that exited
 once an exporter has collected their last values. Exporters call `collect()`
-from their threads: it reads the per-CPU aggregates afresh (a few system calls) and takes the
-launch series the reader last published (at most TICK_S old). Nothing here prints.
+from their threads: it renders what the reader last published (the aggregates and the
+launch series of one tick, at most TICK_S old; a scrape reads only the small error and loss
+maps). Nothing here prints.
 """
 import ctypes
 import errno
@@ -210,14 +211,12 @@ class FunctionTotals(NamedTuple):
     histogram: Tuple[int, ...]
 
 
-_STRIDE = layout.AGG_VALUE.size // 8  # u64 words per CPU
 _COUNT, _TOTAL, _ERRORS, _BYTES, _HIST = 0, 1, 4, 5, 7
 _INDEX = struct.Struct("<I")
 
 
 class AggregateReader:
-    """Reads the `agg` map's entries of the probed functions only, one lookup each, summing
-    the per-CPU words with slices (no per-CPU unpacking)."""
+    """Reads the `agg` map's entries of the probed functions only, one lookup each."""
 
     def __init__(self, agg_fd: int, fn_ids: Iterable[int]) -> None:
         self.fd = agg_fd
@@ -239,15 +238,22 @@ class AggregateReader:
             raw = self._lookup(key)
             if raw is None:
                 continue
-            words = memoryview(raw).cast("Q")
-            count = sum(words[_COUNT::_STRIDE])
-            if not count:
+            words = _per_cpu_total(raw)
+            if not words[_COUNT]:
                 continue
             found.append(FunctionTotals(
-                api, kind, count, sum(words[_TOTAL::_STRIDE]), sum(words[_ERRORS::_STRIDE]),
-                sum(words[_BYTES::_STRIDE]),
-                tuple(sum(words[_HIST + b::_STRIDE]) for b in range(layout.HIST_BUCKETS))))
+                api, kind, words[_COUNT], words[_TOTAL], words[_ERRORS], words[_BYTES],
+                tuple(words[_HIST:_HIST + layout.HIST_BUCKETS])))
         return found
+
+
+def _per_cpu_total(raw: bytes) -> List[int]:
+    """The u64 words of an `agg` value summed over its CPUs. Each CPU's words, read as one
+    little-endian integer, are 64-bit lanes: adding the integers adds every lane at once
+    (a lane carries into the next only past 2^64, where the kernel's own counter wraps)."""
+    size = layout.AGG_VALUE.size
+    total = sum(int.from_bytes(raw[at:at + size], "little") for at in range(0, len(raw), size))
+    return memoryview(total.to_bytes(size + 8, "little")[:size]).cast("Q").tolist()
 
 
 BPF_MAP_LOOKUP_BATCH = 24  # (Linux 5.6+)
@@ -344,8 +350,9 @@ _FUNC_CELL = {fn_id: aggregates.func_cell(api) for fn_id, api in enumerate(TABLE
 
 class LaunchSeries(NamedTuple):
     """What the reader publishes every tick: launches by (process labels, function, kernel
-    label), the launches the full `launches` map could not take (so far), and the live
-    processes."""
+    label), the launches the full `launches` map could not take (so far), the live
+    processes, and the aggregates it read (exporters render these: a scrape reads no map
+    of per-CPU values, and its families agree with each other)."""
 
     launches: Dict[Tuple[Labels, str, str], int]  # (process labels, api, kernel label)
     map_full: int
@@ -354,6 +361,7 @@ class LaunchSeries(NamedTuple):
     # (process labels, function id) -> [calls, errors, API ns] (`proc_calls`; the sampled
     # rows' calls: their launches by process, errors and time None)
     per_process: Dict[Tuple[Labels, int], list] = {}
+    totals: Tuple[FunctionTotals, ...] = ()  # every function's aggregates
 
 
 # -- live device memory ----------------------------------------------------------------------
@@ -604,7 +612,8 @@ class Monitor:
         live = [p for p in self.processes.values() if p.exited is None]
         memory = tuple((p.label_set(), self.memory.held(p.pid))
                        for p in sorted(live, key=lambda p: p.pid))
-        return LaunchSeries(launches, self._map_full, len(live), memory, per_process)
+        return LaunchSeries(launches, self._map_full, len(live), memory, per_process,
+                            tuple(totals))
 
     def _calls_unattributed(self, totals: Sequence[FunctionTotals],
                             per_process: Dict[Tuple[Labels, int], list]) -> int:
@@ -720,8 +729,7 @@ class Monitor:
         with self._lock:
             series = self._series
             self._collects += 1
-        functions = self._aggregates()
-        families = function_families(functions)
+        families = function_families(series.totals)
         families.append(_error_family(self.tracer.session.maps[layout.ERRORS]))
         sampled = self.tracer.sampled_returns()
         families.append(Family(

@@ -12,8 +12,8 @@ import pytest
 
 from ebpf_cuda import features, layout, prometheus, uprobe
 from ebpf_cuda.apis import FN_ID
-from ebpf_cuda.monitor import (DEFAULT_SAMPLE_RETURNS, Monitor, MonitorOptions, OTHER_KERNEL,
-                               Process, cuda_files, histogram)
+from ebpf_cuda.monitor import (DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions,
+                               OTHER_KERNEL, Process, cuda_files, histogram)
 from helpers import run_cli
 from kernel_fds import bpf_link_types
 from monitor_support import (AFTER, BEFORE, KERNEL, Held, MonitorCli, parse_metrics,
@@ -322,7 +322,7 @@ def test_cli_serves_the_page_and_stops_cleanly(prog, lib):
         else:
             assert {uprobe.UPROBE_MULTI: "uprobe_multi", uprobe.PERF_LINK: "perf"}[path] in types
         Held(prog, ["setdevice:0", "loop:12:malloc:64"]).go().wait()
-        time.sleep(0.2)
+        time.sleep(2 * TICK_S + 0.2)  # (the page shows what the reader's last tick read)
         content_type, page = scrape(port)
         assert content_type == prometheus.CONTENT_TYPE
         assert value(parse_metrics(page), "ebpf_cuda_api_calls_total", api="cudaMalloc") == 12
