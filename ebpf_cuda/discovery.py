@@ -215,7 +215,7 @@ def is_static_cudart(path: str) -> bool:
     global, in .symtab or .dynsym), as nvcc's default static link does. False for files that
     only import them, and for files that are not readable 64-bit ELF files or are stripped."""
     try:
-        return bool(open_elf(path).has_any(STATIC_CUDART_MARKERS))
+        return bool(open_elf(path, allow_stripped=True).defines_any(STATIC_CUDART_MARKERS))
     except ElfError:
         return False
 
@@ -526,6 +526,6 @@ def nccl_libraries(pid: Optional[int] = None, command: Sequence[str] = ()) -> Li
 def _defines_any(path: str, functions: Sequence[str]) -> bool:
     """True when the ELF file at `path` defines one of `functions` (False when unreadable)."""
     try:
-        return bool(open_elf(path).has_any(functions))
+        return bool(open_elf(path, allow_stripped=True).defines_any(functions))
     except ElfError:
         return False

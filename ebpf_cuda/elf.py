@@ -427,6 +427,27 @@ class ElfFile:
         table = self._load_symbols()
         return {n for n in names if base_name(n) in table}
 
+    def defines_any(self, names: Iterable[str]) -> Set[str]:
+        """Like `has_any`, for a look at a few names in a file that may never be read again
+        (a library checked for a runtime linked in statically): the symbol tables are
+        scanned for those names only, and no table of every function is made or kept."""
+        wanted = list(names)
+        if self._by_name is not None:
+            return self.has_any(wanted)
+        tables = [s for s in self._symbol_sections if s.name == ".symtab"] or \
+            self._symbol_sections
+        defined: Set[str] = set()
+        try:
+            with open(self.path, "rb") as stream:
+                for section in tables:
+                    defined |= find_functions(stream, section, {base_name(n) for n in wanted})
+        except OSError as err:
+            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
+        except Exception as err:
+            raise ElfError("%s has a corrupted symbol table (%s)"
+                           % (self.path, _describe(err))) from None
+        return {n for n in wanted if base_name(n) in defined}
+
     def require_any(self, names: Iterable[str]) -> Set[str]:
         """Like `has_any`, but raises NoCudaSymbolsError when none is defined."""
         wanted = list(names)
@@ -534,6 +555,32 @@ def read_function_symbols(stream, offset: int, size: int, entsize: int, str_offs
     return result
 
 
+def find_functions(stream, table: "_SymbolSection", names: Set[str]) -> Set[str]:
+    """Which of `names` one symbol table defines as functions. Each name's string offsets
+    are found in the string table first (every place the name ends there, with a NUL or a
+    symbol version: a linker may store it as the tail of a longer string); then a symbol
+    is looked at only when its name is at one of those offsets."""
+    if table.entsize != SYM_SIZE:
+        raise ElfError("symbol entries are %d bytes, expected %d" % (table.entsize, SYM_SIZE))
+    stream.seek(table.str_offset)
+    strings = stream.read(table.str_size)
+    at: Dict[int, str] = {}
+    for name in names:
+        encoded = name.encode()
+        for end in (b"\0", b"@"):
+            start = strings.find(encoded + end)
+            while start >= 0:
+                at[start] = name
+                start = strings.find(encoded + end, start + 1)
+    if not at:
+        return set()
+    stream.seek(table.offset)
+    data = stream.read(table.size - table.size % SYM_SIZE)
+    return {at[st_name] for st_name, st_info, _other, shndx, _value, _size
+            in struct.iter_unpack(SYM_FORMAT, data)
+            if st_name in at and _FUNCTION_TYPES[st_info] and shndx != SHN_UNDEF}
+
+
 def suggest(name: str, names: Iterable[str], count: int = 5) -> List[str]:
     """The names closest to `name` (difflib), for "did you mean" hints.
 
@@ -628,6 +675,12 @@ def open_elf(path: str, allow_stripped: bool = False) -> ElfFile:
             _cache.pop(next(iter(_cache)))
         _cache[key] = elf
     return elf
+
+
+def forget_files() -> None:
+    """Drop every ElfFile open_elf keeps (an always-on monitor keeps no file's symbols
+    once its probes are on: a runtime's are ~1 MB)."""
+    _cache.clear()
 
 
 def is_elf_for_this_machine(path: str) -> bool:

@@ -37,7 +37,7 @@ import time
 from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from . import aggregates, apis, discovery, heap, layout, record, syscalls
+from . import aggregates, apis, discovery, elf, heap, layout, record, syscalls
 from .apis import TABLE, Api, Kind, Role
 from .containers import container_of
 from .cuda_enums import error_name, memcpy_kind_name
@@ -424,6 +424,7 @@ class Monitor:
         self._agg: Optional[AggregateReader] = None
         self._agg_for = 0  # the attachments `_agg` reads the functions of
         self._agg_fns: Set[int] = set()  # every function probed so far (files detached too)
+        self._probed_files = 0  # attachments when ELF files were last forgotten
         self.watch = None  # a loader_watch.SystemWatch: CUDA files that appear later
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
@@ -465,6 +466,8 @@ class Monitor:
             self._process_calls = HashReader(maps[layout.PROCESS_CALLS])
             if o.late if o.late is not None else not o.paths:
                 self.watch = self._watch_late()
+            self._probed_files = len(self.tracer.attachments)
+            elf.forget_files()
         except BaseException:
             self.close()
             raise
@@ -575,6 +578,9 @@ class Monitor:
         with self._lock:
             self._series = series
         self._known = tuple(self.processes)
+        if len(self.tracer.attachments) != self._probed_files:  # (files probed late)
+            self._probed_files = len(self.tracer.attachments)
+            elf.forget_files()
 
     def _launch_series(self) -> LaunchSeries:
         """Launches from the kernel's map by process and kernel label. The successful

@@ -130,6 +130,22 @@ def test_has_any_and_require_any(cudart, build):
     assert cudart.require_any(["cudaMalloc", "x"]) == {"cudaMalloc"}
 
 
+def test_defines_any_scans_for_the_names_alone(cudart, build):
+    """defines_any (a library looked at once) agrees with has_any, without a table of every
+    function: data objects, undefined names and names that are the tail of another's are
+    not functions it defines; local functions are."""
+    path = str(build("markers", "elf_markers.c", "-Wl,--unresolved-symbols=ignore-all"))
+    names = ["cudaMalloc", "cudaFree", "cudaGetDevice", "cudaLaunchKernel",
+             "my_cudaLaunchKernel", "main"]
+    fresh = ElfFile(path)
+    assert fresh.defines_any(names) == {"cudaGetDevice", "my_cudaLaunchKernel", "main"}
+    assert fresh._by_name is None  # (no table of every function made)
+    assert ElfFile(path).has_any(names) == fresh.defines_any(names)
+    wanted = RUNTIME_FUNCTIONS + ["cudaMalloc@@libcudart.so.12", "nope"]
+    scanned = ElfFile(cudart.path).defines_any(wanted)
+    assert scanned == cudart.has_any(wanted) == set(wanted) - {"nope"}
+
+
 def test_symbolize_inside_cudart_function(cudart):
     sym = cudart.function_symbols()["cudaMemcpy"]
     assert cudart.symbolize(sym.value) == "cudaMemcpy"
@@ -331,6 +347,7 @@ def test_corrupted_files_raise_only_elf_errors(build, tmp_path, edits, cut):
         elf.functions()
         elf.symbolize(0x1100)
         elf.has_any(["cudaMalloc"])
+        ElfFile(str(bad), allow_stripped=True).defines_any(["cudaMalloc"])
         elf.symbol_offset("cudaMalloc")
     except ElfError:
         pass
