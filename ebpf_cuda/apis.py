@@ -185,7 +185,8 @@ class Api(NamedTuple):
     @property
     def teaches_names(self) -> bool:
         """Its calls teach kernel names: they always emit a record (also with in-kernel
-        aggregates) and wake the reader at once, while the process still lives."""
+        aggregates), and those that read a name wake the reader at once, while the process
+        still lives (Session.probe_options)."""
         return self.category == "module"
 
     @property

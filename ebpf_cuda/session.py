@@ -313,8 +313,13 @@ class Session:
             wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
             stacks=o.stacks and api.captures_stack)
         if api.teaches_names:
-            # Their process must still live when they are read: no waiting to batch.
-            options = options._replace(emit=True, wake_now=True)
+            # Their process must still live when they are read (a name string the `names`
+            # map may let go, the process's mappings): no waiting to batch. But
+            # cuKernelGetFunction only ties a CUfunction to a CUkernel already named, and the
+            # runtime calls it again and again (5 times a PyTorch training step): its records
+            # wait with the others (a forced wakeup costs the calling thread the reader's
+            # wakeup each time), read before the launches after them are named.
+            options = options._replace(emit=True, wake_now=api.learn_alias is None)
         elif o.aggregate and api.category == "graph":
             # Rare calls (captures, nodes, instantiations, graph launches) from which the
             # summary rebuilds each graph and expands each graph launch into its kernels

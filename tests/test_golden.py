@@ -135,8 +135,8 @@ def tracer_programs(variant: str) -> Dict[str, List[str]]:
         if spec.return_probes:
             kinds.append((True, "return", probes.return_program))
         options = with_stack if spec.stacks and api.category == "memory" else plain
-        if api.category in NAMED_CATEGORIES:
-            options = options._replace(emit=True, wake_now=True)
+        if api.category in NAMED_CATEGORIES:  # (cuKernelGetFunction: no wakeup)
+            options = options._replace(emit=True, wake_now=api.learn_alias is None)
         elif spec.aggregate and api.category == "graph":  # (the summary follows graphs)
             options = options._replace(emit=True)
         if spec.sample_returns and api.role == apis.Role.LAUNCH and not options.emit:
