@@ -10,7 +10,6 @@ user gets the same outputs from a `Request`:
         print("\\n\\n".join(plan.reports(tracer)))
 """
 import os
-import shutil
 import stat
 import sys
 from dataclasses import dataclass
@@ -388,6 +387,8 @@ def _refuse_pattern_matches(outputs: Sequence[Tuple[str, Optional[str]]]) -> Non
 
 def trace_inputs(paths: Sequence[str], command: Sequence[str]) -> List[Tuple[str, str]]:
     """The files a live trace reads: the probed libraries, the command's executable."""
+    import shutil  # (here: with bz2 and lzma, ~0.5 MB of every monitor otherwise)
+
     inputs = [("-p", path) for path in paths]
     if command:
         inputs.append(("the command", shutil.which(command[0]) or command[0]))

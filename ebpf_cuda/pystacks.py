@@ -14,7 +14,6 @@ name them; `annotate` sets `event.py_stack`. What cannot be shown is counted by 
 (`missing`), never guessed.
 """
 import os
-import shutil
 import threading
 import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
@@ -153,6 +152,8 @@ class PyStacks:
     def prepare(self, program: str) -> None:
         """Read the interpreter of a program about to run (`program` as a command names
         it): a process that lives some milliseconds is told to the probes in time."""
+        import shutil  # (here: with bz2 and lzma, ~0.5 MB of every monitor otherwise)
+
         path = program if "/" in program else shutil.which(program)
         try:
             if path:

@@ -14,7 +14,8 @@ import os
 import select
 import threading
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 from . import layout, record
 from .command import alive
@@ -25,9 +26,11 @@ from .graphs import GraphTracker
 from .losses import Losses
 from .names import KernelNamer
 from .nccl import Communicators
-from .pystacks import PyStacks
 from .reaper import Reaper
 from .session import Session
+
+if TYPE_CHECKING:
+    from .pystacks import PyStacks
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
@@ -55,7 +58,7 @@ class Stream:
         self.communicators = Communicators()  # NCCL calls' rank, size, id, seq (nccl.py)
         self.reaper = Reaper(names.seen_pids, self._forget)  # exited processes (reaper.py)
         # --py-stacks: each call's Python stack (pystacks.py), once the maps exist
-        self.pystacks: Optional[PyStacks] = None
+        self.pystacks: Optional["PyStacks"] = None  # (pystacks.py imported only then)
         self._warn: Optional[Notice] = None
         self._read_bytes = 0  # frames read so far, and (behind a spool) written as lines
         self._lines_bytes = 0
@@ -86,6 +89,8 @@ class Stream:
         self.devices.from_start = bool(self.session.options.command)
         python = layout.PY_PROCS in self.session.maps and self.pystacks is None
         if python:
+            from .pystacks import PyStacks
+
             self.pystacks = PyStacks(self.session.maps, self.session.log,
                                      self.session.options.return_probes)
             self.pystacks.warn = self._warn

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from ebpf_cuda import features, layout, prometheus, uprobe
-from ebpf_cuda.apis import FN_ID
+from ebpf_cuda.apis import BY_NAME, FN_ID
 from ebpf_cuda.monitor import (DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions,
                                OTHER_KERNEL, Process, cuda_files, histogram)
 from helpers import run_cli
@@ -126,6 +126,38 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
         assert not [k for k in names._found if k[0] == held.pid]
         assert held.pid not in names.resolver._maps
         assert monitor.launch_totals() == {("cuda_driver_pro", "cudaLaunchKernel", KERNEL): 7}
+
+
+@pytest.fixture(scope="module")
+def driver(cc):
+    """(stand-in libcuda.so.1, cu_driver_prog)."""
+    from fakecuda_driver import build_fake_driver
+
+    return build_fake_driver(cc)
+
+
+def test_launches_of_a_function_from_cukernelgetfunction_are_named(driver):
+    """cuKernelGetFunction's records do not wake the reader (the runtime calls it again
+    and again): processes of a few milliseconds that launch right after it, and exit, still
+    have every launch named."""
+    lib, cu_prog = driver
+    ops = ["init", "libraryload", "getkernel:lib_kernel", "kernelfunction", "kernelfunction",
+           *["launch:1:32:0:0:@%d" % (n % 2) for n in range(6)]]
+    with running_monitor(paths=(str(lib),)) as monitor:
+        session = monitor.tracer.session
+        assert not session.probe_options(BY_NAME["cuKernelGetFunction"]).wake_now
+        assert session.probe_options(BY_NAME["cuLibraryGetKernel"]).wake_now
+        runs = [subprocess.Popen([str(cu_prog), *ops], stdout=subprocess.DEVNULL)
+                for _ in range(6)]
+        assert [run.wait() for run in runs] == [0] * 6
+        settle(monitor)
+        samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+    launches = "ebpf_cuda_kernel_launches_total"
+    for run in runs:
+        assert value(samples, launches, pid=str(run.pid), kernel="lib_kernel") == 6
+    assert value(samples, launches, kernel="lib_kernel") == 36
+    assert value(samples, launches) == 36  # (none unnamed)
+    assert value(samples, "ebpf_cuda_api_calls_total", api="cuKernelGetFunction") == 12
 
 
 def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
