@@ -214,6 +214,22 @@ def test_kernel_labels_are_given_once_per_process_and_bounded():
     assert {none._kernel_label(Process(1, "x"), 3, f) for f in (1, 5)} == {OTHER_KERNEL}
 
 
+def test_per_cpu_words_are_summed_lane_by_lane():
+    """An `agg` value's u64 words summed over CPUs (each CPU's words added as one integer):
+    the same as adding word by word, also with words near 2^63."""
+    import random
+
+    from ebpf_cuda.monitor import _per_cpu_total
+
+    rng = random.Random(7)
+    words = layout.AGG_VALUE.size // 8
+    for cpus in (1, 2, 16, 64):
+        rows = [[rng.choice((0, 1, rng.randrange(1 << 40), (1 << 63) // cpus - 1))
+                 for _ in range(words)] for _ in range(cpus)]
+        raw = b"".join(struct.pack("<%dQ" % words, *row) for row in rows)
+        assert _per_cpu_total(raw) == [sum(column) for column in zip(*rows)]
+
+
 def test_histogram_buckets_are_cumulative_at_powers_of_two():
     buckets = [0] * 40
     buckets[7], buckets[8], buckets[20], buckets[39] = 1, 2, 3, 4  # 2^7 ns, 2^8 ns, ...
