@@ -9,7 +9,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import click
 
-from . import apis, plan
+from . import apis, heap, plan
 from .errors import Interrupted, KernelError, TracerError, UsageError, VerifierError
 from .losses import Losses
 from .tracer import DEFAULT_RING_SIZE, Tracer
@@ -593,6 +593,7 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                              api, everything, kernel_labels,
                              plan.parse_size(ring_size) if ring_size else None, flight,
                              sample_returns=return_sampling)
+    heap.for_long_runs()  # (an always-on process: large buffers unmapped when freed)
     monitor = signals.monitor = Monitor(options, log=_say if verbose else None, notice=_say)
     # What can fail does before the probes go on: the port is bound, the URL and the
     # profile's file checked.
