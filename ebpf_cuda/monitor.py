@@ -167,7 +167,7 @@ class Process:
     """A process seen making CUDA calls: its labels, and the sticky kernel labels of its
     launches ((fn_id, func) -> label)."""
 
-    __slots__ = ("pid", "comm", "container", "start", "exited", "labels", "kernels")
+    __slots__ = ("pid", "comm", "container", "start", "exited", "labels", "kernels", "waiting")
 
     def __init__(self, pid: int, comm: str) -> None:
         self.pid = pid
@@ -177,6 +177,8 @@ class Process:
         self.exited: Optional[int] = None  # the collect count when its exit was seen
         self.labels: Dict[Tuple[int, int], str] = {}
         self.kernels: Set[str] = set()  # kernel names that have a label of their own
+        # (fn_id, func) of launches held back a tick, their name unknown (_kernel_label)
+        self.waiting: Set[Tuple[int, int]] = set()
 
     def alive(self) -> bool:
         """Still running (the same process: a reused PID has another start time)."""
@@ -607,8 +609,10 @@ class Monitor:
         for (pid, fn_id, func), count in sorted(per_key.items()):
             attributed[fn_id] = attributed.get(fn_id, 0) + count
             process = self._process(pid)
-            series = (process.label_set(), TABLE[fn_id].name,
-                      self._kernel_label(process, fn_id, func))
+            label = self._kernel_label(process, fn_id, func)
+            if label is None:  # (held back: published at the next tick)
+                continue
+            series = (process.label_set(), TABLE[fn_id].name, label)
             launches[series] = launches.get(series, 0) + count
         missing = sum(max(n - attributed.get(fn_id, 0), 0) for fn_id, n in ok.items())
         self._map_full = max(self._map_full, missing)
@@ -660,15 +664,22 @@ class Monitor:
                                  [0, None, None])[0] += count
         return found
 
-    def _kernel_label(self, process: Process, fn_id: int, func: int) -> str:
+    def _kernel_label(self, process: Process, fn_id: int, func: int) -> Optional[str]:
         """The launch's kernel label, decided once per (function, func) of a process, so
         that every series only grows: the name while fewer than `kernel_labels` names have
-        one, else "other" (the first kernels a process launches get the labels)."""
+        one, else "other" (the first kernels a process launches get the labels). None: not
+        decided yet. A launch whose name is not known when first seen waits one tick: the
+        call that taught it (cuKernelGetFunction, say) came before the launch, but its
+        record may have reached the ring after the reader drained it for this tick."""
         label = process.labels.get((fn_id, func))
         if label is not None:
             return label
         name = self.tracer.names.name_for(process.pid, TABLE[fn_id].name, func)
         limit = self.options.kernel_labels
+        if name is None and limit and (fn_id, func) not in process.waiting:
+            process.waiting.add((fn_id, func))
+            return None
+        process.waiting.discard((fn_id, func))
         if name is None:
             label = UNNAMED_KERNEL if limit else OTHER_KERNEL
         elif name in process.kernels or len(process.kernels) < limit:
@@ -694,8 +705,8 @@ class Monitor:
     def _prune(self, collects: int) -> None:
         """Drop the processes whose exit was seen before an exporter's last collect: their
         launch entries leave the kernel's map (counted as retired), their names go."""
-        gone = [p.pid for p in self.processes.values()
-                if p.exited is not None and p.exited < collects]
+        gone = [p.pid for p in self.processes.values()  # (not one whose launches wait)
+                if p.exited is not None and p.exited < collects and not p.waiting]
         if not gone:
             return
         launches = self.tracer.session.maps[layout.LAUNCHES]

@@ -6,6 +6,7 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import time
 
 import pytest
@@ -160,6 +161,36 @@ def test_launches_of_a_function_from_cukernelgetfunction_are_named(driver):
     assert value(samples, "ebpf_cuda_api_calls_total", api="cuKernelGetFunction") == 12
 
 
+def test_a_launch_counted_before_its_teaching_record_is_read_waits_for_its_name(driver):
+    """A tick that finds launches whose name is not known yet (here: the reader has not
+    read the ring at all) holds them back one tick instead of labelling them unnamed for
+    good; once the records are read they are published under their name."""
+    from ebpf_cuda.monitor import Monitor
+
+    lib, cu_prog = driver
+    ops = ["init", "libraryload", "getkernel:lib_kernel", "kernelfunction",
+           "launch:1:32:0:0:@0", "launch:1:32:0:0:@0", "launch:1:32:0:0:@0"]
+    monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False)).start()
+    try:
+        run = subprocess.run([str(cu_prog), *ops], stdout=subprocess.DEVNULL, check=True)
+        monitor.tick()  # (nothing read from the ring yet)
+        launches = "ebpf_cuda_kernel_launches_total"
+        first = parse_metrics(prometheus.render(monitor.collect()).decode())
+        assert value(first, launches) == 0
+        assert value(first, "ebpf_cuda_events_lost_total", cause="launch_map_full") == 0
+        reader = threading.Thread(target=monitor.run, daemon=True)
+        reader.start()
+        settle(monitor)
+        samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+        monitor.stop()
+        reader.join(30)
+    finally:
+        monitor.close()
+    assert run.returncode == 0
+    assert value(samples, launches, kernel="lib_kernel") == 3
+    assert value(samples, launches) == 3  # (none unnamed)
+
+
 def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
     with running_monitor(paths=(str(lib),)) as monitor:
         maps = monitor.tracer.session.maps
@@ -200,15 +231,21 @@ def test_calls_the_full_process_map_could_not_take_are_counted_as_lost(prog, lib
 
 def test_kernel_labels_are_given_once_per_process_and_bounded():
     class Namer:
+        known = {1: "a", 2: "b", 3: "c", 4: "a"}
+
         def name_for(self, pid, api, func):
-            return {1: "a", 2: "b", 3: "c", 4: "a"}.get(func)
+            return self.known.get(func)
 
     monitor = Monitor(MonitorOptions(kernel_labels=2))
     monitor.tracer = type("T", (), {"names": Namer()})()
     process = Process(os.getpid(), "app")
-    labels = [monitor._kernel_label(process, 3, func) for func in (1, 2, 3, 4, 5, 3, 1)]
-    # a and b get labels, c does not (two already), func 4 is kernel a again, 5 has no name
-    assert labels == ["a", "b", OTHER_KERNEL, "a", "unnamed", OTHER_KERNEL, "a"]
+    labels = [monitor._kernel_label(process, 3, func) for func in (1, 2, 3, 4, 5, 3, 1, 5)]
+    # a and b get labels, c does not (two already), func 4 is kernel a again, 5 has no name:
+    # it waits a tick (None), then is unnamed
+    assert labels == ["a", "b", OTHER_KERNEL, "a", None, OTHER_KERNEL, "a", "unnamed"]
+    assert monitor._kernel_label(process, 3, 6) is None  # (a name learned meanwhile)
+    Namer.known[6] = "b"
+    assert monitor._kernel_label(process, 3, 6) == "b" and not process.waiting
     none = Monitor(MonitorOptions(kernel_labels=0))
     none.tracer = monitor.tracer
     assert {none._kernel_label(Process(1, "x"), 3, f) for f in (1, 5)} == {OTHER_KERNEL}
