@@ -537,7 +537,8 @@ class Monitor:
                     self.flight.put(frames)
             if self.flight is not None:
                 self.flight.poll()
-            self.tick()  # (once more after the stop: the series include the last batch)
+            # (once more after the stop: the series include the last batch, nothing waits)
+            self.tick(final=self._stopping)
 
     def stop(self) -> None:
         """Finish `run()` after draining the ring (safe in a signal handler)."""
@@ -567,16 +568,18 @@ class Monitor:
             if fn_id in self._launch_ids and not ret & 0xFFFFFFFF:
                 self._captured[fn_id] = self._captured.get(fn_id, 0) + 1
 
-    def tick(self) -> None:
+    def tick(self, final: bool = False) -> None:
         """Name the launches and publish them; drop the processes whose exit an exporter
-        has seen; note the processes that exited since the last tick."""
+        has seen; note the processes that exited since the last tick. `final` (the tick
+        after the stop, whose series the last push and the profile take): no launch
+        waits for its name."""
         with self._lock:
             collects = self._collects
         self._prune(collects)
         for process in self.processes.values():  # (before the series: they hold its end)
             if process.exited is None and not process.alive():
                 process.exited = collects
-        series = self._launch_series()
+        series = self._launch_series(final)
         with self._lock:
             self._series = series
         self._known = tuple(self.processes)
@@ -584,7 +587,7 @@ class Monitor:
             self._probed_files = len(self.tracer.attachments)
             elf.forget_files()
 
-    def _launch_series(self) -> LaunchSeries:
+    def _launch_series(self, final: bool = False) -> LaunchSeries:
         """Launches from the kernel's map by process and kernel label. The successful
         launches the aggregates counted beyond those the map holds (and those of processes
         already dropped) are the ones the full map could not take."""
@@ -609,7 +612,7 @@ class Monitor:
         for (pid, fn_id, func), count in sorted(per_key.items()):
             attributed[fn_id] = attributed.get(fn_id, 0) + count
             process = self._process(pid)
-            label = self._kernel_label(process, fn_id, func)
+            label = self._kernel_label(process, fn_id, func, wait=not final)
             if label is None:  # (held back: published at the next tick)
                 continue
             series = (process.label_set(), TABLE[fn_id].name, label)
@@ -664,7 +667,8 @@ class Monitor:
                                  [0, None, None])[0] += count
         return found
 
-    def _kernel_label(self, process: Process, fn_id: int, func: int) -> Optional[str]:
+    def _kernel_label(self, process: Process, fn_id: int, func: int,
+                      wait: bool = True) -> Optional[str]:
         """The launch's kernel label, decided once per (function, func) of a process, so
         that every series only grows: the name while fewer than `kernel_labels` names have
         one, else "other" (the first kernels a process launches get the labels). None: not
@@ -676,7 +680,7 @@ class Monitor:
             return label
         name = self.tracer.names.name_for(process.pid, TABLE[fn_id].name, func)
         limit = self.options.kernel_labels
-        if name is None and limit and (fn_id, func) not in process.waiting:
+        if name is None and limit and wait and (fn_id, func) not in process.waiting:
             process.waiting.add((fn_id, func))
             return None
         process.waiting.discard((fn_id, func))

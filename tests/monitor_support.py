@@ -74,9 +74,10 @@ def running_monitor(**options) -> Iterator:
         monitor.close()
 
 
-def settle(monitor, ticks: int = 2, timeout: float = 300) -> None:
+def settle(monitor, ticks: int = 3, timeout: float = 300) -> None:
     """Let the reader publish what the kernel has counted: `ticks` series published from
-    now on (the first may have begun before the last call; the second began after it). A
+    now on (the first may have begun before the last call; the second began after it; a
+    launch whose name was not known when that one first saw it waits for the third). A
     tick takes ~TICK_S on a real machine, but naming a full launches map takes seconds
     under emulation (the kernel matrix's guests): a fixed sleep read a series made before."""
     from ebpf_cuda.monitor import TICK_S

@@ -246,6 +246,7 @@ def test_kernel_labels_are_given_once_per_process_and_bounded():
     assert monitor._kernel_label(process, 3, 6) is None  # (a name learned meanwhile)
     Namer.known[6] = "b"
     assert monitor._kernel_label(process, 3, 6) == "b" and not process.waiting
+    assert monitor._kernel_label(process, 3, 7, wait=False) == "unnamed"  # (the last tick)
     none = Monitor(MonitorOptions(kernel_labels=0))
     none.tracer = monitor.tracer
     assert {none._kernel_label(Process(1, "x"), 3, f) for f in (1, 5)} == {OTHER_KERNEL}

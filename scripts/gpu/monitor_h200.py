@@ -379,7 +379,7 @@ def counts_part(monitor: Monitor, args, smoke) -> None:
     for name in (["smoke"] if smoke else ["mlp", "compile", "cupy"]):
         before = monitor.scrape()
         result = run_child(name, args, smoke)
-        time.sleep(1.5)  # two reader ticks: the exited process's launches are published
+        time.sleep(2.0)  # three reader ticks: the exited process's launches are published
         after = monitor.scrape()
         pid = result["pid"]
         launches = total(after, "ebpf_cuda_kernel_launches_total", 'pid="%d"' % pid)
@@ -416,7 +416,7 @@ def parallel_part(monitor: Monitor, args) -> None:
         result = (json.loads(out.strip().splitlines()[-1]) if proc.returncode == 0
                   else {"error": "exit status %d" % proc.returncode})
         results.append(dict(result, pid=proc.pid))
-    time.sleep(1.5)  # (two reader ticks)
+    time.sleep(2.0)  # (three reader ticks)
     after = monitor.scrape()
     children = []
     for result in results:

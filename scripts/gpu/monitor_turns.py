@@ -264,7 +264,7 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
             rounds = max(args.rounds * usual // per_turn, 60)
         result = measure(what, per_turn or usual, rounds, copies, cpu, args.smoke)
         result["smoke"] = bool(args.smoke)
-        time.sleep(1.5)  # (two reader ticks: the exited child's launches published)
+        time.sleep(2.0)  # (three reader ticks: the exited child's launches published)
         samples = monitor.scrape()
         result["monitor_said"] = [line for line in monitor.lines if "sampl" in line]
         for name, key in (("ebpf_cuda_api_calls_total", "monitor_calls_by_api"),
