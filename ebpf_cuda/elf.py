@@ -367,14 +367,16 @@ class ElfFile:
                     gc.enable()
         return self._by_name
 
-    def _read_all_functions(self) -> Dict[str, "_Sym"]:
+    def _function_tables(self) -> List[_SymbolSection]:
         # .symtab, where present, already holds every .dynsym function (the linker writes
         # both) plus the local ones; reading .dynsym too would double the cost for nothing.
-        tables = [s for s in self._symbol_sections if s.name == ".symtab"] or \
+        return [s for s in self._symbol_sections if s.name == ".symtab"] or \
             self._symbol_sections
+
+    def _read_all_functions(self) -> Dict[str, "_Sym"]:
         by_name: Dict[str, _Sym] = {}
         with open(self.path, "rb") as stream:
-            for section in tables:
+            for section in self._function_tables():
                 _merge_preferring_global(by_name, read_function_symbols(
                     stream, section.offset, section.size, section.entsize,
                     section.str_offset, section.str_size))
@@ -434,12 +436,10 @@ class ElfFile:
         wanted = list(names)
         if self._by_name is not None:
             return self.has_any(wanted)
-        tables = [s for s in self._symbol_sections if s.name == ".symtab"] or \
-            self._symbol_sections
         defined: Set[str] = set()
         try:
             with open(self.path, "rb") as stream:
-                for section in tables:
+                for section in self._function_tables():
                     defined |= find_functions(stream, section, {base_name(n) for n in wanted})
         except OSError as err:
             raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None

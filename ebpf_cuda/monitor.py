@@ -221,10 +221,9 @@ class AggregateReader:
     """Reads the `agg` map's entries of the probed functions only, one lookup each."""
 
     def __init__(self, agg_fd: int, fn_ids: Iterable[int]) -> None:
-        self.fd = agg_fd
-        self.size = layout.AGG_VALUE.size * possible_cpus()
-        # (read at every tick and every scrape: its buffers made once)
-        self._lookup = syscalls.ElementLookup(agg_fd, _INDEX.size, self.size)
+        # (read at every tick: its buffers made once)
+        self._lookup = syscalls.ElementLookup(agg_fd, _INDEX.size,
+                                              layout.AGG_VALUE.size * possible_cpus())
         self.entries: List[Tuple[Api, Optional[int], bytes]] = []
         for fn_id in sorted(set(fn_ids)):
             api = TABLE[fn_id]
