@@ -26,7 +26,8 @@ def pyz(tmp_path_factory):
 
 
 @pytest.mark.kernel
-def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path):
+@pytest.mark.parametrize("paused", [False, True], ids=["monitor-running", "monitor-paused"])
+def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paused):
     rounds, ops = 60, 100
     source = tmp_path / "libcudart.so.12"
     shutil.copyfile(str(lib), str(source))
@@ -34,12 +35,13 @@ def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path):
     run = subprocess.run(
         [sys.executable, str(SCRIPTS / "monitor_turns.py"), "--pyz", str(pyz),
          "--smoke", str(source), "--rounds", str(rounds), "--ops", str(ops),
-         "--copies", str(tmp_path / "copies")],
+         "--copies", str(tmp_path / "copies")] + (["--pause-monitor"] if paused else []),
         env=dict(os.environ, OUT=str(out)), stdout=subprocess.PIPE, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:]
     records = [json.loads(line) for line in (out / "monitor_turns.jsonl").read_text().splitlines()]
     (result,) = [r for r in records if r["part"] == "turns"]
     assert result["problems"] == []
+    assert result["monitor_paused"] is paused  # (a stopped reader: the counts are the kernel's)
     made = 50 + rounds * ops  # (the warm-up, then one rep a turn)
     assert result["made"] == {"untraced": made, "bare-entry": made, "monitor": made}
     assert result["monitor_counted_launches"] == made  # (each child's launches exactly)

@@ -36,6 +36,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -262,8 +263,15 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
         rounds = args.rounds  # (as long as the usual turns take, when a turn is longer)
         if per_turn is not None and per_turn != usual:
             rounds = max(args.rounds * usual // per_turn, 60)
-        result = measure(what, per_turn or usual, rounds, copies, cpu, args.smoke)
+        if args.pause_monitor:  # (its probes stay on: the kernel's share alone is timed)
+            os.kill(monitor.proc.pid, signal.SIGSTOP)
+        try:
+            result = measure(what, per_turn or usual, rounds, copies, cpu, args.smoke)
+        finally:
+            if args.pause_monitor:
+                os.kill(monitor.proc.pid, signal.SIGCONT)
         result["smoke"] = bool(args.smoke)
+        result["monitor_paused"] = args.pause_monitor
         time.sleep(2.0)  # (three reader ticks: the exited child's launches published)
         samples = monitor.scrape()
         result["monitor_said"] = [line for line in monitor.lines if "sampl" in line]
@@ -292,6 +300,11 @@ def main() -> int:
     parser.add_argument("--cpu", type=int, help="the children's core (default: the last)")
     parser.add_argument("--copies", default="/dev/shm/ebpf-cuda-turns")
     parser.add_argument("--smoke", metavar="LIB")
+    parser.add_argument("--pause-monitor", action="store_true",
+                        help="SIGSTOP the monitor process while the turns run: its probes "
+                             "and their in-kernel work stay, its reader and ticks stop (what "
+                             "of its cost is the user-space side's; records it misses are "
+                             "counted lost)")
     args = parser.parse_args()
     if args.child:
         child_turns(args.child, args.per_turn, args.smoke)
