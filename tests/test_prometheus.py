@@ -164,6 +164,8 @@ def test_the_page_follows_the_text_format():
         Family("x_live", "gauge", "Live.", "1", [((), 2.5)]),
         Family("x_seconds", "histogram", "Durations.", "s",
                [((("api", "a"),), histogram([0] * 9 + [2] + [0] * 30, 1024, 2))]),
+        Family("y_seconds", "histogram", "Unlabelled.", "s",
+               [((), histogram([0] * 10 + [1] + [0] * 29, 2048, 1))]),
     ]
     page = prometheus.render(families).decode()
     lines = page.splitlines()
@@ -176,6 +178,10 @@ def test_the_page_follows_the_text_format():
     assert 'x_seconds_bucket{api="a",le="+Inf"} 2' in lines
     assert 'x_seconds_sum{api="a"} 1.024e-06' in lines
     assert 'x_seconds_count{api="a"} 2' in lines
+    assert 'y_seconds_bucket{le="1.024e-06"} 0' in lines
+    assert 'y_seconds_bucket{le="2.048e-06"} 1' in lines
+    assert 'y_seconds_bucket{le="+Inf"} 1' in lines
+    assert "y_seconds_sum 2.048e-06" in lines and "y_seconds_count 1" in lines
     assert page.endswith("\n")
 
 
