@@ -636,7 +636,16 @@ class LateLoads:
                     self._forget_mappers(mkey)  # (a file of the start, reached anew)
                 return
             self.probed.add(key)
-        probed = self._probe(path, pid, notice_ns, why, key, m)
+        try:
+            probed = self._probe(path, pid, notice_ns, why, key, m)
+        except _MappingGone as gone:
+            self.log("not probed now: %s" % gone)
+            with self._lock:  # (not looked at: the process's next notice looks again)
+                self.probed.discard(key)
+                if mkey is not None:
+                    self.examined.discard(mkey)
+                    self._forget_mappers(mkey)
+            return
         with self._lock:
             if probed is not None and mkey is not None and self.detach is not None:
                 self.files[mkey] = (key, probed)
@@ -691,9 +700,9 @@ class LateLoads:
                 # each file's probes come off alone.
                 mapped = "/proc/%d/map_files/%x-%x" % (pid, m.start, m.end)
                 if identity(mapped) != key:
-                    self.log("not probed: %s: another file is probed at that path, and "
-                             "process %d maps it no more" % (path, pid))
-                    return None
+                    raise _MappingGone("%s: another file is probed at that path, and process "
+                                       "%d maps it at %x-%x no more" % (path, pid, m.start,
+                                                                        m.end))
                 target = find_targets(self.selected, [mapped], None, (), self.log)[0]
         except NoCudaSymbolsError:
             return None
@@ -783,6 +792,13 @@ class LateLoads:
         self._checks.put(None)
         self._checker.join(CHECKER_JOIN_S)  # (a daemon: one still reading is let go)
         self.watch.close()
+
+
+class _MappingGone(Exception):
+    """The mapping a file was to be probed through has gone from its process: unmapped, or
+    remapped by a dynamic loader still at work (a scan on an exec notice can read the maps
+    while the loader maps a library: its first mapping spans the whole file, then the
+    segments are mapped over it). The loader's notice when it is done looks again."""
 
 
 class _Mark:

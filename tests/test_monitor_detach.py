@@ -101,7 +101,7 @@ def wait_until(what, timeout: float = 60.0, why: str = ""):
     while True:
         found = what()
         if found or time.monotonic() > deadline:
-            assert found, why
+            assert found, why() if callable(why) else why  # (a callable: said at the end)
             return found
         time.sleep(0.05)
 
@@ -299,7 +299,8 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
         new = HeldRun(dlopen_prog, copy, 11)
         mapped = "/proc/%d/map_files/" % new.pid
         wait_until(lambda: any(f.startswith(mapped) for f in monitor.files),
-                   why="the new file was not probed: %s" % said(monitor, copy))
+                   why=lambda: "the new file was not probed: %s %s" % (
+                       said(monitor, copy), monitor.files))
         old.go()
         wait_until(lambda: detached_lines(monitor, copy), why=monitor.lines)
         sweeps(monitor)
@@ -316,6 +317,52 @@ def test_a_file_replaced_at_the_same_path_is_probed_and_detached_on_its_own(
     wait_until(lambda: not any(f.startswith(mapped) for f in monitor.files),
                why="%s %s" % (monitor.files, said(monitor, copy)))
     assert str(copy) not in link_files()
+
+
+def test_a_mapping_gone_before_its_probe_leaves_the_file_to_be_looked_at_again(
+        monitor, dlopen_prog, lib, tmp_path, monkeypatch):
+    """The mapping a replaced file was to be probed through was gone when the probe looked
+    (a scan on an exec notice can read the maps while the loader still maps the library:
+    its first mapping spans the whole file, then the segments are mapped over it; the test
+    above met it one run in six). Simulated: the first look at a map_files link fails. The
+    file is then not taken as looked at: the next process's notices probe it, and the
+    calls of both are counted (a uprobe is on the file, whoever maps it). Before the fix,
+    the file stayed marked as looked at and probed, and was never probed."""
+    from ebpf_cuda import loader_watch
+
+    copy = fresh_copy(lib, tmp_path / "venv")
+    old = HeldRun(dlopen_prog, copy, 5)
+    first = second = None
+    try:
+        wait_until(lambda: said_probed(monitor, copy), why=lambda: monitor.lines)
+        os.rename(fresh_copy(lib, tmp_path / "staging"), copy)
+        real, failed = loader_watch.identity, []
+
+        def identity(path):
+            if "/map_files/" in path and not failed:
+                failed.append(path)
+                return None
+            return real(path)
+
+        monkeypatch.setattr(loader_watch, "identity", identity)
+        first = HeldRun(dlopen_prog, copy, 3)
+        wait_until(lambda: [l for l in monitor.lines
+                            if "another file is probed at that path" in l],
+                   why=lambda: monitor.lines)
+        assert failed and failed[0].startswith("/proc/%d/map_files/" % first.pid)
+        # (the next notice: the first process's own dlopen, when the failed look was on its
+        # exec notice, else the second process's)
+        second = HeldRun(dlopen_prog, copy, 11)
+        wait_until(lambda: any(f.startswith("/proc/%d/map_files/" % run_.pid)
+                               for f in monitor.files for run_ in (first, second)),
+                   why=lambda: "%s %s" % (said(monitor, copy), monitor.files))
+        for run_ in (first, second, old):
+            run_.go()
+    finally:
+        for run_ in (old, first, second):
+            if run_ is not None:
+                run_.kill()
+    assert counts(monitor, old.pid, first.pid, second.pid) == [exact(5), exact(3), exact(11)]
 
 
 def test_a_library_given_a_deleted_files_inode_is_probed(monitor, dlopen_prog, lib, tmp_path):
