@@ -913,11 +913,21 @@ def histogram(buckets: Sequence[int], total_ns: int, count: int) -> Histogram:
                      tuple(cumulative), total_ns / 1e9, count)
 
 
+def _function_key(row: Tuple[str, str, list]) -> Tuple[str, str]:
+    return row[0], row[1]
+
+
 def _process_families(per_process: Dict[Tuple[Labels, int], list]) -> List[Family]:
     """Calls, errors and API time by process and function (a process's series go with its
     launch series, once an exporter has seen its last values)."""
-    rows = sorted(((labels + (("api", TABLE[fn_id].name), ("layer", TABLE[fn_id].library))),
-                   values) for (labels, fn_id), values in per_process.items())
+    by_process: Dict[Labels, List[Tuple[str, str, list]]] = {}
+    for (labels, fn_id), values in per_process.items():
+        by_process.setdefault(labels, []).append((TABLE[fn_id].name, TABLE[fn_id].library,
+                                                  values))
+    # (sorted by process, then function: the processes' labels compared once each)
+    rows = [(labels + (("api", name), ("layer", library)), values)
+            for labels in sorted(by_process)
+            for name, library, values in sorted(by_process[labels], key=_function_key)]
     return [
         Family("ebpf_cuda_process_api_calls", "counter",
                "CUDA API calls by process, failed ones included (the functions of "

@@ -19,7 +19,7 @@ import socket
 import socketserver
 import sys
 import threading
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from .errors import UsageError
 from .monitor import Family, Histogram, Labels
@@ -42,20 +42,25 @@ def parse_address(text: str) -> Tuple[str, int]:
 def render(families: Sequence[Family]) -> bytes:
     """The exposition text of `families`."""
     out: List[str] = []
-    for family in families:
+    bodies: Dict[Labels, str] = {}  # (the series by process have the same labels in three
+    for family in families:         # families, the per-function ones in two: escaped once)
         name = family.name + ("_total" if family.kind == "counter" else "")
         kind = "histogram" if family.kind == "histogram" else family.kind
         out.append("# HELP %s %s\n# TYPE %s %s\n" % (name, _help(family.help), name, kind))
         for labels, value in family.samples:
+            body = bodies.get(labels)
+            if body is None:
+                body = bodies[labels] = _label_body(labels)
             if isinstance(value, Histogram):
-                out += _histogram_lines(name, labels, value)
+                out += _histogram_lines(name, body, value)
             else:
-                out.append("%s%s %s\n" % (name, _labels(labels), _number(value)))
+                out.append("%s%s %s\n" % (name, "{%s}" % body if body else "",
+                                           _number(value)))
     return "".join(out).encode("utf-8")
 
 
-def _histogram_lines(name: str, labels: Labels, h: Histogram) -> List[str]:
-    body = _label_body(labels)  # (once: a histogram has ~30 bucket lines)
+def _histogram_lines(name: str, body: str, h: Histogram) -> List[str]:
+    """The lines of one histogram whose labels are `body` (rendered once: ~30 buckets)."""
     before_le = "%s_bucket{%s%s" % (name, body, "," if body else "")
     lines = ['%sle="%s"} %d\n' % (before_le, bound, n)
              for bound, n in zip(_bound_texts(h.bounds), h.cumulative)]
@@ -72,12 +77,8 @@ def _bound_texts(bounds: Tuple[float, ...]) -> Tuple[str, ...]:
     return tuple(_number(bound) for bound in bounds)
 
 
-def _labels(labels: Labels) -> str:
-    return "{%s}" % _label_body(labels) if labels else ""
-
-
 def _label_body(labels: Labels) -> str:
-    return ",".join('%s="%s"' % (key, _escape(value)) for key, value in labels)
+    return ",".join(['%s="%s"' % (key, _escape(value)) for key, value in labels])
 
 
 def _escape(value: str) -> str:
