@@ -42,8 +42,10 @@ def parse_address(text: str) -> Tuple[str, int]:
 def render(families: Sequence[Family]) -> bytes:
     """The exposition text of `families`."""
     out: List[str] = []
-    bodies: Dict[Labels, str] = {}  # (the series by process have the same labels in three
-    for family in families:         # families, the per-function ones in two: escaped once)
+    # Labels escaped once a page: the series by process have the same labels in three
+    # families, those by function in two.
+    bodies: Dict[Labels, str] = {}
+    for family in families:
         name = family.name + ("_total" if family.kind == "counter" else "")
         kind = "histogram" if family.kind == "histogram" else family.kind
         out.append("# HELP %s %s\n# TYPE %s %s\n" % (name, _help(family.help), name, kind))
@@ -54,8 +56,7 @@ def render(families: Sequence[Family]) -> bytes:
             if isinstance(value, Histogram):
                 out += _histogram_lines(name, body, value)
             else:
-                out.append("%s%s %s\n" % (name, "{%s}" % body if body else "",
-                                           _number(value)))
+                out.append("%s%s %s\n" % (name, _braced(body), _number(value)))
     return "".join(out).encode("utf-8")
 
 
@@ -65,10 +66,13 @@ def _histogram_lines(name: str, body: str, h: Histogram) -> List[str]:
     lines = ['%sle="%s"} %d\n' % (before_le, bound, n)
              for bound, n in zip(_bound_texts(h.bounds), h.cumulative)]
     lines.append('%sle="+Inf"} %d\n' % (before_le, h.count))
-    braced = "{%s}" % body if body else ""
-    lines.append("%s_sum%s %s\n" % (name, braced, _number(h.sum)))
-    lines.append("%s_count%s %d\n" % (name, braced, h.count))
+    lines.append("%s_sum%s %s\n" % (name, _braced(body), _number(h.sum)))
+    lines.append("%s_count%s %d\n" % (name, _braced(body), h.count))
     return lines
+
+
+def _braced(body: str) -> str:
+    return "{%s}" % body if body else ""
 
 
 @functools.lru_cache(maxsize=8)
