@@ -243,7 +243,7 @@ def test_kernel_labels_are_given_once_per_process_and_bounded():
     # a and b get labels, c does not (two already), func 4 is kernel a again, 5 has no name:
     # it waits a tick (None), then is unnamed
     assert labels == ["a", "b", OTHER_KERNEL, "a", None, OTHER_KERNEL, "a", "unnamed"]
-    assert monitor._kernel_label(process, 3, 6) is None  # (a name learned meanwhile)
+    assert monitor._kernel_label(process, 3, 6) is None  # (then a name is learned meanwhile)
     Namer.known[6] = "b"
     assert monitor._kernel_label(process, 3, 6) == "b" and not process.waiting
     assert monitor._kernel_label(process, 3, 7, wait=False) == "unnamed"  # (the last tick)
