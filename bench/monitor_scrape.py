@@ -2,8 +2,10 @@
 tick (naming and publishing the launches), with many processes and launch series live.
 
 Starts a Monitor on the stand-in runtime in this process, then PROCS stand-in processes
-that each launch one kernel with KERNELS different grid sizes (KERNELS entries of the
-kernel's `launches` map each) and stay alive; times `collect()` + `prometheus.render()` and
+that each launch one kernel with KERNELS different grid sizes and stay alive (KERNELS
+entries of the kernel's `launches` map each where every launch return is taken; where
+launch returns are sampled, kernels with uprobe sessions, one launch slot each: the
+geometry is not part of a slot's key); times `collect()` + `prometheus.render()` and
 `tick()` over many rounds, and a scrape as a scraper sees it (a GET of /metrics from the
 monitor's server: the request, the collect and render, the answer). `--apis` makes each
 process call ~20 more runtime functions first (a duration histogram each: a GPU host's page
@@ -72,6 +74,7 @@ def main() -> None:
     try:
         time.sleep(3)
         entries = len(monitor.tracer.session.maps[layout.LAUNCHES])
+        slots = len(monitor._owned_slots())
         scrapes, ticks, size = [], [], 0
         for _ in range(args.rounds):
             start = time.perf_counter()
@@ -81,13 +84,15 @@ def main() -> None:
         server = prometheus.MetricsServer(("127.0.0.1", 0), monitor.collect).start()
         fetches = [_fetch(server.address[1]) for _ in range(args.rounds)]
         server.close()
+        monitor.stop()  # (tick() is the reader's: timed here once the reader has finished)
+        reader.join(10)
         for _ in range(max(args.rounds // 10, 5)):
             start = time.perf_counter()
             monitor.tick()
             ticks.append(time.perf_counter() - start)
         lines = page.count(b"\n")
-        print("processes=%d launch_map_entries=%d page_bytes=%d page_lines=%d"
-              % (args.procs, entries, size, lines))
+        print("processes=%d launch_map_entries=%d launch_slots=%d page_bytes=%d page_lines=%d"
+              % (args.procs, entries, slots, size, lines))
         print("scrape_ms median=%.2f p99=%.2f max=%.2f" % (
             1e3 * statistics.median(scrapes), 1e3 * percentile(scrapes, 0.99),
             1e3 * max(scrapes)))

@@ -465,20 +465,22 @@ class Aggregates:
     launches: List[Tuple[int, str, Tuple[int, ...], int, int]]  # pid, api, cells, count, ns
 
 
-def owned_slots(keys: bytes, values: bytes, count: int) -> List[Tuple[int, int, int, int, int]]:
-    """(index, pid, fn_id, func, count) of each owned slot of `launch_slots` (count_call)
-    among `count` entries packed as a batch read gives them (u32 indices; values)."""
-    cells = memoryview(values).cast("Q")[:3 * count]
-    indices = memoryview(keys).cast("I")
-    return [(indices[at // 3], owner & 0xFFFFFFFF, owner >> 32, cells[at + 1], cells[at + 2])
-            for at, owner in zip(range(0, 3 * count, 3), cells[::3]) if owner]
+def owned_slots(values: bytes) -> List[Tuple[int, int, int, int, int]]:
+    """(index, pid, fn_id, func, count) of each owned slot of `launch_slots` (count_call),
+    from the array's values in index order (LAUNCH_SLOT's 24 bytes are their own stride)."""
+    cells = memoryview(values).cast("Q")
+    try:
+        return [(at // 3, owner & 0xFFFFFFFF, owner >> 32, cells[at + 1], cells[at + 2])
+                for at, owner in zip(range(0, len(cells), 3), cells[::3]) if owner]
+    finally:
+        cells.release()
 
 
 def owned_slots_of(slots_map) -> List[Tuple[int, int, int, int, int]]:
-    """owned_slots of the whole map, element by element."""
-    items = list(slots_map.items())
-    return owned_slots(b"".join(struct.pack("<I", i) for i, _ in items),
-                       b"".join(LAUNCH_SLOT.pack(*v) for _, v in items), len(items))
+    """owned_slots of the `launch_slots` map (a maps.MappedArrayMap: read through its
+    mapping, no syscall; a batch read of its 8,192 slots took ~2.3 ms on a 2-core VM, and
+    the monitor reads them at every tick)."""
+    return owned_slots(slots_map.values())
 
 
 def free_slot(slots_map, index: int, owner: int) -> None:

@@ -86,7 +86,7 @@ class MapSpec(NamedTuple):
     """One map to create: its type (a maps.py class name), sizes and value layout."""
 
     name: str
-    type: str  # RingBuf, Hash, LruHash, Array, PerCpuArray, StackTrace, TaskStorage
+    type: str  # RingBuf, Hash, LruHash, Array, MappedArray, PerCpuArray, StackTrace, TaskStorage
     key_size: int
     value_size: int
     entries: int
@@ -129,7 +129,7 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
             MapSpec(CAPTURING_ANY, "Array", 4, 8, 1, U64),
         ]
         if launch_slots:
-            specs += [MapSpec(LAUNCH_SLOTS, "Array", 4, LAUNCH_SLOT.size,
+            specs += [MapSpec(LAUNCH_SLOTS, "MappedArray", 4, LAUNCH_SLOT.size,
                               LAUNCH_SLOT_ENTRIES, LAUNCH_SLOT),
                       MapSpec(SAMPLING, "PerCpuArray", 4, 8, 1, U64)]
         if per_process:

@@ -245,6 +245,36 @@ class ArrayMap(_ElementMap):
         super().__init__(4, value_size, max_entries, name, flags, value_struct=value_struct)
 
 
+class MappedArrayMap(ArrayMap):
+    """An ArrayMap created mmap-able (BPF_F_MMAPABLE, Linux 5.5): `values()` reads every
+    element at once through a read-only mapping, without a syscall per element or batch
+    (the monitor reads its launch slots so at every tick)."""
+
+    def __init__(self, value_size: int, max_entries: int, name: str = "",
+                 value_struct: Optional[struct.Struct] = None) -> None:
+        super().__init__(value_size, max_entries, name, syscalls.BPF_F_MMAPABLE,
+                         value_struct=value_struct)
+        self.stride = _round8(value_size)  # (the kernel's element size)
+        length = -(-self.stride * max_entries // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            self._mapping = mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED,
+                                      prot=mmap.PROT_READ)
+        except OSError:
+            self.close()
+            raise
+
+    def values(self) -> bytes:
+        """Every element's value, `stride` bytes each in index order (a copy: nothing keeps
+        the mapping exported)."""
+        return self._mapping[:self.stride * self.max_entries]
+
+    def close(self) -> None:
+        mapping = getattr(self, "_mapping", None)
+        if mapping is not None:
+            mapping.close()
+        super().close()
+
+
 class PerCpuArrayMap(_PerCpu):
     """BPF_MAP_TYPE_PERCPU_ARRAY: like ArrayMap, values are lists with one item per CPU."""
 

@@ -44,7 +44,7 @@ from .cuda_enums import error_name, memcpy_kind_name
 from .errors import TracerError
 from .events import EXIT
 from .analysis.operations import event_bytes
-from .maps import possible_cpus
+from .maps import MappedArrayMap, possible_cpus
 from .tracer import Tracer
 
 TICK_S = 0.5  # how often the reader names launches and looks for processes that exited
@@ -270,11 +270,11 @@ class HashReader:
 
     BATCH = 512  # entries per call (ENOSPC, a hash bucket holding more: twice as many)
 
-    def __init__(self, hash_map, room: bool = False) -> None:
+    def __init__(self, hash_map) -> None:
         self.map = hash_map
         self.tokens = (ctypes.create_string_buffer(8), ctypes.create_string_buffer(8))
         self.batches = True
-        self._room(hash_map.max_entries if room else self.BATCH)  # (room: one call)
+        self._room(self.BATCH)
 
     def _room(self, count: int) -> None:
         self.count = count
@@ -317,28 +317,6 @@ class HashReader:
                 return
             ctypes.memmove(self.tokens[0], self.tokens[1], 8)
             first = False
-
-
-class SlotReader:
-    """The owned slots of `launch_slots` (aggregates.count_call): the whole array in one
-    batch, its owners scanned in place (no object made per free slot: it is read at each
-    tick); element by element where the kernel has no batches."""
-
-    def __init__(self, slots_map) -> None:
-        self.map = slots_map
-        self.reader = HashReader(slots_map, room=True)
-
-    def owned(self) -> List[Tuple[int, int, int, int, int]]:
-        """(index, pid, fn_id, func, count) of each owned slot."""
-        if self.reader.batches:
-            try:
-                return [slot for count, keys, values in self.reader.batches_raw()
-                        for slot in aggregates.owned_slots(keys, values, count)]
-            except OSError as err:
-                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, _ENOTSUPP):
-                    raise
-                self.reader.batches = False
-        return aggregates.owned_slots_of(self.map)
 
 
 def _per_cpu_sum(stats_map, index: int) -> int:
@@ -430,7 +408,7 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self._launches: Optional[HashReader] = None
-        self._slots: Optional[SlotReader] = None  # (launch_slots, with sampled returns)
+        self._slots: Optional[MappedArrayMap] = None  # (launch_slots: sampled returns)
         self._process_calls: Optional[HashReader] = None
         self._retired_calls: Dict[int, int] = {}  # calls of pruned processes, by function id
         self._process_map_full = 0  # calls counted, not by process (the full `proc_calls`)
@@ -462,8 +440,7 @@ class Monitor:
             maps = self.tracer.session.maps
             self._aggregates()
             self._launches = HashReader(maps[layout.LAUNCHES])
-            self._slots = (SlotReader(maps[layout.LAUNCH_SLOTS])
-                           if layout.LAUNCH_SLOTS in maps else None)
+            self._slots = maps.get(layout.LAUNCH_SLOTS)
             self._process_calls = HashReader(maps[layout.PROCESS_CALLS])
             if o.late if o.late is not None else not o.paths:
                 self.watch = self._watch_late()
@@ -695,7 +672,7 @@ class Monitor:
 
     def _owned_slots(self) -> List[Tuple[int, int, int, int, int]]:
         """(index, pid, fn_id, func, count) of the owned launch slots (sampled rows)."""
-        return [] if self._slots is None else self._slots.owned()
+        return [] if self._slots is None else aggregates.owned_slots_of(self._slots)
 
     def _retire_launches(self, pid: int, fn_id: int, func: int, count: int) -> None:
         """An exited process's launches of one kernel, leaving the kernel's maps."""

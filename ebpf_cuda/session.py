@@ -677,6 +677,9 @@ def create_map(spec: layout.MapSpec) -> maps.Map:
     if spec.type == "PerCpuArray":
         return maps.PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
                                    value_struct=spec.value_struct)
+    if spec.type == "MappedArray":
+        return maps.MappedArrayMap(spec.value_size, spec.entries, name=spec.name,
+                                   value_struct=spec.value_struct)
     if spec.type == "Array":
         return maps.ArrayMap(spec.value_size, spec.entries, name=spec.name,
                              value_struct=spec.value_struct)

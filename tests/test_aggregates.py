@@ -280,17 +280,12 @@ def test_summary_alone_counts_direct_driver_calls_as_the_event_summary_does(cc):
                       "[CUDA memcpy Default (unified addressing)]": "1"}
 
 
-def test_owned_slots_are_read_from_a_packed_batch():
-    import struct
-
+def test_owned_slots_are_read_from_the_arrays_values():
     from ebpf_cuda import layout
     from ebpf_cuda.aggregates import owned_slots
 
-    entries = [(0, (0, 0, 0)), (1, (7 << 32 | 1234, 0xABC, 5)), (2, (0, 0, 0)),
-               (8191, (3 << 32 | 99, 0xDEF, 0))]
-    keys = b"".join(struct.pack("<I", i) for i, _ in entries)
-    values = b"".join(layout.LAUNCH_SLOT.pack(*v) for _, v in entries)
-    assert owned_slots(keys, values, len(entries)) == [(1, 1234, 7, 0xABC, 5),
-                                                       (8191, 99, 3, 0xDEF, 0)]
-    assert owned_slots(keys + bytes(8), values + bytes(48), len(entries)) == owned_slots(
-        keys, values, len(entries))  # (room beyond the count is not read)
+    values = bytearray(layout.LAUNCH_SLOT.size * 8192)  # (the map's values in index order)
+    layout.LAUNCH_SLOT.pack_into(values, 24 * 1, 7 << 32 | 1234, 0xABC, 5)
+    layout.LAUNCH_SLOT.pack_into(values, 24 * 8191, 3 << 32 | 99, 0xDEF, 0)  # (claimed)
+    layout.LAUNCH_SLOT.pack_into(values, 24 * 2, 0, 0xEEE, 9)  # (no owner: free)
+    assert owned_slots(bytes(values)) == [(1, 1234, 7, 0xABC, 5), (8191, 99, 3, 0xDEF, 0)]

@@ -106,6 +106,26 @@ def test_array_map(root):
 
 
 @pytest.mark.kernel
+def test_mapped_array_map_reads_every_value_through_its_mapping(root):
+    slot = struct.Struct("<QQQ")  # (24 bytes: its own stride; a 12-byte value pads to 16)
+    with maps.MappedArrayMap(slot.size, 1000, name="slots", value_struct=slot) as m:
+        assert m.info().map_flags & syscalls.BPF_F_MMAPABLE
+        assert m.values() == bytes(24 * 1000)
+        m[0] = (1, 2, 3)
+        m[999] = (7, 8, 9)
+        values = m.values()  # (the kernel's memory as it is now: no syscall)
+        assert len(values) == 24 * 1000
+        assert slot.unpack_from(values, 0) == (1, 2, 3)
+        assert slot.unpack_from(values, 24 * 999) == (7, 8, 9)
+        m[0] = (4, 5, 6)
+        assert slot.unpack_from(m.values(), 0) == (4, 5, 6)
+    with maps.MappedArrayMap(12, 10, name="padded") as m:
+        m[9] = b"abcdefghijkl"
+        assert m.stride == 16 and m.values()[16 * 9:16 * 9 + 12] == b"abcdefghijkl"
+    assert m.closed
+
+
+@pytest.mark.kernel
 def test_percpu_array_map(root):
     ncpu = maps.possible_cpus()
     with maps.PerCpuArrayMap(4, 2, value_struct=U32) as m:
