@@ -54,6 +54,7 @@ def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paus
     assert all(len(times) == rounds for times in result["times"].values())
     assert result["monitor/bare-entry"]["rounds"] == rounds
     assert result["bare-entry/untraced"]["geomean"] > 1  # (a trap costs; it shows)
+    assert result["per_hit"]["hits_per_step"] == 1 and result["per_hit"]["bare_ns"] > 0
     assert not (tmp_path / "copies").exists()  # (removed at the end)
 
 
@@ -97,3 +98,16 @@ def test_the_bootstrap_interval_holds_the_geometric_mean():
     assert got["ci95"][0] < expected < got["ci95"][1]
     assert got["ci95"][1] - got["ci95"][0] < 0.01 and got["median"] == 1.0
     assert got["rounds"] == 200
+
+
+def test_the_cost_of_a_probe_hit_is_the_step_s_extra_time_over_its_hits():
+    # (D31 call 1: the MLP step 1,203.1 us untraced, 1,256.3 with the bare probes, 1,262.5
+    # with the monitor; 768,383 bare hits over 24,050 steps)
+    result = {"bare_hits": 768383, "made": {"bare-entry": 24050},
+              "mean": {"untraced": 1203.1, "bare-entry": 1256.3, "monitor": 1262.5}}
+    got = monitor_turns.trap_costs(result)
+    assert got["hits_per_step"] == pytest.approx(31.95, abs=0.01)
+    assert got["bare_ns"] == pytest.approx(1665, abs=1)  # (1e3 * 53.2 / 31.95)
+    assert got["monitor_ns"] == pytest.approx(1859, abs=1)
+    result["bare_hits"] = 0
+    assert monitor_turns.trap_costs(result)["bare_ns"] is None

@@ -251,6 +251,16 @@ def check_probes(result: dict, monitor_samples: dict, bare_hits: int, copies: di
     return problems
 
 
+def trap_costs(result: dict) -> dict:
+    """ns a probe hit adds, by the means: (mode - untraced) / the bare probes' hits a step.
+    (Where the floor moves between runs, this tells a dearer trap from more of them.)"""
+    hits = result["bare_hits"] / max(result["made"]["bare-entry"], 1)
+    mean = result["mean"]
+    return {"hits_per_step": hits,
+            "bare_ns": 1e3 * (mean["bare-entry"] - mean["untraced"]) / hits if hits else None,
+            "monitor_ns": 1e3 * (mean["monitor"] - mean["untraced"]) / hits if hits else None}
+
+
 def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     """One workload: the monitor on its copies, the bare probes on theirs, the turns."""
     monitor_args = ["--kernel-labels", "20"] + [a for p in copies["monitor"] for a in ("-p", p)]
@@ -284,6 +294,7 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
         status = monitor.close()
     result["monitor_exit_status"] = status
     result["problems"] = check_probes(result, samples, hits, copies)
+    result["per_hit"] = trap_costs(result)
     return result
 
 
