@@ -268,6 +268,30 @@ def test_per_cpu_words_are_summed_lane_by_lane():
         assert _per_cpu_total(raw) == [sum(column) for column in zip(*rows)]
 
 
+@pytest.mark.kernel
+def test_the_aggregate_reader_sums_called_functions_and_skips_the_rest(root):
+    """AggregateReader on a real per-CPU `agg` map: a function called on every CPU comes
+    back summed over them; one never called (all zero) is left out; so is one whose only
+    non-zero word is not its count (nothing to report)."""
+    from ebpf_cuda.apis import TABLE
+    from ebpf_cuda.maps import PerCpuArrayMap, possible_cpus
+    from ebpf_cuda.monitor import AggregateReader
+
+    words = layout.AGG_VALUE.size // 8
+    called, idle, odd = FN_ID["cudaMalloc"], FN_ID["cudaFree"], FN_ID["cudaMemset"]
+    with PerCpuArrayMap(layout.AGG_VALUE.size, len(TABLE) * layout.KIND_SLOTS,
+                        name="agg") as agg:
+        cpus = possible_cpus()
+        rows = [[cpu + 1, 100 * (cpu + 1)] + [0] * (words - 2) for cpu in range(cpus)]
+        agg.set(called * layout.KIND_SLOTS,
+                [struct.pack("<%dQ" % words, *row) for row in rows])
+        only_time = [0, 5] + [0] * (words - 2)
+        agg.set(odd * layout.KIND_SLOTS, struct.pack("<%dQ" % words, *only_time))
+        found = AggregateReader(agg.fd, [called, idle, odd]).read()
+    assert [(t.api.name, t.count, t.total_ns) for t in found] == [
+        ("cudaMalloc", cpus * (cpus + 1) // 2, 100 * cpus * (cpus + 1) // 2)]
+
+
 def test_histogram_buckets_are_cumulative_at_powers_of_two():
     buckets = [0] * 40
     buckets[7], buckets[8], buckets[20], buckets[39] = 1, 2, 3, 4  # 2^7 ns, 2^8 ns, ...
