@@ -37,7 +37,7 @@ SUMSQ_EXP_AT = 58
 _MANTISSA = (1 << SUMSQ_EXP_AT) - 1
 _ROOT_BITS = SUMSQ_EXP_AT // 2  # (d >> exponent) < 2^29: its square fits the mantissa
 AGG_VALUE, ERROR_KEY = layout.AGG_VALUE, layout.ERROR_KEY
-LAUNCH_KEY, LAUNCH_VALUE, LAUNCH_SLOT = layout.LAUNCH_KEY, layout.LAUNCH_VALUE, layout.LAUNCH_SLOT
+LAUNCH_KEY, LAUNCH_VALUE = layout.LAUNCH_KEY, layout.LAUNCH_VALUE
 ERROR_ENTRIES, LAUNCH_ENTRIES = layout.ERROR_ENTRIES, layout.LAUNCH_ENTRIES
 
 # The return program's stack below layout.NOW_AT.
