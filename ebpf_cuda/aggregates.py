@@ -177,32 +177,46 @@ _SLOT_HASH = 0x9E3779B97F4A7C15  # (2^64 / the golden ratio: Fibonacci hashing)
 _OWNER, _FUNC, _SLOT_COUNT = 0, 8, 16  # layout.LAUNCH_SLOT
 
 
+SLOT_PROBES = 4  # slots looked at from a launch's own (linear probing) before `launches`
+
+
 def _count_in_slot() -> list:
     """R1 = the owner (fn_id << 32 | pid, never 0), R2 = func: add 1 to the slot of
-    (owner, func) in `launch_slots` and jump to "slot_counted", claiming the slot when it
-    is free (an atomic compare-and-exchange of its owner; the winner then writes func).
-    A slot another owns, one whose func is not yet written, or a null func (a launch that
-    will fail) falls through to `launches`: every launch is counted once, in one or the
-    other, which the readers add up (owned_slots)."""
-    return [
+    (owner, func) in `launch_slots` and jump to "slot_counted", claiming a free slot (an
+    atomic compare-and-exchange of its owner; the winner then writes func). The slot
+    (owner, func) hashes to is looked at first, then the next ones, SLOT_PROBES in all: a
+    slot another (owner, func) holds is passed by. A lost claim, a slot whose func is not
+    yet written, SLOT_PROBES slots held by others or a null func (a launch that will fail)
+    fall through to `launches`: every launch is counted once, in one or the other, which
+    the readers add up (owned_slots)."""
+    prog = [
         asm.jeq(R2, 0, "slot_missed"),
         asm.xor(R1, R2), asm.ld_imm64(R3, _SLOT_HASH), asm.mul(R1, R3),
         asm.rsh(R1, 64 - layout.LAUNCH_SLOT_BITS), asm.stx(W, FP, _SLOT_INDEX, R1),
-        asm.ld_map(R1, layout.LAUNCH_SLOTS), asm.mov(R2, FP), asm.add(R2, _SLOT_INDEX),
-        asm.call(Helper.MAP_LOOKUP_ELEM),  # (an array: the verifier inlines it)
-        asm.jeq(R0, 0, "slot_missed"),
-        asm.ldx(DW, R1, R0, _OWNER), asm.ldx(DW, R2, FP, _LAUNCH_KEY),
-        asm.jeq(R1, R2, "slot_owned"), asm.jne(R1, 0, "slot_missed"),
-        asm.mov(R3, R0), asm.mov(R0, 0), asm.atomic(Atomic.CMPXCHG, DW, R3, _OWNER, R2),
-        asm.jne(R0, 0, "slot_missed"),  # (taken meanwhile)
-        asm.ldx(DW, R1, FP, _SLOT_FUNC), asm.stx(DW, R3, _FUNC, R1),
-        asm.mov(R1, 1), asm.atomic_add(DW, R3, _SLOT_COUNT, R1), asm.ja("slot_counted"),
-        asm.Label("slot_owned"),
-        asm.ldx(DW, R1, R0, _FUNC), asm.ldx(DW, R2, FP, _SLOT_FUNC),
-        asm.jne(R1, R2, "slot_missed"),
-        asm.mov(R1, 1), asm.atomic_add(DW, R0, _SLOT_COUNT, R1), asm.ja("slot_counted"),
-        asm.Label("slot_missed"),
     ]
+    for probe in range(SLOT_PROBES):
+        passed, owned = "slot_passed_%d" % probe, "slot_owned_%d" % probe
+        if probe:  # (the next slot, wrapping around)
+            prog += [asm.ldx(W, R1, FP, _SLOT_INDEX), asm.add(R1, 1),
+                     asm.and_(R1, layout.LAUNCH_SLOT_ENTRIES - 1),
+                     asm.stx(W, FP, _SLOT_INDEX, R1)]
+        prog += [
+            asm.ld_map(R1, layout.LAUNCH_SLOTS), asm.mov(R2, FP), asm.add(R2, _SLOT_INDEX),
+            asm.call(Helper.MAP_LOOKUP_ELEM),  # (an array: the verifier inlines it)
+            asm.jeq(R0, 0, "slot_missed"),
+            asm.ldx(DW, R1, R0, _OWNER), asm.ldx(DW, R2, FP, _LAUNCH_KEY),
+            asm.jeq(R1, R2, owned), asm.jne(R1, 0, passed),
+            asm.mov(R3, R0), asm.mov(R0, 0), asm.atomic(Atomic.CMPXCHG, DW, R3, _OWNER, R2),
+            asm.jne(R0, 0, "slot_missed"),  # (taken meanwhile)
+            asm.ldx(DW, R1, FP, _SLOT_FUNC), asm.stx(DW, R3, _FUNC, R1),
+            asm.mov(R1, 1), asm.atomic_add(DW, R3, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+            asm.Label(owned),
+            asm.ldx(DW, R1, R0, _FUNC), asm.jeq(R1, 0, "slot_missed"),  # (being claimed)
+            asm.ldx(DW, R2, FP, _SLOT_FUNC), asm.jne(R1, R2, passed),  # (another kernel's)
+            asm.mov(R1, 1), asm.atomic_add(DW, R0, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+            asm.Label(passed),
+        ]
+    return prog + [asm.Label("slot_missed")]
 
 
 # -- stream captures in progress -----------------------------------------------------------

@@ -245,6 +245,38 @@ def test_launches_whose_slot_another_owns_count_in_the_launch_map(fake):
     assert [(p, n) for p, _, _, n, _ in agg.launches] == [(pid, 300)]  # (no empty slot)
 
 
+def test_a_launch_whose_slot_another_holds_counts_in_one_of_the_next(fake):
+    """Three slots in every four held by another owner (as by colliding processes and
+    kernels on a busy host): a kernel's launches count in the first free slot after the
+    one it hashes to (linear probing, SLOT_PROBES slots), none in the launch map."""
+    from ebpf_cuda import aggregates, apis, layout
+
+    launch = apis.FN_ID["cudaLaunchKernel"]
+    foreign = launch << 32 | 1  # (pid 1's: it launches nothing)
+
+    def take_three_in_four(tracer):
+        slots = tracer.session.maps[layout.LAUNCH_SLOTS]
+        for index in range(layout.LAUNCH_SLOT_ENTRIES):
+            if index % 4 != 3:
+                slots.set(index, (foreign, 0xDEAD0000 + index, 0))
+
+    with Tracer(library=[str(fake[0])], aggregate=True, emit=False,
+                sample_returns=64) as tracer:
+        take_three_in_four(tracer)
+        proc = subprocess.Popen([str(fake[1]), "loop:300:launch:2,1,1:64,1,1"],
+                                stdout=subprocess.DEVNULL)
+        assert proc.wait(120) == 0
+        owned = aggregates.owned_slots_of(tracer.session.maps[layout.LAUNCH_SLOTS])
+        _, hashed = _slots_and_map(tracer)
+        agg = tracer.aggregates()
+    (index, pid, fn_id, func, count), = [s for s in owned if s[1] == proc.pid]
+    assert (pid, fn_id, count, hashed) == (proc.pid, launch, 300, [])
+    owner = launch << 32 | proc.pid  # (where the entry program starts looking: its hash)
+    home = ((owner ^ func) * 0x9E3779B97F4A7C15 % (1 << 64)) >> (64 - layout.LAUNCH_SLOT_BITS)
+    assert index % 4 == 3 and (index - home) % layout.LAUNCH_SLOT_ENTRIES < aggregates.SLOT_PROBES
+    assert [(p, n) for p, _, _, n, _ in agg.launches] == [(proc.pid, 300)]
+
+
 def test_threads_racing_for_a_new_slot_count_every_launch_once(fake):
     """Eight threads launching one kernel at once: one claims the slot, a launch that sees
     it half-claimed goes to the launch map; between them every launch is counted once."""
