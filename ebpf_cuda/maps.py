@@ -259,9 +259,12 @@ class MappedArrayMap(ArrayMap):
         try:
             self._mapping = mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED,
                                       prot=mmap.PROT_READ)
-        except OSError:
+        except OSError as err:
             self.close()
-            raise
+            from .errors import KernelError
+
+            raise KernelError("could not mmap the array map %s (%d bytes): %s"
+                              % (name, length, err.strerror), err.errno or 0) from err
 
     def values(self) -> bytes:
         """Every element's value, `stride` bytes each in index order (a copy: nothing keeps

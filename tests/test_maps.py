@@ -126,6 +126,17 @@ def test_mapped_array_map_reads_every_value_through_its_mapping(root):
 
 
 @pytest.mark.kernel
+def test_a_mapped_array_that_cannot_be_mapped_is_a_kernel_error(root, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(maps.mmap, "mmap", refuse)
+    with pytest.raises(KernelError, match="could not mmap the array map slots") as caught:
+        maps.MappedArrayMap(24, 1000, name="slots")
+    assert caught.value.errno == errno.ENOMEM
+
+
+@pytest.mark.kernel
 def test_percpu_array_map(root):
     ncpu = maps.possible_cpus()
     with maps.PerCpuArrayMap(4, 2, value_struct=U32) as m:
