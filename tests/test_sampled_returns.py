@@ -277,6 +277,45 @@ def test_a_launch_whose_slot_another_holds_counts_in_one_of_the_next(fake):
     assert [(p, n) for p, _, _, n, _ in agg.launches] == [(proc.pid, 300)]
 
 
+def test_a_kernel_counted_in_two_slots_is_one_series(fake):
+    """A kernel that took a later slot while its own was held, and finds its own free once
+    the holder has gone (freed at its exit), claims it too: its launches are then in two
+    slots, which the readers add up as one (process, function, kernel)."""
+    from ebpf_cuda import aggregates, apis, layout
+
+    launch = apis.FN_ID["cudaLaunchKernel"]
+    foreign = launch << 32 | 1
+    with Tracer(library=[str(fake[0])], aggregate=True, emit=False,
+                sample_returns=64) as tracer:
+        slots = tracer.session.maps[layout.LAUNCH_SLOTS]
+        held = [i for i in range(layout.LAUNCH_SLOT_ENTRIES) if i % 4 != 3]
+        for index in held:
+            slots.set(index, (foreign, 0xDEAD0000 + index, 0))
+        proc = subprocess.Popen([str(fake[1]), "loop:100:launch:2,1,1:64,1,1", "sleep:4000",
+                                 "loop:200:launch:2,1,1:64,1,1"], stdout=subprocess.DEVNULL)
+
+        def mine():
+            return [s for s in aggregates.owned_slots_of(slots) if s[1] == proc.pid]
+
+        deadline = time.monotonic() + 30
+        while not (mine() and mine()[0][4] == 100) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (first, _, _, func, _), = mine()
+        for index in held:  # (the holders gone: their slots freed)
+            aggregates.free_slot(slots, index, foreign)
+        assert [s[4] for s in mine()] == [100], "the second loop began before the slots were freed"
+        assert proc.wait(120) == 0
+        owner = launch << 32 | proc.pid
+        home = ((owner ^ func) * 0x9E3779B97F4A7C15 % (1 << 64)) >> (64 - layout.LAUNCH_SLOT_BITS)
+        counted = {index: count for index, _, _, _, count in mine()}
+        agg = tracer.aggregates()
+    if home == first:  # (its own slot was the free one: nothing to claim later; 1 in 4)
+        assert counted == {first: 300}
+    else:
+        assert counted == {first: 100, home: 200}
+    assert [(p, max(cells), n) for p, _, cells, n, _ in agg.launches] == [(proc.pid, func, 300)]
+
+
 def test_threads_racing_for_a_new_slot_count_every_launch_once(fake):
     """Eight threads launching one kernel at once: one claims the slot, a launch that sees
     it half-claimed goes to the launch map; between them every launch is counted once."""
