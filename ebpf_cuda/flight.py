@@ -13,7 +13,11 @@ and a batch still younger that must make room is counted as overwritten. A trigg
 returning one of the trigger error codes, a synchronising call slower than `latency_ns`, or
 `request()` — writes the frames of the SECONDS before it into a new saved trace in the
 folder (`ebpf-cuda report` reads it), whose trailer also names the trigger (`read_trigger`).
-Error and latency triggers dump at most once per SECONDS (the others are counted).
+Error and latency triggers dump at most once per SECONDS (the others are counted). A dump
+says what its window lost, by cause (its trailer's losses, as any saved trace's): records
+the probes could not write, calls overwritten in the ring, calls the disk refused. The
+probes' counters are read at every `poll()`, so a window's count may take in up to one
+poll interval (half a second) before it: a count at most, never one short.
 """
 import collections
 import json
@@ -25,6 +29,8 @@ import time
 from typing import Deque, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import record, savefile
+from .losses import Losses
+from .spool import write_all_at
 from .cuda_enums import CU_RESULTS, CUDA_ERRORS
 from .errors import DecodeError, UsageError
 
@@ -89,6 +95,8 @@ class FrameRing:
         self._at = 0
         self.newest_ns = 0
         self.overwritten = 0  # calls that had to make room while younger than the window
+        self.unwritten = 0  # calls the file refused (a full disk): not kept
+        self.error: Optional[str] = None  # why, the last time
 
     def put(self, frames: bytes, first_ns: int, last_ns: int) -> None:
         calls = record.call_count(frames)
@@ -104,7 +112,12 @@ class FrameRing:
             old = self._batches.popleft()
             if old.last_ns >= self.newest_ns - self.window_ns:
                 self.overwritten += old.calls
-        os.pwrite(self._fd, frames, self._at)
+        try:
+            write_all_at(self._fd, frames, self._at)
+        except OSError as err:  # (ENOSPC: the calls are lost, counted; the monitor goes on)
+            self.unwritten += calls
+            self.error = err.strerror or str(err)
+            return
         self._batches.append(_Batch(self._at, len(frames), first_ns, last_ns, calls))
         self._at = end
         while self._batches and self._batches[0].last_ns < self.newest_ns - self.window_ns:
@@ -139,9 +152,19 @@ def _frames_since(frames: bytes, start_ns: int) -> bytes:
                     for i, t in enumerate(_times(frames)) if t >= start_ns)
 
 
+class _Counts(NamedTuple):
+    """What was lost so far, at `at_ns` (CLOCK_MONOTONIC, the records' clock)."""
+
+    at_ns: int
+    ring_full: int  # records the probes could not write
+    too_deep: int  # calls whose entry could not be kept
+    overwritten: int
+    unwritten: int
+
+
 class FlightRecorder:
-    """See the module's docstring. `tracer` gives the decoder, the function table and the
-    kernel names (its KernelNamer)."""
+    """See the module's docstring. `tracer` gives the decoder, the function table, the
+    kernel names (its KernelNamer) and the probes' loss counters (`stats()`)."""
 
     def __init__(self, options: FlightOptions, tracer, log=None) -> None:
         self.options = options
@@ -164,6 +187,8 @@ class FlightRecorder:
         self.suppressed = 0  # triggers within SECONDS of the last dump
         self.failed = 0  # dumps that could not be written
         self.paths: List[str] = []
+        self._said: set = set()  # the ring's write errors said so far
+        self._marks: Deque[_Counts] = collections.deque()  # (poll's: a window's losses)
 
     @property
     def overwritten(self) -> int:
@@ -173,6 +198,12 @@ class FlightRecorder:
         """Keep a batch; dump when one of its calls triggers."""
         times = _times(frames)
         self.ring.put(frames, min(times), max(times))
+        error = self.ring.error
+        if error is not None and error not in self._said:
+            self._said.add(error)
+            self.log("flight recorder: cannot keep calls in %s: %s (those not kept are "
+                     "counted: ebpf_cuda_events_lost_total{cause=\"flight_recorder_unwritten\"})"
+                     % (self.options.directory, error))
         for index, kind in self._triggers_in(frames):
             self._triggered(kind, frames, index, times[index])
 
@@ -213,34 +244,68 @@ class FlightRecorder:
         self._requested = reason
 
     def poll(self) -> None:
-        """Dump now if `request()` asked for it."""
+        """Note the loss counters; dump now if `request()` asked for it."""
+        self._marks.append(self._counts())
+        oldest = self._marks[-1].at_ns - self.ring.window_ns
+        while len(self._marks) > 1 and self._marks[1].at_ns <= oldest:
+            self._marks.popleft()  # (the one left is at or before the window's start)
         reason, self._requested = self._requested, None
         if reason is not None:
             self._dump({"kind": "signal", "signal": reason, "ts": time.time()}, reason,
                        time.monotonic_ns())
 
+    def _counts(self) -> _Counts:
+        stats = self.tracer.stats()
+        return _Counts(time.monotonic_ns(), stats["lost"], stats["too_deep"],
+                       self.ring.overwritten, self.ring.unwritten)
+
+    def window_losses(self, start_ns: int) -> Losses:
+        """What was lost from `start_ns` on (at most: counted from the last mark at or
+        before it, or from the start when there is none)."""
+        now = self._counts()
+        base = next((m for m in reversed(self._marks) if m.at_ns <= start_ns),
+                    _Counts(0, 0, 0, 0, 0))
+        overwritten, unwritten = now.overwritten - base.overwritten, now.unwritten - base.unwritten
+        why = []
+        if overwritten:
+            why.append("%d overwritten before they were %gs old: try a larger --flight-size"
+                       % (overwritten, self.options.seconds))
+        if unwritten:
+            why.append("%d refused by the disk: %s" % (unwritten, self.ring.error))
+        dropped = {"the flight recorder": (overwritten + unwritten, "; ".join(why))} if why else {}
+        return Losses(ring_full=now.ring_full - base.ring_full,
+                      too_deep=now.too_deep - base.too_deep, dropped=dropped)
+
     def _dump(self, trigger: dict, name: str, at_ns: int) -> None:
         """Write the frames of the window before `at_ns` (and those read with it) as a
-        saved trace naming `trigger`."""
-        self._last_dump_ns = at_ns
+        saved trace naming `trigger` and what its window lost. A dump that cannot be
+        written leaves no file, and does not hold the next trigger back."""
         trigger["window_s"] = self.options.seconds
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         path = os.path.join(self.options.directory, "flight-%s-%s-%d.ebpfcuda" % (
             stamp, name, len(self.paths) + 1))
+        start_ns = at_ns - self.ring.window_ns
         try:
-            calls = self._write(path, self.ring.since(at_ns - self.ring.window_ns), trigger)
+            calls = self._write(path, self.ring.since(start_ns), trigger,
+                                self.window_losses(start_ns))
         except OSError as err:
             with self._lock:
                 self.failed += 1
+            try:
+                os.unlink(path)
+            except OSError:
+                pass  # (never created)
             self.log("flight recorder: cannot write %s: %s" % (path, err.strerror or err))
             return
+        self._last_dump_ns = at_ns
         with self._lock:
             self.dumps[trigger["kind"]] = self.dumps.get(trigger["kind"], 0) + 1
             self.paths.append(path)
         self.log("flight recorder: %d calls of the last %gs written to %s (%s)"
                  % (calls, self.options.seconds, path, describe(trigger)))
 
-    def _write(self, path: str, batches: Sequence[bytes], trigger: dict) -> int:
+    def _write(self, path: str, batches: Sequence[bytes], trigger: dict,
+               losses: Losses) -> int:
         tracer = self.tracer
         names = tracer.names
         table = tracer.apis_table
@@ -254,6 +319,7 @@ class FlightRecorder:
                 writer.learn([(pid, func, names.name_for(pid, table[fn_id].name, func))
                               for fn_id, pid, func in tracer.decoder.launch_keys(frames)])
             trailer_at = stream.tell()
+            writer.note_losses(losses)
             writer.close()
             trigger["calls"] = calls
             _add_to_trailer(stream, trailer_at, {"trigger": trigger})

@@ -24,13 +24,16 @@ class Losses:
     the batch whose write failed on;
     `entries`: the trace has entry records (--entries): counts mix entries and calls;
     `names_lost`: kernel names lost, not events: teaching calls (registrations, module
-    lookups) whose name the probes' map had let go before the reader read their record."""
+    lookups) whose name the probes' map had let go before the reader read their record;
+    `dropped`: stage -> (records it dropped before every output, why in words): a flight
+    recorder's calls overwritten or refused by its disk, in its dumps."""
 
     def __init__(self, ring_full: int = 0, spool_past: int = 0, spool_limit: str = "",
                  spool_refused: int = 0, spool_error: Optional[str] = None,
                  interrupted: int = 0,
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
-                 entries: bool = False, too_deep: int = 0, names_lost: int = 0) -> None:
+                 entries: bool = False, too_deep: int = 0, names_lost: int = 0,
+                 dropped: Optional[Dict[str, Tuple[int, str]]] = None) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
         self.spool_limit = spool_limit
@@ -41,6 +44,7 @@ class Losses:
         self.entries = entries
         self.too_deep = too_deep  # calls nested deeper than record.TASK_DEPTH on one thread
         self.names_lost = names_lost
+        self.dropped: Dict[str, Tuple[int, str]] = dict(dropped or {})
 
     @property
     def total(self) -> int:
@@ -48,7 +52,7 @@ class Losses:
         lost before it, and its own)."""
         own = max([count for count, _ in self.unwritten.values()] or [0])
         return (self.ring_full + self.too_deep + self.spool_past + self.spool_refused
-                + self.interrupted + own)
+                + self.interrupted + sum(n for n, _ in self.dropped.values()) + own)
 
     def causes(self) -> List[str]:
         """Each cause with its count, in words."""
@@ -58,6 +62,9 @@ class Losses:
         if self.too_deep:
             why.append("%d calls nested deeper than %d on one thread"
                        % (self.too_deep, record.TASK_DEPTH))
+        for stage, (count, reason) in sorted(self.dropped.items()):
+            if count:
+                why.append("%d dropped by %s (%s)" % (count, stage, reason))
         if self.spool_past:
             why.append("%d past the spool's %s (try --spool-size)"
                        % (self.spool_past, self.spool_limit or "limit"))
@@ -76,7 +83,8 @@ class Losses:
         which write nothing as they go, saw all the others)."""
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
                       self.spool_error, self.interrupted, entries=self.entries,
-                      too_deep=self.too_deep, names_lost=self.names_lost)
+                      too_deep=self.too_deep, names_lost=self.names_lost,
+                      dropped=self.dropped)
 
     def sentence(self) -> str:
         """The "events lost" line (without the `ebpf-cuda: ` prefix), with the kernel names
@@ -96,7 +104,8 @@ class Losses:
         return {"ring_full": self.ring_full, "spool_past": self.spool_past,
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
                 "too_deep": self.too_deep, "entries": self.entries,
-                "names_lost": self.names_lost}
+                "names_lost": self.names_lost,
+                "dropped": {stage: list(value) for stage, value in self.dropped.items()}}
 
     @classmethod
     def from_json(cls, obj) -> "Losses":
@@ -110,4 +119,11 @@ class Losses:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError("its loss count %s is not a count" % key)
             counts[key] = value
-        return cls(entries=bool(obj.get("entries", False)), **counts)
+        dropped = obj.get("dropped", {})
+        if not isinstance(dropped, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+                and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], str)
+                for v in dropped.values()):
+            raise ValueError("its dropped records are not (count, reason) by stage")
+        return cls(entries=bool(obj.get("entries", False)),
+                   dropped={stage: (v[0], v[1]) for stage, v in dropped.items()}, **counts)

@@ -6,8 +6,10 @@ buffer holds a few MiB, tens of milliseconds at high call rates. So the reader o
 frames from the ring into the spool, and a formatter thread takes them out in order. When
 formatting falls behind, the backlog waits here, in an unlinked temporary file (page cache and
 disk, not the tracer's memory), instead of in the ring: nothing is lost, the lines come later.
-The file is emptied each time the formatter catches up, so it holds only the backlog. Past
-`limit` bytes of backlog (or when the disk is full) batches are dropped and counted.
+The file is a ring of `limit` bytes, the most backlog it may hold, so it never takes more
+disk than that, also when the formatter stays behind for hours; it is emptied each time the
+formatter catches up. Past `limit` bytes of backlog (or when the disk is full) batches are
+dropped and counted.
 
     spool = Spool(limit=1 << 30)
     reader:    spool.put(frames) ... spool.close()
@@ -29,10 +31,11 @@ class Spool:
 
     def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
+        self._size = max(limit, 1)  # (the file's bytes: a ring; a frame's offset mod this)
         self._fd, self.where = _unnamed_file(directory)  # where: the file, in words (-v)
         self._ready = threading.Condition()
-        self._head = 0  # next byte to take
-        self._tail = 0  # end of the frames put
+        self._head = 0  # next byte to take (an offset in the stream of frames put)
+        self._tail = 0  # end of the frames put (likewise)
         self._calls = 0  # call records in the backlog (hello records are no events)
         self._closed = False
         self._abandoned = False
@@ -57,7 +60,7 @@ class Spool:
                 self.dropped += record.call_count(frames)
                 return
             try:
-                self._write_at(frames, self._tail)
+                self._write(frames, self._tail)
             except OSError as err:  # ENOSPC, EFBIG, EIO: counted as lost, not fatal
                 self.dropped += record.call_count(frames)
                 self.error = err.strerror
@@ -66,14 +69,20 @@ class Spool:
             self._calls += record.call_count(frames)
             self._ready.notify()
 
-    def _write_at(self, data: bytes, offset: int) -> None:
-        """All of `data` at `offset`; a short write is retried, so a full disk raises."""
-        view = memoryview(data)
-        while view:
-            done = os.pwrite(self._fd, view, offset)
-            if done == 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            view, offset = view[done:], offset + done
+    def _write(self, data: bytes, at: int) -> None:
+        """`data` at offset `at` of the stream, in the ring (wrapping at its end). The bytes
+        not taken yet are never overwritten: put lets the backlog hold `limit` at most."""
+        start = at % self._size
+        first = min(len(data), self._size - start)
+        write_all_at(self._fd, memoryview(data)[:first], start)
+        if first < len(data):
+            write_all_at(self._fd, memoryview(data)[first:], 0)
+
+    def _read(self, at: int, length: int) -> bytes:
+        start = at % self._size
+        first = min(length, self._size - start)
+        data = os.pread(self._fd, first, start)
+        return data + os.pread(self._fd, length - first, 0) if first < length else data
 
     def close(self) -> None:
         """No more frames will be put; iteration ends once the backlog is taken."""
@@ -99,7 +108,7 @@ class Spool:
             if self._head == self._tail:
                 return None
             start, end = self._head, min(self._tail, self._head + READ_BYTES)
-        frames = os.pread(self._fd, end - start, start)  # bytes the putter no longer touches
+        frames = self._read(start, end - start)  # bytes the putter no longer touches
         calls = record.call_count(frames)
         with self._ready:
             if self._abandoned:
@@ -123,6 +132,17 @@ class Spool:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def write_all_at(fd: int, data: bytes, offset: int) -> None:
+    """All of `data` at `offset` of `fd`; a short write is retried, so a full disk raises
+    (OSError: ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        if done == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view, offset = view[done:], offset + done
 
 
 def _unnamed_file(directory: Optional[str]) -> Tuple[int, str]:

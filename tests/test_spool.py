@@ -162,3 +162,20 @@ def test_other_errors_are_not_hidden_by_the_fallback(tmp_path):
     with pytest.raises(OSError) as info:
         Spool(str(tmp_path / "missing"))
     assert info.value.errno == errno.ENOENT
+
+
+def test_a_formatter_that_never_quite_catches_up_keeps_the_file_within_the_limit(tmp_path):
+    """The backlog never empties (the file is never truncated), yet the file stays a ring
+    of `limit` bytes, and every frame comes out whole and in order across its wrap."""
+    limit = READ_BYTES + 9 * FRAME  # (the batch put and the 7 behind it fit; not a divisor)
+    spool = Spool(str(tmp_path), limit=limit)
+    spool.put(frames(0, 7))  # (always 7 frames ahead of the formatter)
+    taken = []
+    for start in range(7, 7 + 40 * 2048, 2048):
+        spool.put(frames(start, 2048))
+        taken += numbers(spool.take())
+    assert os.fstat(spool._fd).st_size <= limit
+    assert spool.dropped == 0 and spool.backlog == 7
+    spool.close()
+    taken += numbers(b"".join(spool))
+    assert taken == [k % 256 for k in range(7 + 40 * 2048)]
