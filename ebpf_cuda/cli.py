@@ -1,6 +1,7 @@
 """The `ebpf-cuda` command: click options → a `Tracer` and an output. Only this module prints,
 exits or installs signal handlers."""
 import errno
+import functools
 import os
 import signal
 import sys
@@ -515,9 +516,15 @@ class _MonitorSignals:
             monitor.flight.request("SIGUSR1")
 
 
+MIN_FLIGHT_SIZE = 1 << 20
+MAX_SECONDS = 366 * 86400.0  # (a longer wait overflows a timeout's time_t: a year will do)
+
+
 def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
-    if value is not None and value <= 0:
-        raise UsageError("%s takes a positive number of seconds, not %g" % (option, value))
+    """`value`, when it is a positive number of seconds (not nan, not inf) up to a year."""
+    if value is not None and not 0 < value <= MAX_SECONDS:
+        raise UsageError("%s takes a positive number of seconds up to a year, not %g"
+                         % (option, value))
     return value
 
 
@@ -563,13 +570,13 @@ def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
                    "at least this long triggers a dump.")
 @click.option("--ring-size", metavar="SIZE",
               help="Ring buffer size (default 4M, 16M with --flight-recorder).")
-@click.option("--return-sampling", type=click.IntRange(min=1), metavar="N",
+@click.option("--return-sampling", type=click.IntRange(min=1, max=1 << 20), metavar="N",
               default=64,  # (monitor.DEFAULT_SAMPLE_RETURNS)
               show_default=True,
               help="Kernel launches: take the return of 1 call in N (a power of two; "
                    "kernels with uprobe sessions, 6.13+): durations and errors of launches "
                    "are then sampled, their counts stay exact, and a launch costs no return "
-                   "probe. 1: every return.")
+                   "probe. 1: every return; at most 1048576.")
 def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                 everything: bool, api: str, prometheus: Optional[str], kernel_labels: int,
                 otlp: Optional[str], interval: float, pprof_out: Optional[str],
@@ -638,9 +645,11 @@ def _monitor_flight(seconds: Optional[float], directory: str, size: str, errors:
     _positive_seconds(seconds, "--flight-recorder")
     if not os.path.isdir(directory):
         raise UsageError("--flight-dir %s is not a folder" % directory)
+    ring = plan.parse_size(size)
+    if ring < MIN_FLIGHT_SIZE:  # (a smaller ring keeps no batch of a busy second)
+        raise UsageError("--flight-size takes at least 1M, not %s" % size)
     return FlightOptions(seconds, directory, parse_trigger_errors(errors),
-                         int(latency * 1e9) if latency is not None else None,
-                         plan.parse_size(size))
+                         int(latency * 1e9) if latency is not None else None, ring)
 
 
 def _monitor_exporters(monitor, address, otlp: Optional[str], interval: float) -> List:
@@ -649,14 +658,17 @@ def _monitor_exporters(monitor, address, otlp: Optional[str], interval: float) -
     if address is not None:
         from .prometheus import MetricsServer
 
-        server = MetricsServer(address, monitor.collect)  # (bound now)
+        monitor.add_exporter("prometheus")
+        server = MetricsServer(address, functools.partial(monitor.collect, "prometheus"))
         host, port = server.address
         exporters.append((server, "metrics at http://%s:%d/metrics"
                           % ("[%s]" % host if ":" in host else host, port)))
     if otlp:
         from .otlp import OtlpPusher
 
-        pusher = OtlpPusher(otlp, interval, monitor.collect, monitor.started_at, on_error=_say)
+        monitor.add_exporter("otlp")
+        pusher = OtlpPusher(otlp, interval, functools.partial(monitor.collect, "otlp"),
+                            monitor.started_at, on_error=_say)
         exporters.append((pusher, "pushing metrics to %s every %gs" % (pusher.url, interval)))
     return exporters
 
@@ -666,7 +678,7 @@ def _monitor_profile(monitor, stream, path: str) -> bool:
     from . import pprof
 
     try:
-        stream.write(pprof.profile_of_monitor(monitor.collect(), monitor.launch_totals(),
+        stream.write(pprof.profile_of_monitor(monitor.collect("pprof"), monitor.launch_totals(),
                                               monitor.started_at))
         stream.flush()
     except OSError as err:

@@ -22,7 +22,8 @@ recorder (flight.py) every call's record travels too.
 
 Threads: `run()` is the reader. Every TICK_S it also names the launches in the kernel's
 `launches` map and publishes them as series, and drops the state of processes that exited
-once an exporter has collected their last values. Exporters call `collect()`
+once every exporter has collected their last values (at once with no exporter, and after
+HOLD_S whatever the exporters do). Exporters call `collect(name)`
 from their threads: it renders what the reader last published (the aggregates and the
 launch series of one tick, at most TICK_S old; a scrape reads only the small error and loss
 maps). Nothing here prints.
@@ -48,6 +49,10 @@ from .maps import MappedArrayMap, possible_cpus
 from .tracer import Tracer
 
 TICK_S = 0.5  # how often the reader names launches and looks for processes that exited
+# An exited process's series wait for every exporter to collect them, but no longer than
+# this: an exporter that stopped collecting (a Prometheus down for a day) must not make the
+# monitor keep every process that ever ran, nor fill the kernel's maps with their launches.
+HOLD_S = 600.0
 # hello records, name-teaching calls (a framework's import registers tens of thousands of
 # kernels in a burst), graph calls and what a process does while it captures travel: 1 MiB
 # lost most of PyTorch's import burst on the H200 host (D23), 4 MiB none (D25), and the
@@ -167,14 +172,19 @@ class Process:
     """A process seen making CUDA calls: its labels, and the sticky kernel labels of its
     launches ((fn_id, func) -> label)."""
 
-    __slots__ = ("pid", "comm", "container", "start", "exited", "labels", "kernels", "waiting")
+    __slots__ = ("pid", "comm", "container", "start", "exited", "exited_at", "labels",
+                 "kernels", "waiting")
 
     def __init__(self, pid: int, comm: str) -> None:
+        """`comm`: the name of the thread that made the call, the label when the process
+        is gone already (else the process's own name, which a thread's may differ from)."""
         self.pid = pid
-        self.comm = comm
+        own, self.start = _stat(pid)
+        self.comm = own if own is not None else comm
         self.container = container_of(pid)
-        self.start = _start_time(pid)
-        self.exited: Optional[int] = None  # the collect count when its exit was seen
+        # The first published series that holds its end (its last values), and when.
+        self.exited: Optional[int] = None
+        self.exited_at = 0.0
         self.labels: Dict[Tuple[int, int], str] = {}
         self.kernels: Set[str] = set()  # kernel names that have a label of their own
         # (fn_id, func) of launches held back a tick, their name unknown (_kernel_label)
@@ -182,7 +192,7 @@ class Process:
 
     def alive(self) -> bool:
         """Still running (the same process: a reused PID has another start time)."""
-        start = _start_time(self.pid)
+        _, start = _stat(self.pid)
         return start is not None and start == self.start
 
     def label_set(self) -> Labels:
@@ -190,13 +200,16 @@ class Process:
         return labels + ((("container", self.container),) if self.container else ())
 
 
-def _start_time(pid: int) -> Optional[int]:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+def _stat(pid: int) -> Tuple[Optional[str], Optional[int]]:
+    """The process's name and start time in clock ticks since boot (/proc/PID/stat fields
+    2 and 22); (None, None) when it has gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
+            stat = f.read()
+        name, rest = stat[stat.index(b"(") + 1:].rsplit(b")", 1)
+        return name.decode("utf-8", "replace"), int(rest.split()[19])
     except (OSError, IndexError, ValueError):
-        return None
+        return None, None
 
 
 # -- reading the per-CPU aggregates quickly --------------------------------------------------
@@ -395,9 +408,10 @@ class Monitor:
         self.processes: Dict[int, Process] = {}  # (those seen and not dropped yet)
         self.seen = 0  # processes seen in all
         self.started_at = time.time()
-        self._lock = threading.Lock()  # the published series and the collect count
+        self._lock = threading.Lock()  # the published series and what exporters collected
         self._series = LaunchSeries({}, 0, 0)
-        self._collects = 0  # snapshots handed to exporters so far
+        self._published = 0  # series published so far (the version of `_series`)
+        self._collected: Dict[str, int] = {}  # exporter -> the last version it collected
         self._retired: Dict[int, int] = {}  # launches of pruned processes, by function id
         # ... and by (comm, api, kernel label), for a profile of the whole run
         self.retired_launches: Dict[Tuple[str, str, str], int] = {}
@@ -548,19 +562,21 @@ class Monitor:
                 self._captured[fn_id] = self._captured.get(fn_id, 0) + 1
 
     def tick(self, final: bool = False) -> None:
-        """Name the launches and publish them; drop the processes whose exit an exporter
-        has seen; note the processes that exited since the last tick. `final` (the tick
-        after the stop, whose series the last push and the profile take): no launch
-        waits for its name."""
-        with self._lock:
-            collects = self._collects
-        self._prune(collects)
+        """Name the launches and publish them; drop the processes whose last values every
+        exporter has collected; note the processes that exited since the last tick.
+        `final` (the tick after the stop, whose series the last push and the profile
+        take): no launch waits for its name."""
+        with self._lock:  # (no exporter: what is published counts as seen)
+            seen = min(self._collected.values(), default=self._published)
+        self._prune(seen)
+        now = time.monotonic()
         for process in self.processes.values():  # (before the series: they hold its end)
             if process.exited is None and not process.alive():
-                process.exited = collects
+                process.exited, process.exited_at = self._published + 1, now
         series = self._launch_series(final)
         with self._lock:
             self._series = series
+            self._published += 1
         self._known = tuple(self.processes)
         if len(self.tracer.attachments) != self._probed_files:  # (files probed late)
             self._probed_files = len(self.tracer.attachments)
@@ -624,7 +640,7 @@ class Monitor:
     def _process(self, pid: int) -> Process:
         process = self.processes.get(pid)
         if process is None:  # (its hello record was lost: a full ring)
-            process = self.processes[pid] = Process(pid, _comm(pid))
+            process = self.processes[pid] = Process(pid, "?")
             self.seen += 1
         return process
 
@@ -685,11 +701,14 @@ class Monitor:
         series = (process.comm, TABLE[fn_id].name, label)
         self.retired_launches[series] = self.retired_launches.get(series, 0) + count
 
-    def _prune(self, collects: int) -> None:
-        """Drop the processes whose exit was seen before an exporter's last collect: their
+    def _prune(self, seen: int) -> None:
+        """Drop the processes whose last values are in a series every exporter has
+        collected (`seen`: the oldest version collected), or that exited HOLD_S ago: their
         launch entries leave the kernel's map (counted as retired), their names go."""
+        held_since = time.monotonic() - HOLD_S
         gone = [p.pid for p in self.processes.values()  # (not one whose launches wait)
-                if p.exited is not None and p.exited < collects and not p.waiting]
+                if p.exited is not None and not p.waiting
+                and (p.exited <= seen or p.exited_at < held_since)]
         if not gone:
             return
         launches = self.tracer.session.maps[layout.LAUNCHES]
@@ -723,12 +742,20 @@ class Monitor:
 
     # -- what exporters call ---------------------------------------------------------------
 
-    def collect(self) -> List[Family]:
-        """Every metric family now (thread-safe)."""
+    def add_exporter(self, name: str) -> None:
+        """Count `name` as an exporter before its first `collect`: the processes that exit
+        from now on keep their series until it has collected them too."""
+        with self._lock:
+            self._collected.setdefault(name, self._published)
+
+    def collect(self, exporter: str = "") -> List[Family]:
+        """Every metric family now (thread-safe). Each exporter collects under a name of
+        its own: an exited process's series go once every exporter has collected its last
+        values (or HOLD_S after its exit)."""
         assert self.tracer is not None and self._agg is not None
         with self._lock:
             series = self._series
-            self._collects += 1
+            self._collected[exporter] = self._published
         families = function_families(series.totals)
         families.append(_error_family(self.tracer.session.maps[layout.ERRORS]))
         sampled = self.tracer.sampled_returns()
@@ -771,6 +798,7 @@ class Monitor:
                 ("name_map_full", self.tracer.names.names_lost)]
         if self.flight is not None:
             lost.append(("flight_recorder_full", self.flight.overwritten))
+            lost.append(("flight_recorder_unwritten", self.flight.ring.unwritten))
         if self.watch is not None:
             lost.append(("notice_ring_full", self.watch.lost()))
         return Family("ebpf_cuda_events_lost", "counter",
@@ -781,7 +809,8 @@ class Monitor:
                       "process), name_map_full (kernel names gone from the probes' names "
                       "map before the reader read their registrations), "
                       "flight_recorder_full (calls overwritten in the "
-                      "flight recorder before they were SECONDS old), notice_ring_full "
+                      "flight recorder before they were SECONDS old), "
+                      "flight_recorder_unwritten (calls its disk refused), notice_ring_full "
                       "(notices of dlopens and execs: every process is scanned again).", "1",
                       [((("cause", cause),), n) for cause, n in lost])
 
@@ -817,14 +846,6 @@ class Monitor:
             self.flight.close()
         if self.tracer is not None:
             self.tracer.close()
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open("/proc/%d/comm" % pid) as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 def forget_process(namer, pid: int) -> None:

@@ -9,6 +9,7 @@ opentelemetry-proto (opentelemetry/proto/collector/metrics/v1): counters are cum
 monotonic sums, gauges gauges, histograms explicit-bucket histograms (per-bucket counts, one
 more than the bounds). 64-bit integers are strings, as the protobuf JSON mapping writes them.
 """
+import http.client
 import json
 import os
 import threading
@@ -28,10 +29,14 @@ def metrics_url(url: str) -> str:
     """The collector's URL with /v1/metrics when it has no path of its own."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        from .errors import UsageError
+    from .errors import UsageError
 
+    try:
+        parts = urlsplit(url)
+        parts.port  # (ValueError: a port that is no number, or out of range)
+    except ValueError as err:
+        raise UsageError("--otlp: %r is no URL: %s" % (url, err)) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError("--otlp takes an http:// or https:// URL, not %r" % url)
     return url if parts.path not in ("", "/") else url.rstrip("/") + METRICS_PATH
 
@@ -121,7 +126,9 @@ class OtlpPusher:
         try:
             with urllib.request.urlopen(post, timeout=TIMEOUT_S) as answer:
                 answer.read()
-        except (OSError, urllib.error.URLError) as err:  # (HTTPError is a URLError)
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            # (URLError and HTTPError are OSErrors; a server that is no HTTP server gives
+            # an HTTPException such as BadStatusLine)
             self.failures += 1
             reason = str(getattr(err, "reason", err))
             if reason not in self._said:

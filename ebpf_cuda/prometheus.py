@@ -34,7 +34,7 @@ def parse_address(text: str) -> Tuple[str, int]:
     loopback address. UsageError for anything else."""
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or DEFAULT_HOST
-    if not port.isdigit() or int(port) > 65535:
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:  # (not "²")
         raise UsageError("--prometheus takes HOST:PORT (e.g. 127.0.0.1:9464), not %r" % text)
     return host, int(port)
 

@@ -73,9 +73,9 @@ class Options(NamedTuple):
             raise UsageError("--py-stacks needs event records: it cannot go with in-kernel "
                              "aggregates alone")
         n = self.sample_returns
-        if n < 0 or n & (n - 1):
-            raise UsageError("the return sampling must be a power of two (1: every call), "
-                             "not %d" % n)
+        if n < 0 or n & (n - 1) or n > 1 << 20:
+            raise UsageError("the return sampling must be a power of two (1: every call) "
+                             "up to 1048576, not %d" % n)
         _check_ring_size(self.ring_size)
         return self
 

@@ -63,7 +63,9 @@ def running_monitor(**options) -> Iterator:
     """A started Monitor whose reader runs in a thread; stopped and closed at the end."""
     from ebpf_cuda.monitor import Monitor, MonitorOptions
 
-    monitor = Monitor(MonitorOptions(**options)).start()
+    monitor = Monitor(MonitorOptions(**options))
+    monitor.add_exporter("")  # (the tests collect as one, from the start)
+    monitor.start()
     thread = threading.Thread(target=monitor.run, daemon=True)
     thread.start()
     try:
@@ -94,8 +96,10 @@ def settle(monitor, ticks: int = 3, timeout: float = 300) -> None:
 class MonitorCli:
     """`ebpf-cuda monitor ARGS` as a subprocess; `lines` are its stderr lines so far."""
 
-    def __init__(self, *args, ready: str = "monitoring ", timeout: float = 60) -> None:
-        self.proc = subprocess.Popen(cli_argv("monitor", *args), stdin=subprocess.DEVNULL,
+    def __init__(self, *args, ready: str = "monitoring ", timeout: float = 60,
+                 prefix: Sequence[str] = ()) -> None:
+        self.proc = subprocess.Popen([*prefix, *cli_argv("monitor", *args)],
+                                     stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=cli_env(), cwd=str(REPO))
         self.lines: List[str] = []

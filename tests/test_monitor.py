@@ -6,6 +6,7 @@ import re
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 
@@ -127,6 +128,116 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
         assert not [k for k in names._found if k[0] == held.pid]
         assert held.pid not in names.resolver._maps
         assert monitor.launch_totals() == {("cuda_driver_pro", "cudaLaunchKernel", KERNEL): 7}
+
+
+def _calls_of(monitor, pid: int, exporter: str) -> float:
+    """cudaMalloc calls of process `pid` on a page `exporter` collects now."""
+    samples = parse_metrics(prometheus.render(monitor.collect(exporter)).decode())
+    return value(samples, "ebpf_cuda_process_api_calls_total", pid=str(pid), api="cudaMalloc")
+
+
+@pytest.fixture
+def ticked(prog, lib):
+    """(monitor ticked by hand, with exporters "a" and "b"; the pid of a process that made
+    3 cudaMalloc calls and exited, known from the first tick on)."""
+    monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False))
+    monitor.add_exporter("a")
+    monitor.add_exporter("b")
+    monitor.start()
+    try:
+        held = Held(prog, ["setdevice:0", "loop:3:malloc:64"]).go()
+        held.wait()
+        monitor.tick()  # (the process learnt from the kernel's map; its exit not noted yet)
+        assert held.pid in monitor.processes
+        yield monitor, held.pid
+    finally:
+        monitor.close()
+
+
+def test_a_scrape_during_the_tick_that_notes_an_exit_does_not_let_the_process_go(ticked):
+    """A collect that lands while the tick noting the exit computes its series gets the
+    series before: the process's series stay until each exporter has collected a later
+    one, however many collects the other exporter makes."""
+    monitor, pid = ticked
+    compute = monitor._launch_series
+    during = []
+
+    def scraped_meanwhile(final=False):
+        during.append(_calls_of(monitor, pid, "a"))
+        return compute(final)
+
+    monitor._launch_series = scraped_meanwhile
+    monitor.tick()  # (notes the exit; "a" collects the series before it meanwhile)
+    monitor._launch_series = compute
+    assert during == [3] and monitor.processes[pid].exited is not None
+    for _ in range(3):  # ("b" has collected nothing since its exit)
+        monitor.tick()
+        assert _calls_of(monitor, pid, "a") == 3
+    assert _calls_of(monitor, pid, "b") == 3
+    monitor.tick()  # (both have collected its last values: it goes)
+    assert pid not in monitor.processes
+    assert _calls_of(monitor, pid, "a") == 0 and _calls_of(monitor, pid, "b") == 0
+    calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
+    assert pid not in [layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()]
+
+
+def test_without_exporters_an_exited_process_goes_once_its_end_is_published(prog, lib):
+    """(a monitor with only a profile or a flight recorder: no process is kept for ever,
+    and the launches of processes gone free the kernel's maps and stay in the totals)"""
+    monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False)).start()
+    try:
+        held = Held(prog, ["setdevice:0", "loop:4:launch:4,1,1:256,1,1"]).go()
+        held.wait()
+        monitor.tick()  # (learnt)
+        monitor.tick()  # (its exit noted, its end published)
+        assert monitor.processes[held.pid].exited is not None
+        monitor.tick()
+        assert held.pid not in monitor.processes
+        assert sum(monitor.launch_totals().values()) == 4
+    finally:
+        monitor.close()
+
+
+def test_an_exporter_that_never_collects_holds_an_exited_process_hold_s_at_most(
+        ticked, monkeypatch):
+    from ebpf_cuda import monitor as module
+
+    monitor, pid = ticked
+    monitor.tick()  # (its exit noted)
+    _calls_of(monitor, pid, "a")
+    monitor.tick()
+    assert pid in monitor.processes  # ("b" has not collected)
+    monkeypatch.setattr(module, "HOLD_S", 0.0)
+    monitor.tick()
+    assert pid not in monitor.processes
+
+
+def test_a_process_is_labelled_with_its_own_name_not_its_calling_thread_s(lib):
+    """The first call comes from a thread named otherwise (a data loader's, say)."""
+    script = """import ctypes, sys, threading
+lib, libc = ctypes.CDLL(sys.argv[1]), ctypes.CDLL(None)
+def call():
+    libc.prctl(15, b"data-loader-7", 0, 0, 0)  # PR_SET_NAME
+    lib.cudaMalloc(ctypes.byref(ctypes.c_void_p()), ctypes.c_size_t(64))
+thread = threading.Thread(target=call)
+thread.start()
+thread.join()
+print(open("/proc/self/comm").read().strip(), flush=True)
+sys.stdin.readline()
+"""
+    with running_monitor(paths=(str(lib),)) as monitor:
+        proc = subprocess.Popen([sys.executable, "-c", script, str(lib)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            own = proc.stdout.readline().strip()
+            settle(monitor)
+            samples = parse_metrics(prometheus.render(monitor.collect()).decode())
+        finally:
+            proc.communicate("\n", timeout=30)
+    assert own and own != "data-loader-7"
+    assert value(samples, "ebpf_cuda_process_api_calls_total", pid=str(proc.pid),
+                 comm=own, api="cudaMalloc") == 1
+    assert value(samples, "ebpf_cuda_process_api_calls_total", comm="data-loader-7") == 0
 
 
 @pytest.fixture(scope="module")
@@ -462,6 +573,16 @@ def test_cli_a_stop_signal_while_starting_unwinds(lib):
     (["--kernel-labels", "-1"], "--kernel-labels"),
     (["--flight-recorder", "5", "--flight-dir", "/nonexistent"], "is not a folder"),
     (["--pprof-out", "/nonexistent/p.pb.gz"], "cannot write /nonexistent/p.pb.gz"),
+    (["--interval", "nan"], "positive number of seconds"),
+    (["--interval", "1e10"], "up to a year"),
+    (["--flight-recorder", "inf"], "positive number of seconds"),
+    (["--flight-recorder", "nan"], "positive number of seconds"),
+    (["--flight-recorder", "5", "--trigger-latency", "inf"], "positive number of seconds"),
+    (["--flight-recorder", "5", "--flight-size", "0"], "--flight-size takes at least 1M"),
+    (["--prometheus", ":\u00b2"], "--prometheus takes HOST:PORT"),
+    (["--otlp", "http://localhost:abc"], "is no URL"),
+    (["--otlp", "http://[::1"], "is no URL"),
+    (["--return-sampling", str(1 << 65)], "--return-sampling"),
 ])
 def test_cli_bad_options_are_one_line_and_exit_2(lib, args, words):
     done = run_cli("monitor", "-p", lib, *args)

@@ -47,8 +47,9 @@ def monitor(root, start_lib):
     from ebpf_cuda.monitor import Monitor, MonitorOptions
 
     lines = []
-    started = Monitor(MonitorOptions(paths=(str(start_lib),), late=True),
-                      log=lines.append).start()
+    started = Monitor(MonitorOptions(paths=(str(start_lib),), late=True), log=lines.append)
+    started.add_exporter("")  # (the tests collect as one, from the start)
+    started.start()
     started.lines = lines
     assert started.watch is not None, lines
     started.watch.sweep_every = SWEEP_S

@@ -60,7 +60,9 @@ def monitor(root, lib):
     from ebpf_cuda.monitor import Monitor, MonitorOptions
 
     lines = []
-    started = Monitor(MonitorOptions(paths=(str(lib),), late=True), log=lines.append).start()
+    started = Monitor(MonitorOptions(paths=(str(lib),), late=True), log=lines.append)
+    started.add_exporter("")  # (the tests collect as one, from the start)
+    started.start()
     started.lines = lines
     reader = threading.Thread(target=started.run, daemon=True)
     reader.start()
@@ -343,8 +345,9 @@ def test_a_renamed_runtime_a_process_mapped_before_the_start_is_probed(root, dlo
         assert proc.stdout.readline().startswith("start ")  # (mapped: held until a line)
         assert str(copy) not in cuda_files()
         lines = []
-        monitor = Monitor(MonitorOptions(paths=(str(lib),), late=True),
-                          log=lines.append).start()
+        monitor = Monitor(MonitorOptions(paths=(str(lib),), late=True), log=lines.append)
+        monitor.add_exporter("")  # (the test collects as one, from the start)
+        monitor.start()
         reader = threading.Thread(target=monitor.run, daemon=True)
         reader.start()
         try:
