@@ -105,12 +105,8 @@ class MetricsServer:
     def __init__(self, address: Tuple[str, int],
                  collect: Callable[[], Sequence[Family]]) -> None:
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        server_class = type("Server", (socketserver.ThreadingTCPServer,),
-                            {"address_family": family, "daemon_threads": True,
-                             "allow_reuse_address": True, "collect": staticmethod(collect),
-                             "handle_error": _one_line_error})
         try:
-            self._server = server_class(address, _Handler)
+            self._server = _Server(address, family, collect)
         except OSError as err:
             raise UsageError("cannot listen on %s:%d: %s"
                              % (address[0], address[1], err.strerror or err)) from None
@@ -134,12 +130,48 @@ class MetricsServer:
         self._server.server_close()
 
 
-def _one_line_error(server, request, client_address) -> None:
-    """A request that failed in a way the handler did not foresee: one line on stderr, not
-    socketserver's traceback; the server goes on."""
-    error = sys.exc_info()[1]
-    sys.stderr.write("ebpf-cuda: a /metrics request from %s failed: %s\n"
-                     % (client_address[0], error))
+MAX_CLIENTS = 64  # connections served at once: a thread each, waiting READ_TIMEOUT_S at most
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    """A thread per connection, MAX_CLIENTS at most: clients that connect and send nothing
+    cannot make the monitor hold a thread each (and its memory) without bound; a connection
+    past the bound is closed at once (a scraper tries again at its next scrape)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: Tuple[str, int], family: int,
+                 collect: Callable[[], Sequence[Family]]) -> None:
+        self.address_family = family
+        self.collect = collect
+        self.turned_away = 0  # connections closed at once: MAX_CLIENTS were being served
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.turned_away += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # (no thread started: its slot is free again)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        """A request that failed in a way the handler did not foresee: one line on stderr,
+        not socketserver's traceback; the server goes on."""
+        error = sys.exc_info()[1]
+        sys.stderr.write("ebpf-cuda: a /metrics request from %s failed: %s\n"
+                         % (client_address[0], error))
 
 
 MAX_LINE = 8192  # bytes of a request line or header line

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -251,6 +252,37 @@ def test_a_client_that_sends_nothing_does_not_stop_the_others(server):
         idle.sendall(b"GET /met")  # (and nothing more)
         answer = _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_idle_clients_hold_max_clients_threads_at_most(monkeypatch):
+    """Past MAX_CLIENTS connections being served, another is closed at once (no thread
+    waits on it); once they go, scrapes are answered again."""
+    monkeypatch.setattr(prometheus, "MAX_CLIENTS", 4)
+    server = prometheus.MetricsServer(("127.0.0.1", 0), lambda: []).start()
+    port = server.address[1]
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    try:
+        for s in idle:
+            s.sendall(b"GET /met")  # (and nothing more: each holds a thread)
+        time.sleep(0.3)
+        threads = threading.active_count()
+        try:
+            refused = _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        except ConnectionResetError:  # (closed with the request unread)
+            refused = b""
+        assert refused == b""  # (closed at once, unanswered)
+        assert server._server.turned_away == 1 and threading.active_count() == threads
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # (their threads see the close and end)
+        answer = _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        if answer or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    server.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_a_failing_collect_is_a_500_and_the_server_goes_on():
