@@ -574,6 +574,9 @@ class Monitor:
             if process.exited is None and not process.alive():
                 process.exited, process.exited_at = self._published + 1, now
         series = self._launch_series(final)
+        for process in self.processes.values():
+            if process.exited is not None and process.waiting:  # (held back: in the next)
+                process.exited = self._published + 2
         with self._lock:
             self._series = series
             self._published += 1

@@ -181,6 +181,36 @@ def test_a_scrape_during_the_tick_that_notes_an_exit_does_not_let_the_process_go
     assert pid not in [layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()]
 
 
+def test_launches_held_back_a_tick_at_the_exit_are_collected_before_the_process_goes(
+        prog, lib):
+    """The tick that notes the exit first sees the process's launches and holds them back
+    (their kernel's name not read yet): its end is in the next series, which an exporter
+    must collect before the process goes."""
+    monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False))
+    monitor.add_exporter("a")
+    monitor.start()
+    try:
+        held = Held(prog, ["setdevice:0", "sleep:1500", "loop:3:launch:4,1,1:256,1,1"]).go()
+        time.sleep(0.5)
+        monitor.tick()  # (known and alive: its first call counted by process)
+        held.wait()
+        monitor.tick()  # (its exit noted; its launches held back, names unknown)
+        assert monitor.processes[held.pid].waiting
+
+        def launches() -> float:
+            samples = parse_metrics(prometheus.render(monitor.collect("a")).decode())
+            return value(samples, "ebpf_cuda_kernel_launches_total", pid=str(held.pid))
+
+        assert launches() == 0
+        monitor.tick()  # (published now)
+        monitor.tick()  # ("a" has not collected them: the process stays)
+        assert launches() == 3
+        monitor.tick()
+        assert held.pid not in monitor.processes
+    finally:
+        monitor.close()
+
+
 def test_without_exporters_an_exited_process_goes_once_its_end_is_published(prog, lib):
     """(a monitor with only a profile or a flight recorder: no process is kept for ever,
     and the launches of processes gone free the kernel's maps and stay in the totals)"""
