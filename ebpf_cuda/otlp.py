@@ -14,7 +14,6 @@ import json
 import os
 import threading
 import time
-import urllib.error
 import urllib.request
 from typing import Callable, List, Optional, Sequence
 
