@@ -26,8 +26,10 @@ def pyz(tmp_path_factory):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("paused", [False, True], ids=["monitor-running", "monitor-paused"])
-def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paused):
+@pytest.mark.parametrize("paused, second", [(False, False), (True, False), (False, True)],
+                         ids=["monitor-running", "monitor-paused", "two-builds"])
+def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paused, second):
+    """(two-builds: --pyz-b, a second monitor on copies of its own in the same turns)"""
     rounds, ops = 60, 100
     source = tmp_path / "libcudart.so.12"
     shutil.copyfile(str(lib), str(source))
@@ -35,7 +37,8 @@ def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paus
     run = subprocess.run(
         [sys.executable, str(SCRIPTS / "monitor_turns.py"), "--pyz", str(pyz),
          "--smoke", str(source), "--rounds", str(rounds), "--ops", str(ops),
-         "--copies", str(tmp_path / "copies")] + (["--pause-monitor"] if paused else []),
+         "--copies", str(tmp_path / "copies")] + (["--pause-monitor"] if paused else [])
+        + (["--pyz-b", str(pyz)] if second else []),
         env=dict(os.environ, OUT=str(out)), stdout=subprocess.PIPE, text=True, timeout=240)
     assert run.returncode == 0, run.stdout[-2000:]
     records = [json.loads(line) for line in (out / "monitor_turns.jsonl").read_text().splitlines()]
@@ -43,8 +46,14 @@ def test_the_modes_take_turns_on_their_own_copies(root, lib, pyz, tmp_path, paus
     assert result["problems"] == []
     assert result["monitor_paused"] is paused  # (a stopped reader: the counts are the kernel's)
     made = 50 + rounds * ops  # (the warm-up, then one rep a turn)
-    assert result["made"] == {"untraced": made, "bare-entry": made, "monitor": made}
+    modes = ["untraced", "bare-entry", "monitor"] + (["monitor-b"] if second else [])
+    assert result["made"] == dict.fromkeys(modes, made)
     assert result["monitor_counted_launches"] == made  # (each child's launches exactly)
+    if second:
+        assert result["monitor_b_counted_launches"] == made
+        assert result["monitor_b_exit_status"] == 0
+        assert result["monitor/monitor-b"]["rounds"] == rounds
+        assert result["per_hit"]["monitor_b_ns"] is not None
     assert result["monitor_calls_by_api"] == {
         'api="cudaLaunchKernel",layer="runtime"': made}
     assert result["monitor_errors_by_api"] == {}

@@ -25,6 +25,9 @@ Checks that the probes were where they should be (else the run says so and fails
 child maps its own copies; the monitor's launch count for the monitor child equals the
 launches it made; the bare probes' hits come from the bare child alone (at least one per op).
 
+`--pyz-b OTHER.pyz` adds a fourth mode, `monitor-b`: the monitor of another build on copies
+of its own, in the same turns (two builds compared on one host, its drift cancelled).
+
 `--smoke LIB` runs the same plumbing on a CPU machine: the children call cudaLaunchKernel
 of copies of LIB (the tests' stand-in runtime) through ctypes.
 Writes JSON lines to $OUT/monitor_turns.jsonl (and prints them).
@@ -48,6 +51,7 @@ import monitor_h200 as h200  # noqa: E402  (Monitor, BareProbes, entry_sites, ml
 HERE = os.path.abspath(__file__)
 OUT = os.environ.get("OUT", "/tmp/ebpf-cuda-monitor-turns")
 MODES = ("untraced", "bare-entry", "monitor")
+SECOND = "monitor-b"  # (--pyz-b: another build's monitor)
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -140,10 +144,10 @@ def cuda_files(python: str) -> list:
     return files
 
 
-def make_copies(files, where: str) -> dict:
+def make_copies(files, where: str, modes=MODES) -> dict:
     """mode -> the copies of `files` for that mode (same file names: same sonames)."""
     copies = {}
-    for mode in MODES:
+    for mode in modes:
         folder = os.path.join(where, mode)
         os.makedirs(folder, exist_ok=True)
         copies[mode] = []
@@ -200,10 +204,11 @@ def bootstrap(ratios, draws: int = 2000) -> dict:
 
 
 def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke) -> dict:
-    children = {m: TurnChild(what, per_turn, copies[m], cpu, smoke) for m in MODES}
+    modes = tuple(copies)
+    children = {m: TurnChild(what, per_turn, copies[m], cpu, smoke) for m in modes}
     hellos = {m: c.ready() for m, c in children.items()}
-    orders = list(itertools.permutations(MODES))
-    times = {m: [] for m in MODES}
+    orders = list(itertools.permutations(modes))
+    times = {m: [] for m in modes}
     t0 = time.monotonic()
     for r in range(rounds):
         for mode in orders[r % len(orders)]:
@@ -216,8 +221,10 @@ def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke
               "mean": {m: statistics.fmean(v) for m, v in times.items()},
               "times": times,  # (each round's, in round order: the raw data)
               "p10": {m: sorted(v)[len(v) // 10] for m, v in times.items()}}
-    for a, b in (("monitor", "bare-entry"), ("monitor", "untraced"),
-                 ("bare-entry", "untraced")):
+    pairs = [("monitor", "bare-entry"), ("monitor", "untraced"), ("bare-entry", "untraced")]
+    if SECOND in modes:
+        pairs += [(SECOND, "bare-entry"), (SECOND, "untraced"), ("monitor", SECOND)]
+    for a, b in pairs:
         result["%s/%s" % (a, b)] = bootstrap([x / y for x, y in zip(times[a], times[b])])
     return result
 
@@ -256,9 +263,12 @@ def trap_costs(result: dict) -> dict:
     (Where the floor moves between runs, this tells a dearer trap from more of them.)"""
     hits = result["bare_hits"] / max(result["made"]["bare-entry"], 1)
     mean = result["mean"]
-    return {"hits_per_step": hits,
-            "bare_ns": 1e3 * (mean["bare-entry"] - mean["untraced"]) / hits if hits else None,
-            "monitor_ns": 1e3 * (mean["monitor"] - mean["untraced"]) / hits if hits else None}
+    costs = {"hits_per_step": hits}
+    for mode in mean:
+        if mode != "untraced":
+            costs[mode.replace("-entry", "").replace("-", "_") + "_ns"] = (
+                1e3 * (mean[mode] - mean["untraced"]) / hits if hits else None)
+    return costs
 
 
 def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
@@ -268,22 +278,33 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     bare_sites = [(os.path.join(os.path.dirname(copies["bare-entry"][0]),
                                 os.path.basename(path)), offset) for path, offset in sites]
     bare = h200.BareProbes(bare_sites)
+    second = None
+    if SECOND in copies:
+        second = h200.Monitor(os.path.abspath(args.pyz_b), ["--kernel-labels", "20"] + [
+            a for p in copies[SECOND] for a in ("-p", p)])
     try:
         usual = args.ops if what == "tiny" else args.steps
         rounds = args.rounds  # (as long as the usual turns take, when a turn is longer)
         if per_turn is not None and per_turn != usual:
             rounds = max(args.rounds * usual // per_turn, 60)
+        paused = [m.proc.pid for m in (monitor, second) if m is not None]
         if args.pause_monitor:  # (its probes stay on: the kernel's share alone is timed)
-            os.kill(monitor.proc.pid, signal.SIGSTOP)
+            for pid in paused:
+                os.kill(pid, signal.SIGSTOP)
         try:
             result = measure(what, per_turn or usual, rounds, copies, cpu, args.smoke)
         finally:
             if args.pause_monitor:
-                os.kill(monitor.proc.pid, signal.SIGCONT)
+                for pid in paused:
+                    os.kill(pid, signal.SIGCONT)
         result["smoke"] = bool(args.smoke)
         result["monitor_paused"] = args.pause_monitor
         time.sleep(2.0)  # (three reader ticks: the exited child's launches published)
         samples = monitor.scrape()
+        if second is not None:  # (its count of its own child's launches)
+            pid = result["children"][SECOND]["pid"]
+            result["monitor_b_counted_launches"] = h200.total(
+                second.scrape(), "ebpf_cuda_kernel_launches_total", 'pid="%d"' % pid)
         result["monitor_said"] = [line for line in monitor.lines if "sampl" in line]
         for name, key in (("ebpf_cuda_api_calls_total", "monitor_calls_by_api"),
                           ("ebpf_cuda_api_errors_total", "monitor_errors_by_api")):
@@ -292,7 +313,10 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     finally:
         hits = bare.close()
         status = monitor.close()
+        status_b = second.close() if second is not None else None
     result["monitor_exit_status"] = status
+    if second is not None:
+        result["monitor_b_exit_status"] = status_b
     result["problems"] = check_probes(result, samples, hits, copies)
     result["per_hit"] = trap_costs(result)
     return result
@@ -301,6 +325,8 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pyz", default="ebpf-cuda.pyz")
+    parser.add_argument("--pyz-b", metavar="OTHER.pyz",
+                        help="a fourth mode: the monitor of another build (monitor-b)")
     parser.add_argument("--child", choices=("tiny", "mlp"))
     parser.add_argument("--per-turn", type=int)
     parser.add_argument("--workloads", default="tiny,mlp",
@@ -325,7 +351,7 @@ def main() -> int:
     cpu = args.cpu if args.cpu is not None else cpus[-1]
     os.sched_setaffinity(0, set(cpus) - {cpu} or set(cpus))  # (the monitor too: elsewhere)
     files = [args.smoke] if args.smoke else cuda_files(sys.executable)
-    copies = make_copies(files, args.copies)
+    copies = make_copies(files, args.copies, MODES + ((SECOND,) if args.pyz_b else ()))
     sites = h200.entry_sites(os.path.abspath(args.pyz), copies["monitor"])
     record = {"part": "turns", "files": files, "entry_sites": len(sites), "cpu": cpu,
               "host": h200.cpu_facts()}
