@@ -570,7 +570,7 @@ def _positive_seconds(value: Optional[float], option: str) -> Optional[float]:
                    "at least this long triggers a dump.")
 @click.option("--ring-size", metavar="SIZE",
               help="Ring buffer size (default 4M, 16M with --flight-recorder).")
-@click.option("--return-sampling", type=click.IntRange(min=1, max=1 << 20), metavar="N",
+@click.option("--return-sampling", type=click.IntRange(min=1), metavar="N",
               default=64,  # (monitor.DEFAULT_SAMPLE_RETURNS)
               show_default=True,
               help="Kernel launches: take the return of 1 call in N (a power of two; "
@@ -594,8 +594,13 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
     _positive_seconds(interval, "--interval")
     flight = _monitor_flight(flight_recorder, flight_dir, flight_size, trigger_error,
                              _positive_seconds(trigger_latency, "--trigger-latency"))
+    from .session import MAX_SAMPLE_RETURNS
+
     if return_sampling & (return_sampling - 1):
         raise UsageError("--return-sampling takes a power of two, not %d" % return_sampling)
+    if return_sampling > MAX_SAMPLE_RETURNS:
+        raise UsageError("--return-sampling takes at most %d, not %d"
+                         % (MAX_SAMPLE_RETURNS, return_sampling))
     options = MonitorOptions(tuple(paths), tuple(_split_functions(functions) or ()) or None,
                              api, everything, kernel_labels,
                              plan.parse_size(ring_size) if ring_size else None, flight,

@@ -35,6 +35,9 @@ _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
 Log = Callable[[str], None]
 
 
+MAX_SAMPLE_RETURNS = 1 << 20  # (the draw's shift: 64 - log2(N) must stay positive)
+
+
 class Options(NamedTuple):
     """What to probe and how (see Tracer for each field's meaning)."""
 
@@ -73,9 +76,9 @@ class Options(NamedTuple):
             raise UsageError("--py-stacks needs event records: it cannot go with in-kernel "
                              "aggregates alone")
         n = self.sample_returns
-        if n < 0 or n & (n - 1) or n > 1 << 20:
+        if n < 0 or n & (n - 1) or n > MAX_SAMPLE_RETURNS:
             raise UsageError("the return sampling must be a power of two (1: every call) "
-                             "up to 1048576, not %d" % n)
+                             "up to %d, not %d" % (MAX_SAMPLE_RETURNS, n))
         _check_ring_size(self.ring_size)
         return self
 
