@@ -923,7 +923,7 @@ def _function_key(row: Tuple[str, str, list]) -> Tuple[str, str]:
 
 def _process_families(per_process: Dict[Tuple[Labels, int], list]) -> List[Family]:
     """Calls, errors and API time by process and function (a process's series go with its
-    launch series, once an exporter has seen its last values)."""
+    launch series, once every exporter has collected its last values)."""
     by_process: Dict[Labels, List[Tuple[str, str, list]]] = {}
     for (labels, fn_id), values in per_process.items():
         by_process.setdefault(labels, []).append((TABLE[fn_id].name, TABLE[fn_id].library,
