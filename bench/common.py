@@ -28,10 +28,10 @@ from fakecuda import LIB_FLAGS, SONAME, VERSION_SCRIPT  # noqa: E402
 
 from ebpf_cuda import asm  # noqa: E402
 from ebpf_cuda.asm import DW, R0, R1, R2  # noqa: E402
-from ebpf_cuda.elf import ElfFile  # noqa: E402
-from ebpf_cuda.maps import ArrayMap  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.uprobe import Link, attach_uprobe  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
+from ebpf_cuda.bpf.maps import ArrayMap  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.uprobe import Link, attach_uprobe  # noqa: E402
 
 CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer"]
 

@@ -19,10 +19,10 @@ import atheris
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 with atheris.instrument_imports():
-    from ebpf_cuda.elf import ElfFile
+    from ebpf_cuda.targets.elf import ElfFile
     from ebpf_cuda.errors import DecodeError, ElfError
-    from ebpf_cuda.events import Decoder
-    from ebpf_cuda.record import SIZE
+    from ebpf_cuda.decode.events import Decoder
+    from ebpf_cuda.spec.record import SIZE
 
 FRAME = 8 + SIZE
 NAMES = ("cudaMemcpy", "cudaGetDevice", "cudaMalloc", "cudaLaunchKernel", "nope")

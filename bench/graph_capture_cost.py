@@ -38,13 +38,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from common import LoopResult  # noqa: E402
 
-from ebpf_cuda import apis, asm, layout, probes, record  # noqa: E402
+from ebpf_cuda.spec import apis, layout, record
+from ebpf_cuda import asm
+from ebpf_cuda.probes import calls as probes  # noqa: E402
 from ebpf_cuda.arch import current as current_arch  # noqa: E402
-from ebpf_cuda.elf import ElfFile  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.ringbuf import RingBuffer  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.ringbuf import RingBuffer  # noqa: E402
 from ebpf_cuda.session import create_map  # noqa: E402
-from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
+from ebpf_cuda.bpf.uprobe import attach_uprobe  # noqa: E402
 
 FUNCTION = "cudaLaunchKernel"
 RING = 8 << 20

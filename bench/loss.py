@@ -28,9 +28,10 @@ import io  # noqa: E402
 import struct  # noqa: E402
 import time  # noqa: E402
 
-from ebpf_cuda import record, savefile  # noqa: E402
-from ebpf_cuda.apis import FN_ID, TABLE  # noqa: E402
-from ebpf_cuda.events import Decoder  # noqa: E402
+from ebpf_cuda.spec import record
+from ebpf_cuda.output import savefile  # noqa: E402
+from ebpf_cuda.spec.apis import FN_ID, TABLE  # noqa: E402
+from ebpf_cuda.decode.events import Decoder  # noqa: E402
 from ebpf_cuda.output.jsonl import JsonWriter  # noqa: E402
 from ebpf_cuda.output.text import TextWriter  # noqa: E402
 

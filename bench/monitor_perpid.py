@@ -20,10 +20,10 @@ import common  # noqa: E402
 from common import DW, R0, R1, R2, asm  # noqa: E402
 
 from ebpf_cuda.asm import R3, R4, R6, W, Helper  # noqa: E402
-from ebpf_cuda.elf import ElfFile  # noqa: E402
-from ebpf_cuda.maps import HashMap, PerCpuArrayMap  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
+from ebpf_cuda.bpf.maps import HashMap, PerCpuArrayMap  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.uprobe import attach_uprobe  # noqa: E402
 
 FN_ID = 9  # any constant: one function
 

@@ -31,8 +31,9 @@ BUILD = Path(os.environ.get("EBPF_CUDA_BENCH_BUILD", "/tmp/ebpf-cuda-bench")) / 
 from conftest import Builder  # noqa: E402
 from fakecuda import build_fake_cuda  # noqa: E402
 
-from ebpf_cuda import layout, prometheus  # noqa: E402
-from ebpf_cuda.monitor import Monitor, MonitorOptions  # noqa: E402
+from ebpf_cuda.spec import layout  # noqa: E402
+from ebpf_cuda.monitor import prometheus  # noqa: E402
+from ebpf_cuda.monitor.agent import Monitor, MonitorOptions  # noqa: E402
 
 
 def percentile(values, fraction: float) -> float:

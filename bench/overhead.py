@@ -43,17 +43,19 @@ from common import BareCounters, Built, LoopResult  # noqa: E402
 
 import threading  # noqa: E402
 
-from ebpf_cuda import asm, layout, probes, record  # noqa: E402
+from ebpf_cuda import asm
+from ebpf_cuda.spec import layout, record
+from ebpf_cuda.probes import calls as probes  # noqa: E402
 from ebpf_cuda.arch import current as current_arch  # noqa: E402
 from ebpf_cuda.asm import DW, FP, R0, R1, R2, R3, R4, R6, Helper  # noqa: E402
-from ebpf_cuda.apis import BY_NAME, FN_ID  # noqa: E402
-from ebpf_cuda.elf import ElfFile  # noqa: E402
-from ebpf_cuda.maps import LruHashMap, PerCpuArrayMap, RingBufMap  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.ringbuf import RingBuffer  # noqa: E402
-from ebpf_cuda.layout import INFLIGHT_ENTRIES  # noqa: E402
+from ebpf_cuda.spec.apis import BY_NAME, FN_ID  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
+from ebpf_cuda.bpf.maps import LruHashMap, PerCpuArrayMap, RingBufMap  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.ringbuf import RingBuffer  # noqa: E402
+from ebpf_cuda.spec.layout import INFLIGHT_ENTRIES  # noqa: E402
 from ebpf_cuda.tracer import Tracer  # noqa: E402
-from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
+from ebpf_cuda.bpf.uprobe import attach_uprobe  # noqa: E402
 
 BPF_RB_NO_WAKEUP = 1
 
@@ -200,7 +202,7 @@ class Components:
         }
 
     def _maps(self) -> Dict[str, object]:
-        from ebpf_cuda.maps import ArrayMap, TaskStorageMap
+        from ebpf_cuda.bpf.maps import ArrayMap, TaskStorageMap
         return {
             "events": RingBufMap(8 << 20, name="events"),
             "inflight": LruHashMap(record.INFLIGHT_KEY.size, record.INFLIGHT_VALUE_SIZE,

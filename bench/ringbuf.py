@@ -20,11 +20,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ebpf_cuda import asm  # noqa: E402
 from ebpf_cuda.asm import DW, R0, R1, R2, R3, R6, R7, Helper  # noqa: E402
-from ebpf_cuda.elf import ElfFile  # noqa: E402
-from ebpf_cuda.maps import ArrayMap, RingBufMap  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
-from ebpf_cuda.ringbuf import RingBuffer, record_stride  # noqa: E402
-from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
+from ebpf_cuda.bpf.maps import ArrayMap, RingBufMap  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.ringbuf import RingBuffer, record_stride  # noqa: E402
+from ebpf_cuda.bpf.uprobe import attach_uprobe  # noqa: E402
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "native",
                       "ringbuf_target.c")

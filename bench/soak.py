@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ebpf_cuda import record  # noqa: E402
-from ebpf_cuda.plan import parse_size  # noqa: E402
+from ebpf_cuda.spec import record  # noqa: E402
+from ebpf_cuda.output.plan import parse_size  # noqa: E402
 from ebpf_cuda.output.jsonl import JsonWriter  # noqa: E402
 from ebpf_cuda.tracer import Tracer  # noqa: E402
 

@@ -237,7 +237,7 @@ def main(argv: List[str]) -> None:
         # An installed package has its bytecode compiled (pip does it); without it every
         # start compiles every module again (~100 ms more here).
         print("PYTHONDONTWRITEBYTECODE was set: unset for these runs, bytecode written once")
-    time_to_exit([sys.executable, "-c", "import ebpf_cuda.cli, ebpf_cuda.tracer"])
+    time_to_exit([sys.executable, "-c", "import ebpf_cuda.cli.main, ebpf_cuda.tracer"])
     scratch = Path(tempfile.mkdtemp(prefix="ebpf-cuda-startup-"))
     stand_in = str(built.lib)
     try:
@@ -252,8 +252,8 @@ def main(argv: List[str]) -> None:
     py = sys.executable
     cases: List[Case] = [
         ("python3 -c pass (spawn to exit)", lambda: time_to_exit([py, "-c", "pass"])),
-        ("import ebpf_cuda.cli (spawn to exit)",
-         lambda: time_to_exit([py, "-c", "import ebpf_cuda.cli"])),
+        ("import ebpf_cuda.cli.main (spawn to exit)",
+         lambda: time_to_exit([py, "-c", "import ebpf_cuda.cli.main"])),
         ("installed: ebpf-cuda default set, stand-in", lambda: time_to_stamp(
             common.cli_command(["-p", stand_in], [stamp]), cwd=str(common.REPO))),
         ("zipapp, from the archive (no cache)",

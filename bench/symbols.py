@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from elftools.elf.elffile import ELFFile  # noqa: E402
 
-from ebpf_cuda.elf import ElfFile  # noqa: E402
+from ebpf_cuda.targets.elf import ElfFile  # noqa: E402
 
 
 def synthetic_library(count: int) -> str:
@@ -97,9 +97,9 @@ def measure_open(path: str, repeat: int = 50) -> None:
 def pyelftools_import_ms(repeat: int = 5) -> str:
     """ms to import what elf.py uses of pyelftools in a fresh interpreter that has already
     imported the CLI (what a start pays on top), best and median of `repeat`."""
-    code = ("import time, ebpf_cuda.cli, ebpf_cuda.tracer\n"
+    code = ("import time, ebpf_cuda.cli.main, ebpf_cuda.tracer\n"
             "t = time.perf_counter()\n"
-            "from ebpf_cuda.elf import _pyelftools; _pyelftools()\n"
+            "from ebpf_cuda.targets.elf import _pyelftools; _pyelftools()\n"
             "print((time.perf_counter() - t) * 1000)\n")
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     values = sorted(float(subprocess.run([sys.executable, "-c", code], capture_output=True,

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 _PUBLIC: Dict[str, str] = {
     "Tracer": "tracer",
-    "Event": "events",
-    "Decoder": "events",
-    "ENTER": "events",
-    "EXIT": "events",
+    "Event": "decode.events",
+    "Decoder": "decode.events",
+    "ENTER": "decode.events",
+    "EXIT": "decode.events",
     "TracerError": "errors",
     "KernelError": "errors",
     "PrivilegeError": "errors",
@@ -32,9 +32,9 @@ _PUBLIC: Dict[str, str] = {
     "write_html_report": "output.html_report",
     "JsonWriter": "output.jsonl",
     "TextWriter": "output.text",
-    "SavedTrace": "savefile",
-    "load": "savefile",
-    "open_save": "savefile",
+    "SavedTrace": "output.savefile",
+    "load": "output.savefile",
+    "open_save": "output.savefile",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -43,12 +43,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from .analysis import KernelNamer, LeakTracker, Summary
     from .errors import (AttachError, DecodeError, KernelError, PrivilegeError, TracerError,
                          UsageError)
-    from .events import ENTER, EXIT, Decoder, Event
+    from .decode.events import ENTER, EXIT, Decoder, Event
     from .output.chrome_trace import ChromeTraceWriter, write_chrome_trace
     from .output.html_report import HtmlReport, write_html_report
     from .output.jsonl import JsonWriter
     from .output.text import TextWriter
-    from .savefile import SavedTrace, load, open_save
+    from .output.savefile import SavedTrace, load, open_save
     from .tracer import Tracer
 
 

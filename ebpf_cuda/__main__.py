@@ -14,11 +14,11 @@ def run() -> None:
     stop = [signum for signum in _STOP_SIGNALS
             if signal.getsignal(signum) is not signal.SIG_IGN]  # ignored stays ignored
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
-    from . import command
+    from .targets import command
 
     if command.commands_mask() is None:  # (unless whoever runs this gave it already)
         command.give_commands_mask(mask)
-    from .cli import main
+    from .cli.main import main
 
     main()
 

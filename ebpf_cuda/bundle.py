@@ -232,7 +232,7 @@ if __name__ == "__main__":
     try:
         from ebpf_cuda.__main__ import run
     except ImportError:
-        from ebpf_cuda.cli import main as run
+        from ebpf_cuda.cli.main import main as run
     run()
 '''
 _SKIPPED_DIRS = {"__pycache__"}

@@ -14,20 +14,23 @@ import threading
 from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from . import (aggregates, apis, discovery, features, kernel_btf, layout, loader_watch, maps,
-               probes, pystack_probe, record, syscalls)
-from .apis import Api
+from .probes import aggregates, loader as loader_watch, calls as probes, pystack as pystack_probe
+from .spec import apis, layout, record
+from .targets import discovery
+from .bpf import features, kernel_btf, maps
+from . import syscalls
+from .spec.apis import Api
 from .arch import current as current_arch
-from .command import HeldCommand
+from .targets.command import HeldCommand
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
-from .execs import ExecWatcher
-from .follow import GROUP_DEAD, ProcessFollower
-from .programs import EXPECTED_UPROBE_MULTI, Program
-from .ringbuf import RingBuffer
-from .targets import Target, check_proc_is_ours, find_targets, launch_at_driver_only
-from .uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
-                     attach_uprobe_multi)
-from .workers import Workers, close_all
+from .probes.execs import ExecWatcher
+from .probes.follow import GROUP_DEAD, ProcessFollower
+from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
+from .bpf.ringbuf import RingBuffer
+from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
+from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
+                         attach_uprobe_multi)
+from .bpf.workers import Workers, close_all
 
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)

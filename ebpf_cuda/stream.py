@@ -17,20 +17,20 @@ import time
 from typing import (TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence,
                     Tuple)
 
-from . import layout, record
-from .command import alive
-from .containers import Containers
-from .devices import DeviceTracker
-from .events import Decoder, Event
-from .graphs import GraphTracker
-from .losses import Losses
-from .names import KernelNamer
-from .nccl import Communicators
-from .reaper import Reaper
+from .spec import layout, record
+from .targets.command import alive
+from .targets.containers import Containers
+from .decode.devices import DeviceTracker
+from .decode.events import Decoder, Event
+from .decode.graphs import GraphTracker
+from .decode.losses import Losses
+from .decode.names import KernelNamer
+from .decode.nccl import Communicators
+from .decode.reaper import Reaper
 from .session import Session
 
 if TYPE_CHECKING:
-    from .pystacks import PyStacks
+    from .decode.pystacks import PyStacks
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
@@ -89,7 +89,7 @@ class Stream:
         self.devices.from_start = bool(self.session.options.command)
         python = layout.PY_PROCS in self.session.maps and self.pystacks is None
         if python:
-            from .pystacks import PyStacks
+            from .decode.pystacks import PyStacks
 
             self.pystacks = PyStacks(self.session.maps, self.session.log,
                                      self.session.options.return_probes)

@@ -12,15 +12,16 @@ It never prints, exits or installs signal handlers; progress notes go to `log` i
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from . import aggregates, apis, layout
-from .apis import Api
+from .probes import aggregates
+from .spec import apis, layout
+from .spec.apis import Api
 from .errors import TracerError
-from .events import Decoder, Event
-from .names import KernelNamer
-from .programs import Program
+from .decode.events import Decoder, Event
+from .decode.names import KernelNamer
+from .bpf.programs import Program
 from .session import Attachment, Options, Session
 from .stream import Notice, Stream
-from .targets import Target
+from .targets.selection import Target
 
 DEFAULT_RING_SIZE = layout.DEFAULT_RING_SIZE
 
@@ -163,8 +164,8 @@ class Tracer:
     def children_left(self) -> List[int]:
         """The processes the command started that still live once it has ended (a job it
         put in the background): the kernel's followed set still holds them."""
-        from . import layout
-        from .command import alive
+        from .spec import layout
+        from .targets.command import alive
 
         followed = self.session.maps.get(layout.FOLLOWED)
         if followed is None or self.exit_status is None:

@@ -13,10 +13,10 @@ release="$(uname -r)"
 failed=0
 step() { echo "kernel-checks: $release: $*"; }
 
-features="$(python3 -c 'from ebpf_cuda import features; print(features.report())' 2>&1)" \
+features="$(python3 -c 'from ebpf_cuda.bpf import features; print(features.report())' 2>&1)" \
     || failed=1
 step "$features"
-step "$(python3 -c 'from ebpf_cuda import features as f
+step "$(python3 -c 'from ebpf_cuda.bpf import features as f
 print("uretprobe system call: %s; seen by seccomp filters: %s" % (
     "yes" if f._uretprobe_call_kills(False) else "no",
     "yes" if f.uretprobe_syscall_filtered() else "no"))' 2>&1)"

@@ -10,7 +10,7 @@ tests/native/cuda_driver_prog.c against it. The programs print lines in the form
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-from ebpf_cuda.events import EXIT, Event
+from ebpf_cuda.decode.events import EXIT, Event
 from fakecuda import LIB_FLAGS as RUNTIME_LIB_FLAGS
 from fakecuda import SONAME as RUNTIME_SONAME
 from fakecuda import VERSION_SCRIPT as RUNTIME_VERSION_SCRIPT

@@ -20,7 +20,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
-from ebpf_cuda.events import EXIT, Event
+from ebpf_cuda.decode.events import EXIT, Event
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT_REASON = "needs root (CAP_BPF, CAP_PERFMON)"

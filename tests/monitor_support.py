@@ -61,7 +61,7 @@ class Held:
 @contextmanager
 def running_monitor(**options) -> Iterator:
     """A started Monitor whose reader runs in a thread; stopped and closed at the end."""
-    from ebpf_cuda.monitor import Monitor, MonitorOptions
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
 
     monitor = Monitor(MonitorOptions(**options))
     monitor.add_exporter("")  # (the tests collect as one, from the start)
@@ -82,7 +82,7 @@ def settle(monitor, ticks: int = 3, timeout: float = 300) -> None:
     launch whose name was not known when that one first saw it waits for the third). A
     tick takes ~TICK_S on a real machine, but naming a full launches map takes seconds
     under emulation (the kernel matrix's guests): a fixed sleep read a series made before."""
-    from ebpf_cuda.monitor import TICK_S
+    from ebpf_cuda.monitor.agent import TICK_S
 
     deadline = time.monotonic() + timeout
     for _ in range(ticks):

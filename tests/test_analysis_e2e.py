@@ -110,7 +110,7 @@ def run_cli(*args, timeout: float = 60) -> subprocess.CompletedProcess:
 
 
 def _is_pie(path: Path) -> bool:
-    from ebpf_cuda.elf import open_elf
+    from ebpf_cuda.targets.elf import open_elf
     return open_elf(str(path)).is_pie
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import apis
+from ebpf_cuda.spec import apis
 from ebpf_cuda.analysis import (ALLOCATORS, FREES, AddressResolver, Frame, KernelNamer,
                                 LeakTracker, Summary, copy_operation, format_leaks, percentile,
                                 stats)
 from ebpf_cuda.analysis._table import clock
 from ebpf_cuda.analysis.memory import DOUBLE_FREE, MISMATCHED_FREE, UNKNOWN_FREE, format_stack
-from ebpf_cuda.events import ENTER, EXIT
+from ebpf_cuda.decode.events import ENTER, EXIT
 from helpers import event
 
 NATIVE = Path(__file__).parent / "native"
@@ -327,7 +327,7 @@ def test_namer_rereads_the_maps_for_a_library_opened_later(kernels_lib):
 
 
 def test_local_symbols_resolve_through_the_load_bias(kernels_lib):
-    from ebpf_cuda.elf import open_elf
+    from ebpf_cuda.targets.elf import open_elf
     lib = _load(kernels_lib)
     elf = open_elf(str(kernels_lib))
     # The library's load bias, from a known exported function, applied to a local one.
@@ -417,7 +417,7 @@ def test_check_trace_reports_resolution_and_locates_unnamed(tmp_path, capsys):
 # ---- roles from the function table, layers, in-kernel tables ----------------------------
 
 def test_operations_come_from_the_table_roles():
-    from ebpf_cuda.analysis.operations import copy_bytes, event_bytes, is_synchronous_copy
+    from ebpf_cuda.decode.operations import copy_bytes, event_bytes, is_synchronous_copy
 
     assert copy_operation(ev("cuMemcpyHtoDAsync_v2", {"size": 8})) == \
         "[CUDA memcpy Host-to-Device]"
@@ -478,7 +478,7 @@ def test_leak_tracker_counts_allocations_frees_and_double_frees_once_across_laye
 
 
 def _stats(api, kind=None, count=1, errors=0, nbytes=0, total=1000):
-    from ebpf_cuda.aggregates import FunctionStats
+    from ebpf_cuda.probes.aggregates import FunctionStats
 
     f = FunctionStats(api, kind)
     f.add_cpu((count, total, 1, total, errors, nbytes, 0) + (0,) * 40)
@@ -504,7 +504,7 @@ def test_in_kernel_copies_count_runtime_calls_and_the_driver_calls_beyond_them()
 
 
 def test_in_kernel_launch_geometry_is_decoded_from_the_counted_cells():
-    from ebpf_cuda.aggregates import Aggregates
+    from ebpf_cuda.probes.aggregates import Aggregates
     from ebpf_cuda.analysis.kernel_summary import launches
 
     cells = [0] * 10

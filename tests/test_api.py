@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import ebpf_cuda
-from ebpf_cuda.events import ENTER, EXIT, Event
+from ebpf_cuda.decode.events import ENTER, EXIT, Event
 
 FUNCTIONS = ["cudaMalloc", "cudaFree", "cudaMemcpy", "cudaLaunchKernel", "cudaSetDevice"]
 OPS = ["malloc:4000", "memcpy:4000:1", "launch:2,1,1:64", "free", "free", "malloc:64",
@@ -132,7 +132,7 @@ def test_saved_trace_through_the_api(stand_in, tmp_path):
 def test_every_command_line_output_from_a_request(stand_in, tmp_path):
     """docs/api.md's example: the outputs of `-o FILE --summary --leaks --save FILE` made
     from a plan.Request, live, then the same sinks fed again from the saved trace."""
-    from ebpf_cuda import plan, savefile
+    from ebpf_cuda.output import plan, savefile
 
     lib, prog = stand_in
     request = plan.Request(output=str(tmp_path / "calls.txt"), summary=True, leaks=True,

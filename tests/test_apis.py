@@ -1,6 +1,6 @@
 """Invariants of the function table that the generator, the decoder and the outputs rely on."""
-from ebpf_cuda import apis, record
-from ebpf_cuda.apis import Kind
+from ebpf_cuda.spec import apis, record
+from ebpf_cuda.spec.apis import Kind
 
 
 def test_every_row_fits_a_record():

@@ -80,7 +80,7 @@ def traced_calls(done: subprocess.CompletedProcess):
 def test_holds_the_package_its_dependencies_and_a_main(pyz):
     with zipfile.ZipFile(str(pyz)) as archive:
         names = set(archive.namelist())
-    assert {"__main__.py", "ebpf_cuda/cli.py", "ebpf_cuda/asm/assemble.py",
+    assert {"__main__.py", "ebpf_cuda/cli/main.py", "ebpf_cuda/asm/assemble.py",
             "elftools/elf/elffile.py", "click/core.py"} <= names
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
     assert any(n.startswith("licenses/click/") for n in names)
@@ -146,7 +146,7 @@ def test_first_run_unpacks_with_bytecode_and_the_second_uses_it(pyz, bare_python
     assert lists_functions(first), first.stderr
     tag = sys.implementation.cache_tag
     assert (folder / (".compiled-" + tag)).is_file()
-    assert (folder / "ebpf_cuda" / "__pycache__" / ("cli.%s.pyc" % tag)).is_file()
+    assert (folder / "ebpf_cuda" / "cli" / "__pycache__" / ("main.%s.pyc" % tag)).is_file()
     assert (folder / "elftools" / "elf" / "__pycache__" / ("elffile.%s.pyc" % tag)).is_file()
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
@@ -159,8 +159,8 @@ def test_first_run_unpacks_with_bytecode_and_the_second_uses_it(pyz, bare_python
     second = run(bare_python, str(pyz), "--list-functions", cache=tmp_path, flags=("-S", "-v"),
                  env=env)
     assert lists_functions(second), second.stderr
-    assert "code object from '%s'" % (folder / "ebpf_cuda" / "__pycache__" /
-                                      ("cli.%s.pyc" % tag)) in second.stderr
+    assert "code object from '%s'" % (folder / "ebpf_cuda" / "cli" / "__pycache__" /
+                                      ("main.%s.pyc" % tag)) in second.stderr
     assert "zipimporter object" not in second.stderr  # nothing imported from the archive
     assert folder.stat().st_ino == inode and (folder / "sentinel").exists()
 
@@ -186,8 +186,8 @@ def test_concurrent_first_runs_all_work(pyz, bare_python, tmp_path):
         assert proc.returncode == 0 and out.split()[0] == "cudaMalloc", err
     folder = cache_folder(pyz, tmp_path)
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
-    assert (folder / "ebpf_cuda" / "cli.py").read_bytes() == \
-        zipfile.ZipFile(str(pyz)).read("ebpf_cuda/cli.py")
+    assert (folder / "ebpf_cuda" / "cli" / "main.py").read_bytes() == \
+        zipfile.ZipFile(str(pyz)).read("ebpf_cuda/cli/main.py")
 
 
 def test_another_interpreter_compiles_its_own_bytecode(pyz, bare_python, tmp_path):
@@ -282,7 +282,9 @@ def _plant(folder: Path) -> None:
     """A fake copy of the package that announces itself when imported."""
     (folder / "ebpf_cuda").mkdir(parents=True)
     (folder / "ebpf_cuda" / "__init__.py").write_text(PLANTED)
-    (folder / "ebpf_cuda" / "cli.py").write_text(PLANTED)
+    (folder / "ebpf_cuda" / "cli").mkdir()
+    (folder / "ebpf_cuda" / "cli" / "__init__.py").write_text(PLANTED)
+    (folder / "ebpf_cuda" / "cli" / "main.py").write_text(PLANTED)
 
 
 def _chown_tree(path: Path, uid: int) -> None:

@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from ebpf_cuda.events import ENTER, EXIT, Event
+from ebpf_cuda.decode.events import ENTER, EXIT, Event
 from ebpf_cuda.output.chrome_trace import ChromeTraceWriter, write_chrome_trace
 from helpers import event
 
@@ -164,7 +164,7 @@ def test_both_layers_count_once_in_memory_and_copies():
 _BIG = textwrap.dedent("""
     import resource, sys, tempfile
     sys.path.insert(0, %r)
-    from ebpf_cuda.events import Event
+    from ebpf_cuda.decode.events import Event
     from ebpf_cuda.output.chrome_trace import write_chrome_trace
 
     def events(n):

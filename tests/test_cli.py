@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence
 
 import pytest
 
-from ebpf_cuda.apis import BY_NAME
+from ebpf_cuda.spec.apis import BY_NAME
 
 from ebpf_cuda import errors
 from ebpf_cuda.output.text import HEADER_NO_TIME, HEADER_WITH_TIME
@@ -490,7 +490,7 @@ def test_dead_pid_with_a_path_is_a_process_error(root, lib):
 def test_vv_shows_each_program_once_with_the_functions_sharing_it(root, lib, prog):
     """cudaMalloc and cudaMallocHost have the same shape: one entry and one return program
     serve both (with uprobe_multi); -vv prints each program once and names its functions."""
-    from ebpf_cuda.uprobe import uprobe_multi_supported
+    from ebpf_cuda.bpf.uprobe import uprobe_multi_supported
     done = run_cli("-vv", "-p", lib, "--functions", "cudaMalloc,cudaMallocHost,cudaFree",
                    "--", prog, "malloc:64", "free")
     assert done.returncode == 0, done.stderr

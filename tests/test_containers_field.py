@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import containers
-from ebpf_cuda.containers import Containers, container_in
+from ebpf_cuda.targets import containers
+from ebpf_cuda.targets.containers import Containers, container_in
 from helpers import event, run_cli
 
 ID = "3f9c2a7be41d" + "0123456789abcdef" * 3 + "5a6b"  # 64 hex digits

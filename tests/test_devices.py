@@ -1,6 +1,6 @@
 """Each event's device (devices.py): the thread's current device as the traced calls set
 it, an explicit device argument, an NCCL communicator's device."""
-from ebpf_cuda.devices import DeviceTracker
+from ebpf_cuda.decode.devices import DeviceTracker
 from helpers import event
 
 

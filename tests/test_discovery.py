@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import discovery
-from ebpf_cuda.elf import ElfFile
+from ebpf_cuda.targets import discovery
+from ebpf_cuda.targets.elf import ElfFile
 from ebpf_cuda.errors import ElfError, ProcessError
 from fakecuda import wheel_libcudart
 from helpers import gcc

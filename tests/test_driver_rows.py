@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from ebpf_cuda import apis
+from ebpf_cuda.spec import apis
 from fakecuda import Call, dims
 from fakecuda import numbers as _n
 from fakecuda_driver import (CTX_BASE, LIBRARY_BASE, MEMHANDLE_BASE, MODULE_BASE, VA_BASE,

@@ -15,7 +15,7 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ebpf_cuda.elf import ElfFile, base_name, demangle, open_elf, read_function_symbols
+from ebpf_cuda.targets.elf import ElfFile, base_name, demangle, open_elf, read_function_symbols
 from ebpf_cuda.errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 from fakecuda import wheel_libcudart
 from helpers import gcc
@@ -356,7 +356,7 @@ def test_corrupted_files_raise_only_elf_errors(build, tmp_path, edits, cut):
 def test_suggestions_stay_fast_on_huge_similar_tables():
     import time
 
-    from ebpf_cuda.elf import suggest
+    from ebpf_cuda.targets.elf import suggest
     names = ["_ZN5torch4cuda6kernel%dEv_impl_%d" % (i % 977, i) for i in range(200000)]
     names.append("cudaLaunchKernel")
     start = time.perf_counter()
@@ -482,9 +482,9 @@ def test_damaged_headers_are_one_line_elf_errors(build, tmp_path, what, edit, me
 
 
 def test_pyelftools_is_imported_on_first_use_only():
-    code = ("import sys, ebpf_cuda.elf, ebpf_cuda.discovery\n"
+    code = ("import sys, ebpf_cuda.targets.elf, ebpf_cuda.targets.discovery\n"
             "print(any(m.startswith('elftools') for m in sys.modules))\n"
-            "ebpf_cuda.elf.ElfFile(sys.executable, allow_stripped=True)\n"
+            "ebpf_cuda.targets.elf.ElfFile(sys.executable, allow_stripped=True)\n"
             "print(any(m.startswith('elftools') for m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=str(Path(__file__).resolve().parent.parent))

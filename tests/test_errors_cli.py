@@ -14,7 +14,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from ebpf_cuda import syscalls
-from ebpf_cuda.elf import open_elf
+from ebpf_cuda.targets.elf import open_elf
 from ebpf_cuda.errors import (AttachError, ElfError, NoCudaSymbolsError, PrivilegeError,
                               ProcessError, UnsupportedKernelError, UsageError)
 from helpers import cli_env
@@ -121,10 +121,10 @@ def test_non_root_user_is_told_which_capabilities(root, public_lib):
     # first use (locale for gettext, difflib for option errors) and pyelftools (imported when
     # the first file is opened) are imported before the privileges go.
     script = ("import os, sys\n"
-              "import ebpf_cuda.cli, difflib, locale, elftools.elf.elffile\n"
+              "import ebpf_cuda.cli.main, difflib, locale, elftools.elf.elffile\n"
               "os.setgroups([]); os.setresgid(65534, 65534, 65534)\n"
               "os.setresuid(65534, 65534, 65534)\n"
-              "ebpf_cuda.cli.main(sys.argv[1:])\n")
+              "ebpf_cuda.cli.main.main(sys.argv[1:])\n")
     done = subprocess.run([sys.executable, "-c", script, "-p", str(lib), "--functions",
                            "cudaMemcpy"], capture_output=True, text=True, timeout=30,
                           env=cli_env(), cwd="/", stdin=subprocess.DEVNULL)
@@ -137,9 +137,9 @@ def test_kernel_without_uprobe_pmu(root, files):
     (Linux 6.6+) need no PMU, so the tracer is also made to believe the kernel lacks them, as
     an older kernel would: then it must say the PMU is missing, in one line, exit code 7."""
     script = ("import sys\n"
-              "import ebpf_cuda.uprobe\n"
-              "ebpf_cuda.uprobe._multi_supported = False  # as on a kernel before 6.6\n"
-              "from ebpf_cuda.cli import main\n"
+              "import ebpf_cuda.bpf.features\n"
+              "ebpf_cuda.bpf.features._cache['uprobe_multi'] = False  # as on a kernel before 6.6\n"
+              "from ebpf_cuda.cli.main import main\n"
               "main(sys.argv[1:])\n")
     done = subprocess.run([sys.executable, "-c", script, "-p", str(files["lib"])],
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
@@ -150,7 +150,7 @@ def test_kernel_without_uprobe_pmu(root, files):
 @pytest.mark.kernel
 def test_missing_pmu_does_not_matter_with_uprobe_multi(root, files):
     """On this kernel the tracer attaches with uprobe_multi links, which need no PMU."""
-    from ebpf_cuda.uprobe import uprobe_multi_supported
+    from ebpf_cuda.bpf.uprobe import uprobe_multi_supported
     if not uprobe_multi_supported():
         pytest.skip("no uprobe_multi on this kernel")
     proc = subprocess.Popen([sys.executable, "-m", "ebpf_cuda", "-p", str(files["lib"])],

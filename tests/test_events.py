@@ -5,10 +5,10 @@ import struct
 
 import pytest
 
-from ebpf_cuda import apis, record
+from ebpf_cuda.spec import apis, record
 from ebpf_cuda.errors import DecodeError
-from ebpf_cuda.events import ENTER, EXIT, Decoder
-from ebpf_cuda.nccl import Communicators
+from ebpf_cuda.decode.events import ENTER, EXIT, Decoder
+from ebpf_cuda.decode.nccl import Communicators
 
 OFFSET = 1_700_000_000 * 10 ** 9
 COMM = 0x55AA00
@@ -107,7 +107,7 @@ def test_a_batch_tells_an_entry_record_from_the_entry_of_a_complete_call():
 def test_the_wall_clock_offset_comes_from_the_tightest_bracket(monkeypatch):
     """A pair of clock reads preempted in between is off by the preemption: the offset is
     taken from the bracket whose two monotonic reads are closest."""
-    from ebpf_cuda import events
+    from ebpf_cuda.decode import events
     # (monotonic before, wall, monotonic after) of each sample: the second was preempted
     # 10 ms before its wall read, the third is the tightest.
     samples = [(1_000, 5_000_100, 1_200), (2_000, 5_011_000, 12_100), (20_000, 5_019_050, 20_100)]

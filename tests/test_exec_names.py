@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 import pytest
 
-from ebpf_cuda.execs import ExecWatcher
+from ebpf_cuda.probes.execs import ExecWatcher
 from helpers import cli_env, run_cli, trace_command
 
 pytestmark = pytest.mark.kernel
@@ -205,8 +205,8 @@ def test_an_exec_of_a_traced_thread_sends_a_hello_record(root, programs):
     """The exec tracepoint wakes the reader with a hello record (no event) of a thread that
     made traced calls, timed after the exec: the new program's mappings are read while it
     runs. The fork of the command, exec'd before any traced call, sends none."""
-    from ebpf_cuda import record
-    from ebpf_cuda.loader_watch import LOADER_MARK
+    from ebpf_cuda.spec import record
+    from ebpf_cuda.probes.loader import LOADER_MARK
     from ebpf_cuda.tracer import Tracer
 
     lib, alpha, beta = programs

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from ebpf_cuda import record
-from ebpf_cuda.apis import FN_ID
-from ebpf_cuda.flight import (FlightOptions, FlightRecorder, FrameRing, TRIGGER_FAMILIES,
-                              parse_trigger_errors, read_trigger)
+from ebpf_cuda.spec import record
+from ebpf_cuda.spec.apis import FN_ID
+from ebpf_cuda.monitor.flight import (FlightOptions, FlightRecorder, FrameRing, TRIGGER_FAMILIES,
+                                      parse_trigger_errors, read_trigger)
 from ebpf_cuda.errors import UsageError
-from ebpf_cuda.events import EXIT
-from ebpf_cuda.savefile import load
+from ebpf_cuda.decode.events import EXIT
+from ebpf_cuda.output.savefile import load
 from helpers import run_cli
 from monitor_support import Held, MonitorCli, parse_metrics, scrape, value
 
@@ -151,9 +151,9 @@ class _Tracer:
     """What the recorder needs of a tracer, for triggers without a trace."""
 
     def __init__(self) -> None:
-        from ebpf_cuda.apis import TABLE
-        from ebpf_cuda.events import Decoder
-        from ebpf_cuda.names import KernelNamer
+        from ebpf_cuda.spec.apis import TABLE
+        from ebpf_cuda.decode.events import Decoder
+        from ebpf_cuda.decode.names import KernelNamer
 
         self.apis_table = TABLE
         self.decoder = Decoder(TABLE)

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from ebpf_cuda import follow, tracepoints
-from ebpf_cuda.follow import ProcessFollower
+from ebpf_cuda.probes import follow
+from ebpf_cuda.bpf import tracepoints
+from ebpf_cuda.probes.follow import ProcessFollower
 
 FORK_FORMAT = """name: sched_process_fork
 ID: 366

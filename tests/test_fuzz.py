@@ -23,10 +23,10 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ebpf_cuda import apis, record
-from ebpf_cuda.elf import ElfFile
+from ebpf_cuda.spec import apis, record
+from ebpf_cuda.targets.elf import ElfFile
 from ebpf_cuda.errors import DecodeError, ElfError
-from ebpf_cuda.events import Decoder
+from ebpf_cuda.decode.events import Decoder
 from fakecuda import LIB_FLAGS
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
@@ -338,8 +338,8 @@ def _saved_frame(fn: str, ts: int, args=(), fn_id=None) -> bytes:
 
 def good_trace(path: Path, frames=None) -> bytes:
     """A small saved trace (three calls, a named kernel, a loss count) written by SaveWriter."""
-    from ebpf_cuda import savefile
-    from ebpf_cuda.losses import Losses
+    from ebpf_cuda.output import savefile
+    from ebpf_cuda.decode.losses import Losses
 
     writer = savefile.open_save(str(path), apis.TABLE, 1_700_000_000 * 10 ** 9)
     writer.write_frames(frames if frames is not None else b"".join(
@@ -416,7 +416,7 @@ def test_saved_trace_corpus_is_one_line_and_exit_12(tmp_path, case):
 
 
 def test_saved_trace_good_base_reads(tmp_path):
-    from ebpf_cuda import savefile
+    from ebpf_cuda.output import savefile
 
     good_trace(tmp_path / "good.ebpfcuda")
     saved = savefile.load(str(tmp_path / "good.ebpfcuda"))
@@ -430,7 +430,7 @@ def _read_trace(path: Path) -> None:
     """What `report` does with a trace, in this process: load, decode, every output."""
     import io
 
-    from ebpf_cuda import savefile
+    from ebpf_cuda.output import savefile
     from ebpf_cuda.errors import UsageError
     from ebpf_cuda.output.jsonl import JsonWriter
     from ebpf_cuda.output.text import TextWriter
@@ -492,9 +492,9 @@ def test_non_utf8_paths_comms_and_kernel_names(tmp_path_factory, folder, name, c
     import io
     import os
 
-    from ebpf_cuda import layout
-    from ebpf_cuda.analysis.kernels import Frame, ProcessMaps
-    from ebpf_cuda.names import KernelNamer
+    from ebpf_cuda.spec import layout
+    from ebpf_cuda.targets.symbols import Frame, ProcessMaps
+    from ebpf_cuda.decode.names import KernelNamer
     from ebpf_cuda.output.jsonl import JsonWriter
     from ebpf_cuda.output.text import TextWriter
     from ebpf_cuda.session import Session

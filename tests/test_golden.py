@@ -28,7 +28,9 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import pytest
 
-from ebpf_cuda import apis, asm, follow, probes
+from ebpf_cuda.spec import apis
+from ebpf_cuda import asm
+from ebpf_cuda.probes import follow, calls as probes
 from ebpf_cuda.arch import X86_64
 
 GOLDEN = Path(__file__).parent / "golden"

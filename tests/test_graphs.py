@@ -16,11 +16,11 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from ebpf_cuda.analysis.summary import Summary
-from ebpf_cuda.events import ENTER, EXIT
-from ebpf_cuda.graphs import (BEFORE_TRACE, CAPTURE_BEFORE_TRACE, GRAPH_BEFORE_TRACE,
-                              UNSEEN_NODE, GraphTracker)
+from ebpf_cuda.decode.events import ENTER, EXIT
+from ebpf_cuda.decode.graphs import (BEFORE_TRACE, CAPTURE_BEFORE_TRACE, GRAPH_BEFORE_TRACE,
+                                     UNSEEN_NODE, GraphTracker)
 from ebpf_cuda.output.chrome_trace import write_chrome_trace
-from ebpf_cuda.values import nodes_text
+from ebpf_cuda.decode.values import nodes_text
 from helpers import event, run_cli
 
 S0, S1 = 0x5000, 0x5001
@@ -665,7 +665,7 @@ def test_the_kernel_keeps_each_process_capture_state(fake):
     are records (the tracker tells them apart), not counted in the kernel's launches map;
     every launch is counted once, one way or the other, and every call in the API table.
     A capture still in progress at the end stays counted."""
-    from ebpf_cuda import layout
+    from ebpf_cuda.spec import layout
     from ebpf_cuda.tracer import Tracer
 
     lib, prog = fake

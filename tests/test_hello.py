@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ebpf_cuda import record
-from ebpf_cuda.loader_watch import LOADER_MARK
+from ebpf_cuda.spec import record
+from ebpf_cuda.probes.loader import LOADER_MARK
 from ebpf_cuda.tracer import Tracer
 from helpers import cli_env, slowdown
 

@@ -173,7 +173,7 @@ def test_both_layers_count_once_as_in_the_summary_and_the_leak_report():
 def test_the_page_says_what_the_trace_lost():
     import io
 
-    from ebpf_cuda.losses import Losses
+    from ebpf_cuda.decode.losses import Losses
     from ebpf_cuda.output.html_report import HtmlReport
 
     class Keep(io.StringIO):

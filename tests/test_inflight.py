@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from ebpf_cuda import layout, maps as maps_module
+from ebpf_cuda.spec import layout
+from ebpf_cuda.bpf import maps as maps_module
 from ebpf_cuda.errors import KernelError
 from ebpf_cuda.tracer import Tracer
 from fakecuda import build_fake_cuda

@@ -18,9 +18,10 @@ import sys
 
 import pytest
 
-from ebpf_cuda import features, session, uprobe
+from ebpf_cuda.bpf import features, uprobe
+from ebpf_cuda import session
 from ebpf_cuda.errors import AttachError, UnsupportedKernelError
-from ebpf_cuda.events import EXIT
+from ebpf_cuda.decode.events import EXIT
 from ebpf_cuda.tracer import Tracer
 from fakecuda import SEED_FUNCTIONS
 from helpers import REPO, cli_env, trace_command
@@ -28,7 +29,7 @@ from helpers import REPO, cli_env, trace_command
 pytestmark = pytest.mark.kernel
 
 NO_GROUP_DEAD = """
-from ebpf_cuda import tracepoints
+from ebpf_cuda.bpf import tracepoints
 _real = tracepoints.find_all
 def _find_all(wanted):
     return [p._replace(fields={k: v for k, v in p.fields.items() if k != "group_dead"})
@@ -36,8 +37,8 @@ def _find_all(wanted):
 tracepoints.find_all = _find_all
 """
 NO_UPROBE_MULTI = """
-import ebpf_cuda.uprobe
-ebpf_cuda.uprobe._multi_supported = False
+import ebpf_cuda.bpf.features
+ebpf_cuda.bpf.features._cache["uprobe_multi"] = False
 """
 MULTI_REFUSED = """
 import errno
@@ -52,7 +53,7 @@ session.attach_uprobe_multi = _refuse
 def run_patched(patches: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
     """`ebpf-cuda ARGS` in a Python that first runs `patches` (the kernel made to look
     older)."""
-    script = patches + "\nimport sys\nfrom ebpf_cuda.cli import main\nmain(sys.argv[1:])\n"
+    script = patches + "\nimport sys\nfrom ebpf_cuda.cli.main import main\nmain(sys.argv[1:])\n"
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=cli_env(), cwd=str(REPO),
                           stdin=subprocess.DEVNULL)
@@ -137,7 +138,7 @@ def test_perf_uprobes_past_the_soft_fd_limit_raise_it(root, fake, tmp_path):
     lib, prog = fake
     out = tmp_path / "trace.jsonl"
     script = (NO_UPROBE_MULTI + COUNT_FD_RAISES +
-              "\nimport sys\nfrom ebpf_cuda.cli import main\nmain(sys.argv[1:])\n")
+              "\nimport sys\nfrom ebpf_cuda.cli.main import main\nmain(sys.argv[1:])\n")
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 1024:
         pytest.skip("a hard descriptor limit of %d: no room to raise the soft one" % hard)

@@ -15,7 +15,8 @@ import pytest
 
 from fakecuda import device_ptr
 from helpers import REPO, cli_argv, cli_env, run_cli, slowdown
-from ebpf_cuda import loader_watch, record
+from ebpf_cuda.probes import loader as loader_watch
+from ebpf_cuda.spec import record
 
 LATE = re.compile(r"probed late: (\S+) \(\d+ functions\), mapped by process (\d+).*?"
                   r"(?:probes on ([\d.]+) ms after its loader's notice)?$", re.M)
@@ -197,8 +198,8 @@ def test_the_tracer_in_a_pid_namespace_probes_a_later_runtime(root, late_prog, f
 def test_notices_a_full_ring_cannot_take_are_counted(root, late_prog, folder):
     """Nothing drains a one-page ring while the process dlopens and dlcloses 40 times: the
     notices in the ring and those counted as lost add up to every consistent link map."""
-    from ebpf_cuda.maps import RingBufMap
-    from ebpf_cuda.ringbuf import RingBuffer
+    from ebpf_cuda.bpf.maps import RingBufMap
+    from ebpf_cuda.bpf.ringbuf import RingBuffer
 
     rounds = 40
     proc = subprocess.Popen([str(late_prog), str(folder), "0", str(rounds), "0", "1000"],
@@ -227,9 +228,9 @@ def test_notices_a_full_ring_cannot_take_are_counted(root, late_prog, folder):
 
 
 OLDER_KERNEL = """
-import ebpf_cuda.uprobe
-ebpf_cuda.uprobe._multi_supported = False
-ebpf_cuda.uprobe._perf_links_supported = %s
+import ebpf_cuda.bpf.features
+ebpf_cuda.bpf.features._cache["uprobe_multi"] = False
+ebpf_cuda.bpf.features._cache["perf_links"] = %s
 """
 
 
@@ -241,7 +242,7 @@ def test_a_later_runtime_is_probed_on_the_older_attach_paths(root, late_prog, fo
     cookies: every call of the loader's hook is told of, not only consistent link maps."""
     out = tmp_path / "t.jsonl"
     script = OLDER_KERNEL % perf_links + \
-        "import sys\nfrom ebpf_cuda.cli import main\nmain(sys.argv[1:])\n"
+        "import sys\nfrom ebpf_cuda.cli.main import main\nmain(sys.argv[1:])\n"
     done = subprocess.run([sys.executable, "-c", script, "-v", "--json", "-o", str(out),
                            "--functions", "cudaMalloc", "--", str(late_prog), str(folder),
                            "200", "2", "300"], capture_output=True, text=True, timeout=60,

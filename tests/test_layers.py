@@ -8,8 +8,8 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from ebpf_cuda import apis
-from ebpf_cuda.events import Event
+from ebpf_cuda.spec import apis
+from ebpf_cuda.decode.events import Event
 from fakecuda import build_fake_cuda
 from fakecuda_driver import (build_fake_driver, build_layered_runtime, device_ptr, exits,
                              host_ptr)

@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from ebpf_cuda import record
-from ebpf_cuda.apis import TABLE
-from ebpf_cuda.events import Decoder
+from ebpf_cuda.spec import record
+from ebpf_cuda.spec.apis import TABLE
+from ebpf_cuda.decode.events import Decoder
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.lines import JsonLines, TextLines
 from ebpf_cuda.output.text import TextWriter

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ebpf_cuda.losses import Losses
+from ebpf_cuda.decode.losses import Losses
 
 
 def test_names_lost_are_said_apart_from_events_and_saved():

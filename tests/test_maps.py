@@ -5,7 +5,8 @@ import struct
 
 import pytest
 
-from ebpf_cuda import maps, syscalls
+from ebpf_cuda.bpf import maps
+from ebpf_cuda import syscalls
 from ebpf_cuda.errors import KernelError
 from kernel_fds import open_fds
 

@@ -12,10 +12,12 @@ import time
 
 import pytest
 
-from ebpf_cuda import features, layout, prometheus, uprobe
-from ebpf_cuda.apis import BY_NAME, FN_ID
-from ebpf_cuda.monitor import (DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions,
-                               OTHER_KERNEL, Process, cuda_files, histogram)
+from ebpf_cuda.bpf import features, uprobe
+from ebpf_cuda.spec import layout
+from ebpf_cuda.monitor import prometheus
+from ebpf_cuda.spec.apis import BY_NAME, FN_ID
+from ebpf_cuda.monitor.agent import (DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions,
+                                     OTHER_KERNEL, Process, cuda_files, histogram)
 from helpers import run_cli
 from kernel_fds import bpf_link_types
 from monitor_support import (AFTER, BEFORE, KERNEL, Held, MonitorCli, parse_metrics,
@@ -230,7 +232,7 @@ def test_without_exporters_an_exited_process_goes_once_its_end_is_published(prog
 
 def test_an_exporter_that_never_collects_holds_an_exited_process_hold_s_at_most(
         ticked, monkeypatch):
-    from ebpf_cuda import monitor as module
+    from ebpf_cuda.monitor import agent as module
 
     monitor, pid = ticked
     monitor.tick()  # (its exit noted)
@@ -306,7 +308,7 @@ def test_a_launch_counted_before_its_teaching_record_is_read_waits_for_its_name(
     """A tick that finds launches whose name is not known yet (here: the reader has not
     read the ring at all) holds them back one tick instead of labelling them unnamed for
     good; once the records are read they are published under their name."""
-    from ebpf_cuda.monitor import Monitor
+    from ebpf_cuda.monitor.agent import Monitor
 
     lib, cu_prog = driver
     ops = ["init", "libraryload", "getkernel:lib_kernel", "kernelfunction",
@@ -398,7 +400,7 @@ def test_per_cpu_words_are_summed_lane_by_lane():
     the same as adding word by word, also with words near 2^63."""
     import random
 
-    from ebpf_cuda.monitor import _per_cpu_total
+    from ebpf_cuda.monitor.agent import _per_cpu_total
 
     rng = random.Random(7)
     words = layout.AGG_VALUE.size // 8
@@ -414,9 +416,9 @@ def test_the_aggregate_reader_sums_called_functions_and_skips_the_rest(root):
     """AggregateReader on a real per-CPU `agg` map: a function called on every CPU comes
     back summed over them; one never called (all zero) is left out; so is one whose only
     non-zero word is not its count (nothing to report)."""
-    from ebpf_cuda.apis import TABLE
-    from ebpf_cuda.maps import PerCpuArrayMap, possible_cpus
-    from ebpf_cuda.monitor import AggregateReader
+    from ebpf_cuda.spec.apis import TABLE
+    from ebpf_cuda.bpf.maps import PerCpuArrayMap, possible_cpus
+    from ebpf_cuda.monitor.agent import AggregateReader
 
     words = layout.AGG_VALUE.size // 8
     called, idle, odd = FN_ID["cudaMalloc"], FN_ID["cudaFree"], FN_ID["cudaMemset"]
@@ -515,8 +517,8 @@ def test_processes_in_a_container_are_counted_also_those_started_later(container
 
 def probed_path(path: str) -> str:
     """The path a probe of `path` is attached at."""
-    from ebpf_cuda.apis import select
-    from ebpf_cuda.targets import find_targets
+    from ebpf_cuda.spec.apis import select
+    from ebpf_cuda.targets.selection import find_targets
 
     return find_targets(select(), [path], None, (), lambda message: None)[0].path
 
@@ -684,7 +686,7 @@ def test_a_framework_sized_registration_burst_is_named_and_kept_small(prog, lib)
 
 
 def test_the_names_map_outlasts_what_the_ring_holds():
-    from ebpf_cuda import record
+    from ebpf_cuda.spec import record
 
     records = layout.DEFAULT_RING_SIZE // (record.FRAME_SIZE + 8)
     assert layout.name_entries(layout.DEFAULT_RING_SIZE) >= 2 * records

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import prometheus, syscalls
-from ebpf_cuda.uprobe import UPROBE_MULTI, attach_path
+from ebpf_cuda.monitor import prometheus
+from ebpf_cuda import syscalls
+from ebpf_cuda.bpf.uprobe import UPROBE_MULTI, attach_path
 from monitor_support import parse_metrics, value
 from test_monitor_late import CALLS, PAUSE_MS, counts, exact, fresh_copy, late_of, run
 
@@ -44,7 +45,7 @@ def start_lib(cc):
 def monitor(root, start_lib):
     """A monitor of `start_lib` that also watches for later files, sweeping every SWEEP_S;
     its reader in a thread, its -v lines in `monitor.lines`."""
-    from ebpf_cuda.monitor import Monitor, MonitorOptions
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
 
     lines = []
     started = Monitor(MonitorOptions(paths=(str(start_lib),), late=True), log=lines.append)
@@ -329,7 +330,7 @@ def test_a_mapping_gone_before_its_probe_leaves_the_file_to_be_looked_at_again(
     file is then not taken as looked at: the next process's notices probe it, and the
     calls of both are counted (a uprobe is on the file, whoever maps it). Before the fix,
     the file stayed marked as looked at and probed, and was never probed."""
-    from ebpf_cuda import loader_watch
+    from ebpf_cuda.probes import loader as loader_watch
 
     copy = fresh_copy(lib, tmp_path / "venv")
     old = HeldRun(dlopen_prog, copy, 5)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import loader_watch, prometheus
+from ebpf_cuda.probes import loader as loader_watch
+from ebpf_cuda.monitor import prometheus
 from monitor_support import parse_metrics, settle, value
 
 pytestmark = pytest.mark.kernel
@@ -57,7 +58,7 @@ def static_prog(cc):
 def monitor(root, lib):
     """A monitor of the session's stand-in runtime that also watches for later files (as
     without -p), its reader in a thread; its -v lines in `monitor.lines`."""
-    from ebpf_cuda.monitor import Monitor, MonitorOptions
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
 
     lines = []
     started = Monitor(MonitorOptions(paths=(str(lib),), late=True), log=lines.append)
@@ -336,7 +337,7 @@ def test_a_renamed_runtime_a_process_mapped_before_the_start_is_probed(root, dlo
     """A runtime under a name the start-up search does not look for (a framework's private
     copy, libcudart-1a2b3c4d.so.12), mapped by a process running when the monitor starts:
     found in its mappings at the start, and its later calls counted."""
-    from ebpf_cuda.monitor import Monitor, MonitorOptions, cuda_files
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions, cuda_files
 
     copy = fresh_copy(lib, tmp_path / "torch" / "lib", "libcudart-1a2b3c4d.so.12")
     proc = subprocess.Popen([str(dlopen_prog), str(copy), str(CALLS), "-1"],

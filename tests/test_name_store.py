@@ -4,8 +4,8 @@ straddle two packed handles."""
 import random
 import tracemalloc
 
-from ebpf_cuda import name_store
-from ebpf_cuda.name_store import ImageNames
+from ebpf_cuda.decode import name_store
+from ebpf_cuda.decode.name_store import ImageNames
 
 
 def _mangled(rng: random.Random, n: int) -> bytes:

@@ -1,9 +1,9 @@
 """names.py: the one store of kernel names, fed by teaching calls and process snapshots."""
 import os
 
-from ebpf_cuda import record
-from ebpf_cuda.events import ENTER
-from ebpf_cuda.names import KernelNamer
+from ebpf_cuda.spec import record
+from ebpf_cuda.decode.events import ENTER
+from ebpf_cuda.decode.names import KernelNamer
 from helpers import event
 
 
@@ -150,7 +150,7 @@ def test_mappings_read_while_an_exec_is_in_flight_wait_for_its_tracepoint(monkey
     for the old program's; the exec's time is waited for (it arrives on the third look)."""
     import os
 
-    from ebpf_cuda import names
+    from ebpf_cuda.decode import names
 
     looks = []
 
@@ -168,7 +168,7 @@ def test_mappings_read_while_an_exec_is_in_flight_wait_for_its_tracepoint(monkey
 def test_mappings_of_the_same_name_are_taken_at_once(monkeypatch):
     import os
 
-    from ebpf_cuda import names
+    from ebpf_cuda.decode import names
 
     monkeypatch.setattr(names, "_comm_now", lambda pid: b"alpha")
     namer = names.KernelNamer(exec_times=lambda pid, known: [])
@@ -177,7 +177,7 @@ def test_mappings_of_the_same_name_are_taken_at_once(monkeypatch):
 
 
 def test_handle_names_are_kept_per_image_and_forgotten_by_process():
-    from ebpf_cuda.names import HandleNames, image_of
+    from ebpf_cuda.decode.names import HandleNames, image_of
 
     names = HandleNames()
     old, new, other = image_of(42, 0), image_of(42, 1), image_of(7, 0)

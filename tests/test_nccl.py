@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import apis, discovery, record
+from ebpf_cuda.spec import apis, record
+from ebpf_cuda.targets import discovery
 from ebpf_cuda.analysis.collectives import (Call, Clocks, CollectiveSummary, Communicator,
                                             Rank, format_communicator)
-from ebpf_cuda.apis import Kind
-from ebpf_cuda.cuda_enums import error_name, nccl_bytes, nccl_datatype_name, nccl_redop_name
-from ebpf_cuda.elf import open_elf
-from ebpf_cuda.events import ENTER, EXIT
-from ebpf_cuda.nccl import Communicators, init_all_id, split_id
-from ebpf_cuda.values import arg_fields, decode_value, field_kinds
+from ebpf_cuda.spec.apis import Kind
+from ebpf_cuda.spec.cuda_enums import error_name, nccl_bytes, nccl_datatype_name, nccl_redop_name
+from ebpf_cuda.targets.elf import open_elf
+from ebpf_cuda.decode.events import ENTER, EXIT
+from ebpf_cuda.decode.nccl import Communicators, init_all_id, split_id
+from ebpf_cuda.decode.values import arg_fields, decode_value, field_kinds
 from fakenccl import build_fake_nccl, id_hash, unique_id, wheel_libnccl
 from helpers import event, run_cli
 

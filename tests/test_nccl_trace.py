@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from ebpf_cuda import discovery
-from ebpf_cuda.events import ENTER, EXIT
-from ebpf_cuda.nccl import split_id
-from ebpf_cuda.savefile import load
+from ebpf_cuda.targets import discovery
+from ebpf_cuda.decode.events import ENTER, EXIT
+from ebpf_cuda.decode.nccl import split_id
+from ebpf_cuda.output.savefile import load
 from ebpf_cuda.tracer import Tracer
 from fakenccl import (RECV, SEND, STREAM, build_fake_nccl, build_rank_prog, id_hash, unique_id,
                       wheel_libnccl)

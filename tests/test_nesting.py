@@ -3,7 +3,7 @@ storage (record.TASK_DEPTH deep). Up to that depth every call is seen; deeper, t
 did not fit are counted (stats "too_deep"), never silently missing."""
 import pytest
 
-from ebpf_cuda import record
+from ebpf_cuda.spec import record
 from fakecuda import LIB_FLAGS, SONAME, VERSION_SCRIPT
 from helpers import trace_command
 

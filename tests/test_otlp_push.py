@@ -4,7 +4,7 @@ stopping is clean."""
 import socket
 import threading
 
-from ebpf_cuda.otlp import OtlpPusher
+from ebpf_cuda.monitor.otlp import OtlpPusher
 
 
 class NotHttp:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ebpf_cuda.events import ENTER, EXIT
+from ebpf_cuda.decode.events import ENTER, EXIT
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.text import (HEADER_NO_TIME, HEADER_WITH_TIME, TextWriter, details,
                                    format_event, format_value)

@@ -29,7 +29,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from ebpf_cuda.apis import BY_NAME
+from ebpf_cuda.spec.apis import BY_NAME
 from fakecuda_driver import build_fake_driver, build_layered_runtime
 from helpers import run_cli
 

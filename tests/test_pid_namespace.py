@@ -236,9 +236,10 @@ def test_every_program_in_namespace_mode_passes_the_verifier(variant):
     """Each row's entry and return programs with pids read in a PID namespace (fixed
     device and inode: the verifier checks the code, not the namespace), one program per
     function (ids as constants) for the main option sets."""
-    from ebpf_cuda import apis, layout, probes
+    from ebpf_cuda.spec import apis, layout
+    from ebpf_cuda.probes import calls as probes
     from ebpf_cuda.arch import current
-    from ebpf_cuda.programs import Program
+    from ebpf_cuda.bpf.programs import Program
     from ebpf_cuda.session import create_map
 
     options = probes.ProbeOptions(pid_ns=(4, 0xF0000001), **variant)
@@ -265,7 +266,8 @@ def test_the_followers_namespace_programs_load_with_either_exit_rule(as_found, m
     """The fork and exit programs of a follower in a PID namespace pass the verifier and
     attach, with this kernel's sched_process_exit (group_dead where it has the field: 6.16+)
     and with one lacking group_dead."""
-    from ebpf_cuda import follow, tracepoints
+    from ebpf_cuda.probes import follow
+    from ebpf_cuda.bpf import tracepoints
 
     has_field = "group_dead" in tracepoints.find("sched", "sched_process_exit").fields
     if not as_found:

@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 
-from ebpf_cuda import features, pprof
+from ebpf_cuda.bpf import features
+from ebpf_cuda.output import pprof
 from helpers import run_cli
 from monitor_support import AFTER, BEFORE, KERNEL, Held, MonitorCli
 

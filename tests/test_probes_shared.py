@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from ebpf_cuda import probes
-from ebpf_cuda.apis import TABLE
+from ebpf_cuda.probes import calls as probes
+from ebpf_cuda.spec.apis import TABLE
 from ebpf_cuda.arch import current as current_arch
 
 OPTIONS = [

@@ -3,10 +3,11 @@ import gc
 
 import pytest
 
-from ebpf_cuda import asm, maps
+from ebpf_cuda import asm
+from ebpf_cuda.bpf import maps
 from ebpf_cuda.asm import DW, R0, R1, R2, R10, W, Helper
 from ebpf_cuda.errors import VerifierError
-from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
+from ebpf_cuda.bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from kernel_fds import open_fds
 
 

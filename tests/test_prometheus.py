@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from ebpf_cuda import prometheus
-from ebpf_cuda.monitor import Family, histogram
+from ebpf_cuda.monitor import prometheus
+from ebpf_cuda.monitor.agent import Family, histogram
 from monitor_support import AFTER, BEFORE, KERNEL, Held, MonitorCli
 
 PROMETHEUS = shutil.which("prometheus")
@@ -322,7 +322,7 @@ def test_the_server_listens_on_ipv6_loopback():
 def test_serving_metrics_costs_no_ssl_or_http_client():
     """An always-on monitor's memory: importing the server brings neither `ssl` (~4 MB
     resident) nor `http.client`/`http.server` (~2 MB)."""
-    code = ("import sys, ebpf_cuda.prometheus; "
+    code = ("import sys, ebpf_cuda.monitor.prometheus; "
             "print(sorted(m for m in ('ssl', 'http.client', 'http.server') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.PIPE,

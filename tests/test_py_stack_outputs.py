@@ -9,12 +9,12 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from ebpf_cuda import record
+from ebpf_cuda.spec import record
 from ebpf_cuda.analysis import LeakTracker, Summary, format_leaks
 from ebpf_cuda.analysis.python_lines import (NO_STACK, PythonLines, frame_text, is_user_file,
                                              line_suffix, user_frame, user_line)
-from ebpf_cuda.apis import TABLE
-from ebpf_cuda.events import ENTER, EXIT, Decoder, Event, PyFrame
+from ebpf_cuda.spec.apis import TABLE
+from ebpf_cuda.decode.events import ENTER, EXIT, Decoder, Event, PyFrame
 from ebpf_cuda.output.chrome_trace import ChromeTraceWriter
 from ebpf_cuda.output.html_report import HtmlReport
 from ebpf_cuda.output.jsonl import JsonWriter
@@ -318,7 +318,7 @@ def test_split_summaries_have_the_table_per_part():
     ("cudaMemcpy", True), ("cuMemcpyDtoH_v2", True), ("cudaMemcpyAsync", False),
     ("cudaMemset", False), ("cudaLaunchKernel", False), ("cudaMalloc", False)])
 def test_sync_time_is_that_of_synchronising_calls_and_synchronous_copies(api, blocking):
-    from ebpf_cuda.analysis.operations import is_blocking
+    from ebpf_cuda.decode.operations import is_blocking
 
     assert is_blocking(ev(api)) is blocking
 

@@ -4,8 +4,11 @@ import sys
 
 import pytest
 
-from ebpf_cuda import events, layout, pystack_probe as pp, pystacks, python_layouts
-from ebpf_cuda.pystacks import PyStacks, Registered, proc_value
+from ebpf_cuda.decode import events, pystacks
+from ebpf_cuda.spec import layout
+from ebpf_cuda.probes import pystack as pp
+from ebpf_cuda.targets import python_layouts
+from ebpf_cuda.decode.pystacks import PyStacks, Registered, proc_value
 
 LAYOUT_312 = python_layouts.layout_for((3, 12))
 

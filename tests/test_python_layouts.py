@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from ebpf_cuda import python_layouts as pl
-from ebpf_cuda.python_layouts import (UnknownInterpreter, decode_unicode, find_interpreter,
-                                      layout_for, layout_from_debug_offsets, line_number)
+from ebpf_cuda.targets import python_layouts as pl
+from ebpf_cuda.targets.python_layouts import (UnknownInterpreter, decode_unicode, find_interpreter,
+                                              layout_for, layout_from_debug_offsets, line_number)
 
 HERE = Path(__file__).parent / "python_layouts"
 PYENV = Path(os.path.expanduser("~/.pyenv/versions"))

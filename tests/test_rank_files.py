@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from ebpf_cuda import rank_files
+from ebpf_cuda.output import rank_files
 from ebpf_cuda.errors import UsageError
-from ebpf_cuda.events import ENTER, EXIT
-from ebpf_cuda.savefile import load
+from ebpf_cuda.decode.events import ENTER, EXIT
+from ebpf_cuda.output.savefile import load
 from fakenccl import build_fake_nccl, id_hash, unique_id
 from helpers import cli_env, run_cli
 from test_nccl_trace import _rank_ops
@@ -200,7 +200,7 @@ def test_an_output_the_pattern_may_write_is_refused(tmp_path):
                    str(tmp_path / "run-0.ebpfcuda"), "--", "true")
     assert done.returncode == UsageError.exit_code and done.stderr.count("\n") == 1
     assert "may write" in done.stderr and not list(tmp_path.iterdir())
-    from ebpf_cuda import plan
+    from ebpf_cuda.output import plan
 
     plan.refuse_same_files([("-o", str(tmp_path / "calls.txt")),
                             ("--save", str(tmp_path / "run-%r.ebpfcuda"))])  # (distinct)

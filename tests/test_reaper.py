@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ebpf_cuda.reaper import Reaper
+from ebpf_cuda.decode.reaper import Reaper
 
 
 class _World:
@@ -61,7 +61,7 @@ def test_a_system_wide_trace_forgets_the_processes_that_ended(root, fake, tmp_pa
     """200 short processes, each launching: afterwards no process of theirs is still kept,
     and the end-of-run account still counts every launch the trace could not name."""
     import ebpf_cuda
-    from ebpf_cuda import plan
+    from ebpf_cuda.output import plan
 
     lib, prog = fake
     out = tmp_path / "t.txt"

@@ -99,7 +99,7 @@ def test_a_trace_counts_the_names_its_names_map_let_go(root, fake, monkeypatch):
     """A trace of a burst of 5,000 registrations with a names map of 256 entries: every
     registration's exit event arrives, the names the map let go before the reader came to
     them are the trace's `names_lost`, and the others carry their names."""
-    from ebpf_cuda import layout
+    from ebpf_cuda.spec import layout
 
     monkeypatch.setattr(layout, "name_entries", lambda ring_size: 256)
     lib, prog = fake

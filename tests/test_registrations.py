@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import registrations
+from ebpf_cuda.targets import registrations
 from test_attach_names import attach_during
 
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"

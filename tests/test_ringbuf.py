@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ebpf_cuda import asm
 from ebpf_cuda.asm import DW, R0, R1, R2, R3, R4, R6, R7, R8, R9, R10, Helper
 from ebpf_cuda.errors import DecodeError
-from ebpf_cuda.ringbuf import BUSY_BIT, DISCARD_BIT, HEADER_SIZE, RingBuffer, record_stride
+from ebpf_cuda.bpf.ringbuf import BUSY_BIT, DISCARD_BIT, HEADER_SIZE, RingBuffer, record_stride
 
 PAGE = mmap.PAGESIZE
 SEQ_RECORD = 64  # payload of rb_emit's record: seq, discard flag, six pattern words
@@ -126,10 +126,10 @@ class Rig:
     """A ring buffer map, a drop counter, the three producers attached, and the target library."""
 
     def __init__(self, library: str, ring_size: int) -> None:
-        from ebpf_cuda.elf import ElfFile
-        from ebpf_cuda.maps import ArrayMap, RingBufMap
-        from ebpf_cuda.programs import Program
-        from ebpf_cuda.uprobe import attach_uprobe
+        from ebpf_cuda.targets.elf import ElfFile
+        from ebpf_cuda.bpf.maps import ArrayMap, RingBufMap
+        from ebpf_cuda.bpf.programs import Program
+        from ebpf_cuda.bpf.uprobe import attach_uprobe
 
         self.ring = RingBufMap(ring_size, "rb_test")
         self.drops = ArrayMap(8, 1, "rb_drops")

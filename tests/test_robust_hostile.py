@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import savefile
+from ebpf_cuda.output import savefile
 from helpers import cli_env
 from test_robust_support import (CLI, exits, json_events, read_line, run_cli, start_cli,
                                  wait_for)
@@ -94,7 +94,7 @@ def test_yes_head_through_the_tracer_exits_141_as_the_shell(root, robust):
 # mask it had to the commands, as run() would.)
 _WRAPPER = ("import os, signal, sys, ebpf_cuda.__main__ as main\n"
             "mask = signal.pthread_sigmask(signal.SIG_BLOCK, main._STOP_SIGNALS)\n"
-            "import ebpf_cuda.command as command; command.give_commands_mask(mask)\n"
+            "import ebpf_cuda.targets.command as command; command.give_commands_mask(mask)\n"
             "os.write(2, b'up\\n'); sys.argv[0] = 'ebpf-cuda'; main.run()")
 
 
@@ -622,7 +622,7 @@ def test_a_lowered_perf_event_max_stack_is_named(monkeypatch, tmp_path):
     (the sysctl is not lowered for real here: other tests run beside this one)."""
     import builtins
 
-    from ebpf_cuda import cli
+    from ebpf_cuda.cli import main as cli
     from ebpf_cuda.errors import KernelError
 
     real_open = builtins.open

@@ -10,7 +10,7 @@ import mmap
 import os
 import struct
 
-from ebpf_cuda.ringbuf import BUSY_BIT, HEADER_SIZE, RingBuffer
+from ebpf_cuda.bpf.ringbuf import BUSY_BIT, HEADER_SIZE, RingBuffer
 
 PAGE = mmap.PAGESIZE
 RECORD = 16

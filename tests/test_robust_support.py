@@ -174,7 +174,7 @@ def wait_for(predicate, timeout: float = 10, what: str = "condition") -> None:
 
 def test_stub_exports_the_functions(robust):
     lib, _ = robust
-    from ebpf_cuda.elf import open_elf
+    from ebpf_cuda.targets.elf import open_elf
     assert set(STUB_FUNCTIONS) <= set(open_elf(str(lib)).functions())
 
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from ebpf_cuda import apis
+from ebpf_cuda.spec import apis
 from fakecuda import (ELAPSED_MS, EVENT_BASE, EXEC_BASE, GRAPH_BASE, MEM_FREE, MEM_TOTAL,
                       STREAM_BASE, Call, device_ptr, dims, host_ptr)
 from fakecuda import numbers as _n

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ebpf_cuda import features
+from ebpf_cuda.bpf import features
 from ebpf_cuda.errors import UsageError
 from ebpf_cuda.tracer import Tracer
 from fakecuda import build_fake_cuda
@@ -126,7 +126,7 @@ def test_the_cli_says_what_it_samples_and_refuses_other_than_powers_of_two(fake)
 
 
 def test_the_kfunc_is_found_in_the_kernels_btf(fake):
-    from ebpf_cuda import kernel_btf
+    from ebpf_cuda.bpf import kernel_btf
 
     type_id, params = kernel_btf.function("bpf_session_is_return")
     assert features.session_is_return_id() == type_id > 0
@@ -183,7 +183,8 @@ def test_sampled_returns_in_a_pid_namespace_of_the_tracers_own(fake):
 
 def _slots_and_map(tracer):
     """The owned launch slots (pid, api, func, count) and the launch map's entries."""
-    from ebpf_cuda import aggregates, apis, layout
+    from ebpf_cuda.probes import aggregates
+    from ebpf_cuda.spec import apis, layout
 
     maps = tracer.session.maps
     slots = [(pid, apis.TABLE[fn_id].name, func, count)
@@ -228,7 +229,7 @@ def test_a_launch_counts_in_its_slot_and_a_null_kernel_in_the_launch_map(fake):
 def test_launches_whose_slot_another_owns_count_in_the_launch_map(fake):
     """Every slot held by another owner (as by colliding processes and kernels): the
     launches all go to the launch map, counted exactly; the slots stay as they were."""
-    from ebpf_cuda import apis, layout
+    from ebpf_cuda.spec import apis, layout
 
     foreign = apis.FN_ID["cudaLaunchKernel"] << 32 | 1  # (pid 1's: it launches nothing)
 
@@ -249,7 +250,8 @@ def test_a_launch_whose_slot_another_holds_counts_in_one_of_the_next(fake):
     """Three slots in every four held by another owner (as by colliding processes and
     kernels on a busy host): a kernel's launches count in the first free slot after the
     one it hashes to (linear probing, SLOT_PROBES slots), none in the launch map."""
-    from ebpf_cuda import aggregates, apis, layout
+    from ebpf_cuda.probes import aggregates
+    from ebpf_cuda.spec import apis, layout
 
     launch = apis.FN_ID["cudaLaunchKernel"]
     foreign = launch << 32 | 1  # (pid 1's: it launches nothing)
@@ -281,7 +283,8 @@ def test_a_kernel_counted_in_two_slots_is_one_series(fake):
     """A kernel that took a later slot while its own was held, and finds its own free once
     the holder has gone (freed at its exit), claims it too: its launches are then in two
     slots, which the readers add up as one (process, function, kernel)."""
-    from ebpf_cuda import aggregates, apis, layout
+    from ebpf_cuda.probes import aggregates
+    from ebpf_cuda.spec import apis, layout
 
     launch = apis.FN_ID["cudaLaunchKernel"]
     foreign = launch << 32 | 1
@@ -329,8 +332,8 @@ def test_threads_racing_for_a_new_slot_count_every_launch_once(fake):
 def test_an_exited_processs_slots_are_freed_and_its_launches_stay_counted(fake):
     """The monitor frees the slots of a process gone (its exit seen by an exporter): a
     later process can take them, and the launches of the one gone stay in the counter."""
-    from ebpf_cuda import layout
-    from ebpf_cuda.monitor import Monitor, MonitorOptions
+    from ebpf_cuda.spec import layout
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
 
     lib, prog = fake
     monitor = Monitor(MonitorOptions(paths=(str(lib),), late=False)).start()

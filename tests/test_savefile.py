@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda import apis, record, savefile
+from ebpf_cuda.spec import apis, record
+from ebpf_cuda.output import savefile
 from ebpf_cuda.errors import DecodeError
-from ebpf_cuda.events import Decoder
+from ebpf_cuda.decode.events import Decoder
 
 REPO = Path(__file__).resolve().parent.parent
 OFFSET = 1_700_000_000 * 10 ** 9
@@ -153,7 +154,7 @@ def _same_outputs(live_dir: Path, replay_dir: Path) -> None:
 
 @pytest.mark.kernel
 def test_replay_in_process_equals_the_live_outputs(live, tmp_path, capsys):
-    from ebpf_cuda import cli
+    from ebpf_cuda.cli import main as cli
 
     folder, live_out, live_err = live
     outputs = [arg.format(d=tmp_path) for arg in OUTPUTS]
@@ -219,7 +220,7 @@ def test_files_saved_before_the_py_stack_field_read_the_same(tmp_path):
 
 
 def test_the_trailer_keeps_python_stacks(tmp_path):
-    from ebpf_cuda.events import PyFrame
+    from ebpf_cuda.decode.events import PyFrame
 
     path = tmp_path / "t.ebpfcuda"
     key = 0xABCDEF01

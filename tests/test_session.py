@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ebpf_cuda import record, layout
+from ebpf_cuda.spec import record, layout
 from ebpf_cuda.errors import UsageError
 from ebpf_cuda.session import Options, Session
 from kernel_fds import bpf_link_types, open_fds

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from ebpf_cuda import record
-from ebpf_cuda.spool import READ_BYTES, Spool
+from ebpf_cuda.spec import record
+from ebpf_cuda.output.spool import READ_BYTES, Spool
 
 FRAME = record.FRAME_SIZE
 

@@ -10,7 +10,7 @@ import pytest
 
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.text import TextWriter
-from ebpf_cuda.spool import Spool
+from ebpf_cuda.output.spool import Spool
 from ebpf_cuda.tracer import Tracer
 from fakecuda_driver import build_fake_driver, function_handle
 from helpers import stdout_to

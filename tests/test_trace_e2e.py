@@ -11,7 +11,7 @@ from typing import List, Sequence, Tuple
 
 import pytest
 
-from ebpf_cuda.events import ENTER, EXIT, Event
+from ebpf_cuda.decode.events import ENTER, EXIT, Event
 from ebpf_cuda.tracer import Tracer
 from fakecuda import (EVENT_BASE, SEED_FUNCTIONS, STREAM_BASE, Call,
                       device_ptr, parse_output)
@@ -298,14 +298,14 @@ def test_shared_programs_and_per_function_programs_give_the_same_events(root, fa
     """With uprobe_multi (this kernel) functions of one shape share a program and get their
     id from the attach cookie; without it (older kernels: perf-event uprobes) each function
     has its own programs with a constant id. Both must report every call exactly."""
-    from ebpf_cuda import uprobe
+    from ebpf_cuda.bpf import uprobe
     if not uprobe.uprobe_multi_supported():
         pytest.skip("no uprobe_multi on this kernel")
     lib, prog = fake
     probes_, distinct = _programs_and_distinct(lib)
     assert probes_ == 2 * len(SEED_FUNCTIONS) and distinct < probes_
     for multi in (True, False):
-        monkeypatch.setattr(uprobe, "_multi_supported", multi)
+        monkeypatch.setitem(uprobe.features._cache, "uprobe_multi", multi)
         if not multi:
             assert _programs_and_distinct(lib) == (probes_, probes_)
         events, calls, tracer = trace_command([prog, *ELEVEN_OPS], library=[str(lib)],

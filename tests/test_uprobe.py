@@ -7,10 +7,11 @@ import subprocess
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from ebpf_cuda import arch, asm, maps, syscalls, uprobe
+from ebpf_cuda import arch, asm, syscalls
+from ebpf_cuda.bpf import maps, uprobe
 from ebpf_cuda.asm import DW, R0, R1, R2, R3, R4, R6, R10, W, Helper
 from ebpf_cuda.errors import AttachError, UnsupportedKernelError
-from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
+from ebpf_cuda.bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from kernel_fds import open_fds
 
 U32 = struct.Struct("<I")
@@ -349,7 +350,7 @@ def test_links_close_their_fds(root, target):
 def test_ioctl_fallback_without_perf_links(root, target, monkeypatch):
     # Force the pre-5.15 path (PERF_EVENT_IOC_SET_BPF): real ioctl, real probe.
     lib, exe = target
-    monkeypatch.setattr(uprobe, "_perf_links_supported", False)
+    monkeypatch.setitem(uprobe.features._cache, "perf_links", False)
     with maps.ArrayMap(8, 1, value_struct=U64) as counts, counting_program(counts) as prog:
         with uprobe.attach_uprobe(prog, lib, file_offset(lib, "pt_tick")) as link:
             assert not link.has_bpf_link
@@ -374,10 +375,10 @@ def test_attach_path_follows_the_probes(root, monkeypatch):
     path = uprobe.attach_path()
     assert path in uprobe.PATHS
     assert (path == uprobe.UPROBE_MULTI) is uprobe.uprobe_multi_supported()
-    monkeypatch.setattr(uprobe, "_multi_supported", False)
-    monkeypatch.setattr(uprobe, "_perf_links_supported", True)
+    monkeypatch.setitem(uprobe.features._cache, "uprobe_multi", False)
+    monkeypatch.setitem(uprobe.features._cache, "perf_links", True)
     assert uprobe.attach_path() == uprobe.PERF_LINK
-    monkeypatch.setattr(uprobe, "_perf_links_supported", False)
+    monkeypatch.setitem(uprobe.features._cache, "perf_links", False)
     assert uprobe.attach_path() == uprobe.PERF_IOCTL
 
 
@@ -390,7 +391,7 @@ def test_uprobe_multi_program_attaches_per_offset(root, target, monkeypatch, per
     lib, exe = target
     if perf_links and not uprobe.perf_links_supported():
         pytest.skip("kernel lacks BPF perf-event links")
-    monkeypatch.setattr(uprobe, "_perf_links_supported", perf_links)
+    monkeypatch.setitem(uprobe.features._cache, "perf_links", perf_links)
     with maps.ArrayMap(8, 4, value_struct=U64) as counts, \
             counting_program(counts, by_cookie=perf_links,
                              expected_attach_type=EXPECTED_UPROBE_MULTI) as prog:

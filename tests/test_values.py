@@ -9,10 +9,11 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from ebpf_cuda import events, record, values
-from ebpf_cuda.apis import BY_NAME, NCCL, TABLE, Api, Kind, arg_cells
-from ebpf_cuda.cuda_enums import memcpy_kind_name
-from ebpf_cuda.events import Decoder, Event
+from ebpf_cuda.decode import events, values
+from ebpf_cuda.spec import record
+from ebpf_cuda.spec.apis import BY_NAME, NCCL, TABLE, Api, Kind, arg_cells
+from ebpf_cuda.spec.cuda_enums import memcpy_kind_name
+from ebpf_cuda.decode.events import Decoder, Event
 from ebpf_cuda.output.chrome_trace import write_chrome_trace
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.lines import JsonLines, TextLines

@@ -19,10 +19,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from common import counter_program  # noqa: E402
 
-from ebpf_cuda.maps import ArrayMap  # noqa: E402
-from ebpf_cuda.programs import Program  # noqa: E402
+from ebpf_cuda.bpf.maps import ArrayMap  # noqa: E402
+from ebpf_cuda.bpf.programs import Program  # noqa: E402
 from ebpf_cuda.tracer import Tracer  # noqa: E402
-from ebpf_cuda.uprobe import attach_uprobe  # noqa: E402
+from ebpf_cuda.bpf.uprobe import attach_uprobe  # noqa: E402
 
 
 def probe_sites(libs: List[str]) -> List[tuple]:

@@ -32,7 +32,7 @@ def cli_has(option: str) -> bool:
 def option_sets(save_path: str, wanted: str = "") -> Dict[str, List[str]]:
     """Option sets by label; `wanted` (comma-separated labels) picks some, untraced always."""
     sys.path.insert(0, REPO)
-    from ebpf_cuda import apis
+    from ebpf_cuda.spec import apis
 
     default_names = ",".join(api.name for api in apis.TABLE if api.default)
     sets = {"untraced": None, "default": ["-o", os.devnull], "-r": ["-r", "-o", os.devnull],

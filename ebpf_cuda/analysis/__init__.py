@@ -8,22 +8,21 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "kernels": ("AddressResolver", "Frame", "ProcessMaps"),
+    "..targets.symbols": ("AddressResolver", "Frame", "ProcessMaps"),
+    "..decode.names": ("KernelNamer",),
     "memory": ("ALLOCATORS", "FREES", "Allocation", "Allocator", "LeakTracker", "MemoryWarning",
                "format_leaks", "format_stack"),
     "python_lines": ("PythonLines", "frame_text", "user_frame", "user_line"),
-    "summary": ("Summary", "copy_operation", "percentile", "stats"),
+    "summary": ("Summary", "copy_operation"),
+    "stats": ("Stats", "percentile", "stats"),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = sorted(list(_MODULE_OF) + ["KernelNamer"])
+__all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "KernelNamer":  # its home is names.py (the one store of kernel names)
-        from ..names import KernelNamer
-
-        return KernelNamer
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))
-    return getattr(importlib.import_module("." + module, __name__), name)
+    relative = module if module.startswith(".") else "." + module
+    return getattr(importlib.import_module(relative, __name__), name)

@@ -19,11 +19,11 @@ are aligned by their wall clocks, as good as those hosts' clock synchronisation.
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..apis import BY_NAME, NCCL
-from ..events import EXIT, Event
-from ..nccl import COLLECTIVE
+from ..spec.apis import BY_NAME, NCCL
+from ..decode.events import EXIT, Event
+from ..decode.nccl import COLLECTIVE
 from ._table import clock, decimal, integer, table
-from .summary import stats
+from .stats import stats
 
 NCCL_CALLS = (COLLECTIVE, "p2p")  # the categories the NCCL table counts
 CLOCK_SLACK_NS = 1_000_000  # offsets closer than this: one host's clock
@@ -273,12 +273,11 @@ class Clocks:
                 % (len(self.hosts), _duration(CLOCK_SLACK_NS)))
 
 
-def read_ranks(paths: Sequence[str]) -> Tuple[Dict[str, List[Rank]], int, Clocks]:
-    """The ranks of each communicator (by id) in saved traces; the number of collectives on
-    communicators without an id (made before the trace began); how the clocks were aligned."""
-    from ..savefile import load
-
-    traces = [load(path) for path in paths]
+def read_ranks(paths: Sequence[str], traces: Sequence[Any]
+               ) -> Tuple[Dict[str, List[Rank]], int, Clocks]:
+    """The ranks of each communicator (by id) in saved traces (loaded from `paths`); the
+    number of collectives on communicators without an id (made before the trace began); how
+    the clocks were aligned."""
     clocks = Clocks([t.clock_offset_ns for t in traces])
     ranks: Dict[Tuple[int, int, int], Rank] = {}
     for index, (path, trace) in enumerate(zip(paths, traces)):
@@ -318,17 +317,20 @@ def _read_trace(index: int, path: str, events: Iterable[Event], offset: int,
         rank.calls[seq] = call
 
 
-def merge(paths: Sequence[str]) -> Tuple[List[Communicator], int, Clocks]:
-    """The communicators of the saved traces at `paths`, merged (see the module's docstring);
-    the number of collectives that could not be merged (no communicator id); the clocks."""
-    by_comm, unknown, clocks = read_ranks(paths)
+def merge(paths: Sequence[str], traces: Sequence[Any]
+          ) -> Tuple[List[Communicator], int, Clocks]:
+    """The communicators of the saved traces loaded from `paths`, merged (see the module's
+    docstring); the number of collectives that could not be merged (no communicator id); the
+    clocks."""
+    by_comm, unknown, clocks = read_ranks(paths, traces)
     comms = [Communicator(comm_id, ranks) for comm_id, ranks in by_comm.items()]
     return sorted(comms, key=lambda c: (-len(c.ranks), c.comm_id)), unknown, clocks
 
 
-def merge_report(paths: Sequence[str]) -> str:
-    """The merged report of `ebpf-cuda report FILE FILE...`, as text."""
-    comms, unknown, clocks = merge(paths)
+def merge_report(paths: Sequence[str], traces: Sequence[Any]) -> str:
+    """The merged report of `ebpf-cuda report FILE FILE...` (the traces loaded from `paths`),
+    as text."""
+    comms, unknown, clocks = merge(paths, traces)
     lines = ["NCCL collectives of %d trace%s: %s" % (len(paths), "s" * (len(paths) != 1),
                                                      ", ".join(paths)),
              "Clocks: %s." % clocks.sentence()]

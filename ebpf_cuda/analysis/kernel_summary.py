@@ -15,12 +15,12 @@ import math
 from collections import defaultdict
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..aggregates import Aggregates, FunctionStats
-from ..apis import BY_NAME, Api, Direction, Kind, Role, arg_cells
-from ..cuda_enums import error_name, memcpy_kind_name
-from ..events import decode_launch_config, decode_value
+from ..probes.aggregates import Aggregates, FunctionStats
+from ..spec.apis import BY_NAME, Api, Direction, Kind, Role, arg_cells
+from ..spec.cuda_enums import error_name, memcpy_kind_name
+from ..decode.events import decode_launch_config, decode_value
 from ._table import decimal, integer, table
-from .operations import LABELS, MB, MEMSET, Geometry, launch_geometry, operation_of
+from ..decode.operations import LABELS, MB, MEMSET, Geometry, launch_geometry, operation_of
 
 
 def aggregate_tables(agg: Aggregates) -> List[str]:

@@ -10,8 +10,8 @@ call: launches, whose driver handle names every kernel).
 """
 from typing import Dict, List, Tuple
 
-from ..events import Event
-from .operations import is_driver
+from ..decode.events import Event
+from ..decode.operations import is_driver
 
 
 def _start_ns(event: Event) -> int:

@@ -15,55 +15,22 @@ direction and bytes come from the function table's roles (operations.py); with b
 traced each operation counts once (layers.py). With --py-stacks, a table by Python line
 (python_lines.py): calls, API time, launches, bytes and sync time per innermost user frame.
 """
-import math
 from collections import Counter, defaultdict
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..apis import BY_NAME, Role
-from ..events import EXIT, Event
+from ..spec.apis import BY_NAME, Role
+from ..decode.events import EXIT, Event
 from ._table import decimal, integer, table
 from .layers import LayerFilter
-from .operations import (MB, Geometry, copy_bytes, copy_operation, is_launch,
-                         is_synchronous_copy, launch_geometry)
-from .operations import operation_of  # noqa: F401 (importable from here, as before)
+from ..decode.operations import (MB, Geometry, copy_bytes, copy_operation, is_launch,
+                                 is_synchronous_copy, launch_geometry)
+from ..decode.operations import operation_of  # noqa: F401 (importable from here, as before)
 from .python_lines import PythonLines
+from .stats import Stats, percentile, stats  # noqa: F401 (importable from here, as before)
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
 KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)
 
-
-class Stats(NamedTuple):
-    """Exact statistics of a list of numbers (StdDev is the sample standard deviation)."""
-
-    count: int
-    total: float
-    mean: float
-    median: float
-    minimum: float
-    maximum: float
-    stdev: float
-
-
-def stats(values: Sequence[float]) -> Stats:
-    """Count, total, mean, exact median, min, max and sample standard deviation."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        return Stats(0, 0, 0.0, 0.0, 0, 0, 0.0)
-    total = math.fsum(ordered)
-    mean = total / n
-    deviation = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / (n - 1)) if n > 1 else 0.0
-    return Stats(n, total, mean, percentile(ordered, 50), ordered[0], ordered[-1], deviation)
-
-
-def percentile(ordered: Sequence[float], p: float) -> float:
-    """The p-th percentile of sorted values, linear between closest ranks (p50 = median)."""
-    if not ordered:
-        return 0.0
-    rank = (len(ordered) - 1) * p / 100.0
-    low = int(math.floor(rank))
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 class Summary:
@@ -88,7 +55,7 @@ class Summary:
         self._copy_layers = LayerFilter()
         self._launch_layers = LayerFilter()
         self._graph_layers = LayerFilter()  # cudaGraphLaunch's cuGraphLaunch: one launch
-        from .collectives import CollectiveSummary  # (it uses this module's stats)
+        from .collectives import CollectiveSummary
 
         self.collectives = CollectiveSummary()  # NCCL calls per communicator
         self.python_lines = PythonLines(py_stacks)  # --py-stacks: calls by Python line

@@ -7,7 +7,7 @@ import stat
 import sys
 from typing import IO, Callable, Iterable, List, Optional
 
-from ..events import Decoder, Event
+from ..decode.events import Decoder, Event
 
 PIPE_BUF = getattr(select, "PIPE_BUF", 4096)  # a pipe takes a write this long in one piece
 FILE_WRITE = 1 << 16  # bytes of whole lines per write to a regular file

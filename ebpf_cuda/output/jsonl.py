@@ -2,7 +2,7 @@
 import json
 from typing import IO, Callable, Iterable, List, Optional
 
-from ..events import Decoder, Event
+from ..decode.events import Decoder, Event
 from . import LineWriter
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, address) -> kernel name

@@ -23,12 +23,12 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import record
-from ..apis import Api, Kind, arg_cells
-from ..cuda_enums import error_name
-from ..events import Decoder, Event
-from ..values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
-from ..values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
+from ..spec import record
+from ..spec.apis import Api, Kind, arg_cells
+from ..spec.cuda_enums import error_name
+from ..decode.events import Decoder, Event
+from ..decode.values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
+from ..decode.values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))
 _PY_STACK_AT = len(_FRAME.unpack(bytes(_FRAME.size))) - 1  # record.PY_STACK, the last field

@@ -16,8 +16,8 @@ import sys
 from typing import Dict, List, Optional
 
 from ebpf_cuda.analysis import AddressResolver, LeakTracker, ProcessMaps, Summary, format_leaks
-from ebpf_cuda.apis import BY_NAME
-from ebpf_cuda.events import EXIT, Event
+from ebpf_cuda.spec.apis import BY_NAME
+from ebpf_cuda.decode.events import EXIT, Event
 
 _EVENT_KEYS = {"ts", "pid", "tid", "comm", "api", "phase", "args", "ret", "ret_name",
                "duration_ns", "faults", "kernel"}

@@ -8,7 +8,7 @@ kernel's maps at the end.
 """
 import collections, os, sys
 from ebpf_cuda.tracer import Tracer
-from ebpf_cuda import layout
+from ebpf_cuda.spec import layout
 from ebpf_cuda.analysis.kernel_summary import launches
 out = os.environ["OUT"]
 target = [sys.executable, "scripts/gpu/graphs_check.py", "--target", "compile", out]

@@ -131,7 +131,7 @@ def _eager_copies(exits) -> Counter:
     driver copy inside a runtime copy on the same thread is that runtime copy. CUPTI records
     these too (e.g. the cudagraph case's `static_x.copy_()` before each replay)."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-    from ebpf_cuda.apis import BY_NAME, Role
+    from ebpf_cuda.spec.apis import BY_NAME, Role
 
     ops = [e for e in exits if e.get("ret") == 0 and not e.get("captured")
            and BY_NAME.get(e["api"]) is not None
@@ -198,7 +198,7 @@ def check_trace(path: str, truth: dict) -> dict:
 def exports(pyz: str, libs) -> dict:
     """Which graph rows of the table each library exports (the tracer's own ELF reader)."""
     code = ("import sys, json; sys.path.insert(0, %r)\n"
-            "from ebpf_cuda import apis\nfrom ebpf_cuda.elf import open_elf\n"
+            "from ebpf_cuda.spec import apis\nfrom ebpf_cuda.targets.elf import open_elf\n"
             "rows = {a.library: [] for a in apis.TABLE}\n"
             "for a in apis.TABLE:\n"
             "    if a.category == 'graph' or a.role in ('event-record', 'stream-wait'):\n"

@@ -453,9 +453,9 @@ class BareProbes:
     def __init__(self, sites, multi: bool = False) -> None:
         from ebpf_cuda import asm
         from ebpf_cuda.asm import DW, R0, R1, R2
-        from ebpf_cuda.maps import ArrayMap
-        from ebpf_cuda.programs import EXPECTED_UPROBE_MULTI, Program
-        from ebpf_cuda.uprobe import attach_uprobe, attach_uprobe_multi
+        from ebpf_cuda.bpf.maps import ArrayMap
+        from ebpf_cuda.bpf.programs import EXPECTED_UPROBE_MULTI, Program
+        from ebpf_cuda.bpf.uprobe import attach_uprobe, attach_uprobe_multi
 
         self.counts = ArrayMap(8, 1, "bare_counts")
         code = [asm.ld_map_value(R1, "counts", 0), asm.mov(R2, 1),

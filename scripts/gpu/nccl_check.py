@@ -161,7 +161,7 @@ def check_trace(trace_path: str, issued: dict) -> dict:
 def exports(pyz: str, libs) -> dict:
     """Which NCCL rows of the table each libnccl exports (the tracer's own ELF reader)."""
     code = ("import sys, json; sys.path.insert(0, %r)\n"
-            "from ebpf_cuda import apis\nfrom ebpf_cuda.elf import open_elf\n"
+            "from ebpf_cuda.spec import apis\nfrom ebpf_cuda.targets.elf import open_elf\n"
             "rows = [s for a in apis.TABLE if a.library == 'nccl' for s in a.symbols]\n"
             "out = {}\n"
             "for lib in %r:\n"

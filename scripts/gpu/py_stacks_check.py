@@ -391,8 +391,8 @@ CATEGORIES = ("launch", "alloc", "sync")
 
 def sync_names() -> Tuple[set, str]:
     try:
-        from ebpf_cuda.analysis.operations import blocks
-        from ebpf_cuda.apis import TABLE
+        from ebpf_cuda.decode.operations import blocks
+        from ebpf_cuda.spec.apis import TABLE
     except ImportError:
         return set(SYNC_NAMES), "built-in list"
     return {api.name for api in TABLE if blocks(api)}, "the tracer's table"

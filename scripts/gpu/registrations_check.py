@@ -13,7 +13,7 @@ import struct
 import sys
 import time
 
-from ebpf_cuda import registrations
+from ebpf_cuda.targets import registrations
 
 
 def launch_sites(path: str):

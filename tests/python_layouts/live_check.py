@@ -4,7 +4,7 @@ does, and prints JSON with what it found beside what the interpreter itself says
 
 Address checks (pointers leading to the right objects) are made here, where the memory is;
 the raw bytes of frames, strings and line tables are printed for the test to decode with
-ebpf_cuda.python_layouts in its own process.
+ebpf_cuda.targets.python_layouts in its own process.
 """
 import asyncio
 import ctypes

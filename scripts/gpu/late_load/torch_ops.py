@@ -25,7 +25,8 @@ for e in ev:
         where[(e["name"], " < ".join(o["name"] for o in inner[:3]) or "-")] += 1
 for k, v in sorted(where.items()):
     print(v, k)
-from ebpf_cuda import loader_watch, discovery
+from ebpf_cuda.probes import loader as loader_watch
+from ebpf_cuda.targets import discovery
 files = sorted({l.split()[-1] for l in open("/proc/self/maps") if " r-xp " in l and "/" in l})
 rows = []
 for f in files:

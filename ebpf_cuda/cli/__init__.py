@@ -1,0 +1,1 @@
+"""The `ebpf-cuda` command: a thin face on the public API."""

@@ -1,0 +1,1 @@
+"""Ring records into meaning: events, values, kernel names, graphs, communicators, devices, stacks."""

@@ -1,0 +1,1 @@
+"""`ebpf-cuda monitor`: the always-on agent, its metrics and their exporters."""

@@ -1,0 +1,549 @@
+"""In-kernel aggregation for `--summary`: the return probe adds each call to per-CPU
+counters instead of (or besides) writing a record, so a summary costs no ring traffic.
+
+Per function (and memcpy kind): count, total/min/max duration, errors, bytes of successful
+calls (the row's `size` fields times its element size: apis.Api.size), the sum of squared
+durations in ns² (for the standard deviation: see `sum_of_squares`) and a log2 histogram of
+durations (for approximate percentiles). Errors by (function, code) and successful launches
+by (process, function, geometry) go to hash maps. `read_aggregates` sums it all up at the end.
+
+CUDA graphs (graphs.py follows them from records): the kernel keeps which processes have a
+stream capture in progress (`capture_count`, on the returns of successful capture begins
+and ends). A launch, copy, memset or event call made while its process captures is written
+as a record (the summary's GraphTracker tells captured work from eager work, and expands
+the graph launches, whose records are always written) and still added to the per-function
+aggregates (the API table counts every call once), but not to the `launches` map: the
+launches of those records are counted from them, once (`capturing_gate`).
+"""
+import struct
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .. import asm
+from ..spec import layout, record
+from ..spec.apis import TABLE, Api, Kind, Role, arg_cells
+from ..arch import Arch
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Atomic, Helper
+
+AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
+PROCESS_MAP = layout.PROCESS_CALLS
+CAPTURING_MAP, CAPTURING_ANY_MAP = layout.CAPTURING, layout.CAPTURING_ANY
+KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
+COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
+# The SUMSQ cell is a small float: the sum of squares is MANTISSA * 4**EXPONENT (ns²), the
+# exponent in the top 6 bits. It stays 0, and the sum exact, until a duration reaches 2^29 ns
+# (0.54 s) or the sum 2^58 ns² (e.g. 290,000 calls of 1 ms); each step up halves the
+# durations squared from then on (d >> exponent), so no call and no sum ever overflows.
+SUMSQ_EXP_AT = 58
+_MANTISSA = (1 << SUMSQ_EXP_AT) - 1
+_ROOT_BITS = SUMSQ_EXP_AT // 2  # (d >> exponent) < 2^29: its square fits the mantissa
+AGG_VALUE, ERROR_KEY = layout.AGG_VALUE, layout.ERROR_KEY
+LAUNCH_KEY, LAUNCH_VALUE = layout.LAUNCH_KEY, layout.LAUNCH_VALUE
+ERROR_ENTRIES, LAUNCH_ENTRIES = layout.ERROR_ENTRIES, layout.LAUNCH_ENTRIES
+
+# The return program's stack below layout.NOW_AT.
+_AGG_KEY = layout.AGG_KEY_AT
+_LAUNCH_KEY = layout.LAUNCH_KEY_AT
+_LAUNCH_VALUE = layout.LAUNCH_VALUE_AT
+_ERROR_KEY = layout.ERROR_KEY_AT
+_ERROR_VALUE = layout.ERROR_VALUE_AT
+_CAPTURE_KEY = layout.CAPTURE_KEY_AT
+_CAPTURE_VALUE = layout.CAPTURE_VALUE_AT
+_CAPTURE_FLAG = layout.CAPTURE_FLAG_AT
+
+
+def agg_entries(table: Sequence[Api] = TABLE) -> int:
+    return len(table) * KIND_SLOTS
+
+
+def _cell_of(api: Api, predicate) -> Optional[int]:
+    for arg, cell in arg_cells(api):
+        if predicate(arg):
+            return cell
+    return None
+
+
+def _shown_cells(api: Api) -> Tuple[int, ...]:
+    """The record cells of the arguments a launch shows (its key in the `launches` map)."""
+    return tuple(sorted({cell + k for arg, cell in arg_cells(api) if arg.show
+                         for k in range(arg.cells)}))
+
+
+def _size_cells(api: Api) -> Tuple[int, ...]:
+    """The record cells of the row's `size` fields (none unless all are arguments)."""
+    cells = {arg.name: cell for arg, cell in arg_cells(api)}
+    return tuple(cells[n] for n in api.size) if all(n in cells for n in api.size) else ()
+
+
+def shape_of(api: Api) -> tuple:
+    """What `aggregate_call`, `capture_count` and `capturing_gate` read of `api` (see
+    probes.shape_of)."""
+    launch = _shown_cells(api) if api.role == Role.LAUNCH else None
+    return (_size_cells(api), api.elem_size,
+            _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch, capture_role(api))
+
+
+def capture_role(api: Api) -> Optional[str]:
+    """What the row does with the capture state: "begin"/"end" (a capture begins, ends:
+    `capture_count`), "gated" (a call a capture may record: `capturing_gate`), or None."""
+    from ..decode.graphs import GraphTracker  # (graphs imports the analysis, which imports this)
+
+    if api.role == Role.CAPTURE_BEGIN:
+        return "begin"
+    if api.role == Role.CAPTURE_END:
+        return "end"
+    return "gated" if GraphTracker.needs_while_capturing(api) else None
+
+
+def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
+                   sampled: bool = False, per_process: bool = False) -> list:
+    """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
+    `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
+    made while its process captures is not counted in the `launches` map (its record
+    counts it). `sampled` (a gated launch row of probes.session_program): the entry counted
+    the call and its launch (`count_call`) unless its process captures; the return adds
+    its duration and outcome, and its count only while capturing. `per_process`: the call
+    also goes to its process's entry in `proc_calls` (not a sampled row's: `count_call`
+    counts its launches by process)."""
+    prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
+            asm.sub(R8, R1)]
+    prog += _agg_index(api, fn_id)
+    if per_process and not sampled:  # (first: the reader, reading `agg` first, finds this
+        prog += _count_per_process(api, arch)  # map never behind it, but for losses)
+    prog += [
+        asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "agg_done"),
+        asm.mov(R9, R0),
+    ]
+    if sampled:
+        prog += [asm.ldx(DW, R1, FP, _CAPTURE_FLAG), asm.jeq(R1, 0, "counted_at_entry")]
+    prog += _add(COUNT, 1) + ([asm.Label("counted_at_entry")] if sampled else [])
+    prog += _add_reg(TOTAL, R8)
+    prog += [
+        asm.ldx(DW, R1, R9, MIN), asm.jeq(R1, 0, "set_min"), asm.jle(R1, R8, "min_ok"),
+        asm.Label("set_min"), asm.stx(DW, R9, MIN, R8), asm.Label("min_ok"),
+        asm.ldx(DW, R1, R9, MAX), asm.jge(R1, R8, "max_ok"), asm.stx(DW, R9, MAX, R8),
+        asm.Label("max_ok"),
+    ] + layout.ret_into(R1, api.returns_value, arch.ret) + [asm.jne32(R1, 0, "failed")]
+    prog += _bytes(api)
+    prog += [asm.ja("outcome_done"), asm.Label("failed")] + _add(ERRORS, 1)
+    prog += [asm.Label("outcome_done")] + _floor_log2() + [asm.mov(R0, R2)]
+    prog += _sum_of_squares() + [asm.mov(R2, R0)] + _histogram() + [asm.Label("agg_done")]
+    prog += _count_error(api, fn_id, arch)
+    if api.role == Role.LAUNCH and not sampled:  # successful ones, as the event summary
+        prog += layout.ret_into(R1, api.returns_value, arch.ret) + [
+            asm.jne32(R1, 0, "launch_done")]
+        if gated:
+            prog += [asm.ldx(DW, R1, FP, _CAPTURE_FLAG), asm.jne(R1, 0, "launch_done")]
+        prog += _count_launch(api, fn_id)
+    return prog
+
+
+def count_call(api: Api, fn_id, arch: Arch) -> list:
+    """Entry code of a call whose return is not taken (probes.session_program; R6 ctx,
+    fp-16 pid_tgid): its count, and for a launch its count by process and kernel (func)
+    alone (the monitor's series have no geometry: no stack argument is read), counting
+    the attempt (whether it succeeded is not known here): in its `launch_slots` slot
+    (`_count_in_slot`), else in `launches` with the other cells 0. Durations, errors and
+    bytes are the sampled returns'."""
+    prog = _agg_index(api, fn_id) + [
+        asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "counted"),
+    ] + [asm.ldx(DW, R1, R0, COUNT), asm.add(R1, 1), asm.stx(DW, R0, COUNT, R1),
+         asm.Label("counted")]
+    if api.role != Role.LAUNCH:
+        return prog
+    func, cell = next((arg, cell) for arg, cell in arg_cells(api) if arg.name == "func")
+    prog += [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # pid, from the key
+    ] + layout.fn_id_into(R2, fn_id) + [
+        asm.lsh(R2, 32), asm.or_(R1, R2), asm.stx(DW, FP, _LAUNCH_KEY, R1),
+        asm.ldx(DW, R2, R6, arch.arg(func.slot)), asm.stx(DW, FP, _SLOT_FUNC, R2),
+    ] + _count_in_slot() + [asm.ldx(DW, R1, FP, _SLOT_FUNC)]
+    for c in range(record.ARG_CELLS):
+        where = _LAUNCH_KEY + 8 + 8 * c
+        prog.append(asm.stx(DW, FP, where, R1) if c == cell else asm.st(DW, FP, where, 0))
+    prog += [asm.st(DW, FP, _LAUNCH_VALUE, 1), asm.st(DW, FP, _LAUNCH_VALUE + 8, 0)]
+    return prog + _hash_add(LAUNCHES_MAP, _LAUNCH_KEY, _LAUNCH_VALUE, [(0, None)], "launch") + [
+        asm.Label("slot_counted")]
+
+
+# Where count_call keeps the launch's kernel and slot index (the value's room of
+# `launches`, written only on the way to it).
+_SLOT_FUNC = _LAUNCH_VALUE + 8
+_SLOT_INDEX = _LAUNCH_VALUE
+_SLOT_HASH = 0x9E3779B97F4A7C15  # (2^64 / the golden ratio: Fibonacci hashing)
+_OWNER, _FUNC, _SLOT_COUNT = 0, 8, 16  # layout.LAUNCH_SLOT
+
+
+SLOT_PROBES = 4  # slots looked at from a launch's own (linear probing) before `launches`
+
+
+def _count_in_slot() -> list:
+    """R1 = the owner (fn_id << 32 | pid, never 0), R2 = func: add 1 to the slot of
+    (owner, func) in `launch_slots` and jump to "slot_counted", claiming a free slot (an
+    atomic compare-and-exchange of its owner; the winner then writes func). The slot
+    (owner, func) hashes to is looked at first, then the next ones, SLOT_PROBES in all: a
+    slot another (owner, func) holds is passed by. A lost claim, a slot whose func is not
+    yet written, SLOT_PROBES slots held by others or a null func (a launch that will fail)
+    fall through to `launches`: every launch is counted once, in one or the other, which
+    the readers add up (owned_slots)."""
+    prog = [
+        asm.jeq(R2, 0, "slot_missed"),
+        asm.xor(R1, R2), asm.ld_imm64(R3, _SLOT_HASH), asm.mul(R1, R3),
+        asm.rsh(R1, 64 - layout.LAUNCH_SLOT_BITS), asm.stx(W, FP, _SLOT_INDEX, R1),
+    ]
+    for probe in range(SLOT_PROBES):
+        passed, owned = "slot_passed_%d" % probe, "slot_owned_%d" % probe
+        if probe:  # (the next slot, wrapping around)
+            prog += [asm.ldx(W, R1, FP, _SLOT_INDEX), asm.add(R1, 1),
+                     asm.and_(R1, layout.LAUNCH_SLOT_ENTRIES - 1),
+                     asm.stx(W, FP, _SLOT_INDEX, R1)]
+        prog += [
+            asm.ld_map(R1, layout.LAUNCH_SLOTS), asm.mov(R2, FP), asm.add(R2, _SLOT_INDEX),
+            asm.call(Helper.MAP_LOOKUP_ELEM),  # (an array: the verifier inlines it)
+            asm.jeq(R0, 0, "slot_missed"),
+            asm.ldx(DW, R1, R0, _OWNER), asm.ldx(DW, R2, FP, _LAUNCH_KEY),
+            asm.jeq(R1, R2, owned), asm.jne(R1, 0, passed),
+            asm.mov(R3, R0), asm.mov(R0, 0), asm.atomic(Atomic.CMPXCHG, DW, R3, _OWNER, R2),
+            asm.jne(R0, 0, "slot_missed"),  # (taken meanwhile)
+            asm.ldx(DW, R1, FP, _SLOT_FUNC), asm.stx(DW, R3, _FUNC, R1),
+            asm.mov(R1, 1), asm.atomic_add(DW, R3, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+            asm.Label(owned),
+            asm.ldx(DW, R1, R0, _FUNC), asm.jeq(R1, 0, "slot_missed"),  # (being claimed)
+            asm.ldx(DW, R2, FP, _SLOT_FUNC), asm.jne(R1, R2, passed),  # (another kernel's)
+            asm.mov(R1, 1), asm.atomic_add(DW, R0, _SLOT_COUNT, R1), asm.ja("slot_counted"),
+            asm.Label(passed),
+        ]
+    return prog + [asm.Label("slot_missed")]
+
+
+# -- stream captures in progress -----------------------------------------------------------
+
+def capture_count(api: Api, arch: Arch) -> list:
+    """Return-probe code of a capture begin or end row (else nothing): a successful begin
+    adds 1 to its process's `capturing` entry and to `capturing_any`; a successful end
+    takes 1 from both, not below 0 (an end whose begin came before the trace: no entry,
+    or 0). A failed call changes nothing, as graphs.GraphTracker ignores it. Two ends in
+    one process racing over one counted capture could take its count below 0 (a huge
+    u64): then that process's calls are all written as records, which is correct, only
+    dearer. Entries stay (at 0) when their count returns to 0, or when a process dies
+    mid-capture: a later process of that pid writes its launches as records, counted
+    right, and the eager launches of every process pay one hash lookup."""
+    role = capture_role(api)
+    if role not in ("begin", "end"):
+        return []
+    prog = layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jne32(R1, 0, "capture_counted"),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, _CAPTURE_KEY, R1),
+    ]
+    if role == "begin":
+        prog += [asm.st(DW, FP, _CAPTURE_VALUE, 1)]
+        prog += _hash_add(CAPTURING_MAP, _CAPTURE_KEY, _CAPTURE_VALUE, [(0, None)], "capture")
+        return prog + _capturing_any(1) + [asm.Label("capture_counted")]
+    prog += [
+        asm.ld_map(R1, CAPTURING_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "capture_counted"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "capture_counted"),
+        asm.mov(R1, -1), asm.atomic_add(DW, R0, 0, R1),
+    ]
+    return prog + _capturing_any(-1) + [asm.Label("capture_counted")]
+
+
+def _capturing_any(amount: int) -> list:
+    """capturing_any[0] += amount (atomically; not below 0)."""
+    prog = [asm.st(W, FP, _CAPTURE_KEY, 0),
+            asm.ld_map(R1, CAPTURING_ANY_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+            asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "capture_counted")]
+    if amount < 0:
+        prog += [asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "capture_counted")]
+    return prog + [asm.mov(R1, amount), asm.atomic_add(DW, R0, 0, R1)]
+
+
+def capturing_gate(emit: list) -> list:
+    """Return-probe code of a gated row (`capture_role`) with aggregates and no records:
+    when some process captures (`capturing_any`, an array lookup the verifier inlines: all
+    an eager call pays while none does) and this one does (`capturing`), fp-360 = 1 and
+    `emit` (the code writing the call's record) runs; else fp-360 = 0. The aggregates
+    follow (aggregate_call with `gated`)."""
+    return [
+        asm.st(DW, FP, _CAPTURE_FLAG, 0), asm.st(W, FP, _CAPTURE_KEY, 0),
+        asm.ld_map(R1, CAPTURING_ANY_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "not_capturing"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "not_capturing"),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, _CAPTURE_KEY, R1),
+        asm.ld_map(R1, CAPTURING_MAP), asm.mov(R2, FP), asm.add(R2, _CAPTURE_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "not_capturing"),
+        asm.ldx(DW, R1, R0, 0), asm.jeq(R1, 0, "not_capturing"),
+        asm.st(DW, FP, _CAPTURE_FLAG, 1),
+    ] + list(emit) + [asm.Label("not_capturing")]
+
+
+def _bytes(api: Api) -> list:
+    """bytes += the product of the size cells times the element size (rows with a size)."""
+    cells = _size_cells(api)
+    if not cells:
+        return []
+    prog = [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cells[0])]
+    for cell in cells[1:]:
+        prog += [asm.ldx(DW, R3, R7, record.INFLIGHT_ARGS + 8 * cell), asm.mul(R1, R3)]
+    if api.elem_size != 1:
+        prog.append(asm.mul(R1, api.elem_size))
+    return prog + _add_reg(BYTES, R1)
+
+
+def _sum_of_squares() -> list:
+    """SUMSQ += duration² (R8), kept as mantissa * 4**exponent (see SUMSQ_EXP_AT); R2 holds
+    floor(log2(duration)). R1 mantissa, R2 exponent, R3 the square, R4/R5 scratch."""
+    return [
+        asm.mov(R4, R2), asm.sub(R4, _ROOT_BITS - 1),  # the least exponent for this duration
+        asm.ldx(DW, R1, R9, SUMSQ), asm.mov(R2, R1), asm.rsh(R2, SUMSQ_EXP_AT),
+        asm.lsh(R1, 64 - SUMSQ_EXP_AT), asm.rsh(R1, 64 - SUMSQ_EXP_AT),
+        asm.jsle(R4, R2, "sq_exp_ok"),  # raise the exponent: mantissa / 4**(new - old)
+        asm.mov(R5, R4), asm.sub(R5, R2), asm.lsh(R5, 1), asm.mov(R2, R4),
+        asm.jlt(R5, SUMSQ_EXP_AT, "sq_shift"), asm.mov(R1, 0), asm.ja("sq_exp_ok"),
+        asm.Label("sq_shift"), asm.rsh(R1, R5),
+        asm.Label("sq_exp_ok"),
+        asm.mov(R3, R8), asm.rsh(R3, R2), asm.mul(R3, R3), asm.add(R1, R3),
+        asm.mov(R5, R1), asm.rsh(R5, SUMSQ_EXP_AT), asm.jeq(R5, 0, "sq_fits"),
+        # the sum reached 2^58: one step up (both halves then stay below 2^56)
+        asm.sub(R1, R3), asm.rsh(R1, 2), asm.add(R2, 1),
+        asm.mov(R3, R8), asm.rsh(R3, R2), asm.mul(R3, R3), asm.add(R1, R3),
+        asm.Label("sq_fits"),
+        asm.lsh(R2, SUMSQ_EXP_AT), asm.or_(R1, R2), asm.stx(DW, R9, SUMSQ, R1),
+    ]
+
+
+def sum_of_squares(cell: int) -> int:
+    """The sum of squared durations (ns²) a SUMSQ cell holds."""
+    return (cell & _MANTISSA) << (2 * (cell >> SUMSQ_EXP_AT))
+
+
+def _agg_index(api: Api, fn_id) -> list:
+    """fp-152 = fn_id * KIND_SLOTS + the call's memcpy kind (0 when none or out of range)."""
+    kind_cell = _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND)
+    if kind_cell is None and fn_id is not layout.FROM_COOKIE:
+        return [asm.st(W, FP, _AGG_KEY, fn_id * KIND_SLOTS)]
+    prog = layout.fn_id_into(R2, fn_id) + [asm.mul(R2, KIND_SLOTS)]
+    if kind_cell is None:
+        return prog + [asm.stx(W, FP, _AGG_KEY, R2)]
+    return prog + [
+        asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * kind_cell), asm.mov32(R1, R1),
+        asm.jlt(R1, KIND_SLOTS, "kind_ok"), asm.mov(R1, 0), asm.Label("kind_ok"),
+        asm.add(R1, R2), asm.stx(W, FP, _AGG_KEY, R1),
+    ]
+
+
+def _add(offset: int, amount: int) -> list:
+    return [asm.ldx(DW, R1, R9, offset), asm.add(R1, amount), asm.stx(DW, R9, offset, R1)]
+
+
+def _add_reg(offset: int, reg) -> list:
+    return [asm.ldx(DW, R2, R9, offset), asm.add(R2, reg), asm.stx(DW, R9, offset, R2)]
+
+
+def _floor_log2() -> list:
+    """R2 = floor(log2(R8)) (0 for 0), by binary search on its bits; R1, R3 clobbered."""
+    prog = [asm.mov(R1, R8), asm.mov(R2, 0)]
+    for shift in (32, 16, 8, 4, 2, 1):
+        label = "log2_%d" % shift
+        prog += [asm.mov(R3, R1), asm.rsh(R3, shift), asm.jeq(R3, 0, label),
+                 asm.mov(R1, R3), asm.add(R2, shift), asm.Label(label)]
+    return prog
+
+
+def _histogram() -> list:
+    """hist[R2] += 1 (R2: floor(log2(duration)), capped at the last bucket)."""
+    return [
+        asm.jle(R2, HIST_BUCKETS - 1, "bucket_ok"), asm.mov(R2, HIST_BUCKETS - 1),
+        asm.Label("bucket_ok"),
+        asm.lsh(R2, 3), asm.add(R2, R9),
+        asm.ldx(DW, R1, R2, HIST), asm.add(R1, 1), asm.stx(DW, R2, HIST, R1),
+    ]
+
+
+def _count_per_process(api: Api, arch: Arch) -> list:
+    """proc_calls[(tgid, agg index)] += (1, failed, duration R8); R9 clobbered."""
+    key, value = layout.PROCESS_KEY_AT, layout.PROCESS_VALUE_AT
+    prog = [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # the tgid
+        asm.stx(W, FP, key, R1), asm.ldx(W, R1, FP, _AGG_KEY), asm.stx(W, FP, key + 4, R1),
+        asm.mov(R9, 0),
+    ] + layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jeq32(R1, 0, "proc_ok"), asm.mov(R9, 1), asm.Label("proc_ok"),
+        asm.st(DW, FP, value, 1), asm.stx(DW, FP, value + 8, R9),
+        asm.stx(DW, FP, value + 16, R8),
+    ]
+    return prog + _hash_add(PROCESS_MAP, key, value, [(0, None), (8, R9), (16, R8)], "proc")
+
+
+def _count_error(api: Api, fn_id, arch: Arch) -> list:
+    """errors[(fn_id, code)] += 1 for a failed call."""
+    prog = layout.ret_into(R1, api.returns_value, arch.ret) + [asm.jeq32(R1, 0, "error_done")]
+    prog += layout.fn_id_into(R2, fn_id) + [
+        asm.stx(W, FP, _ERROR_KEY, R2), asm.stx(W, FP, _ERROR_KEY + 4, R1),
+        asm.st(DW, FP, _ERROR_VALUE, 1),
+    ]
+    return prog + _hash_add(ERRORS_MAP, _ERROR_KEY, _ERROR_VALUE, [(0, None)], "error")
+
+
+def _count_launch(api: Api, fn_id) -> list:
+    """launches[(pid, fn_id, shown argument cells)] += (1, duration)."""
+    shown = _shown_cells(api)
+    prog = [
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),  # pid, from the key
+    ] + layout.fn_id_into(R2, fn_id) + [
+        asm.lsh(R2, 32), asm.or_(R1, R2),
+        asm.stx(DW, FP, _LAUNCH_KEY, R1),
+    ]
+    for cell in range(record.ARG_CELLS):
+        where = _LAUNCH_KEY + 8 + 8 * cell
+        if cell in shown:
+            prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
+                     asm.stx(DW, FP, where, R1)]
+        else:
+            prog.append(asm.st(DW, FP, where, 0))
+    prog += [asm.st(DW, FP, _LAUNCH_VALUE, 1), asm.stx(DW, FP, _LAUNCH_VALUE + 8, R8)]
+    return prog + _hash_add(LAUNCHES_MAP, _LAUNCH_KEY, _LAUNCH_VALUE, [(0, None), (8, R8)],
+                            "launch")
+
+
+def _hash_add(map_name: str, key: int, value: int, adds, tag: str) -> list:
+    """Add to a shared hash map entry atomically, creating it (with the value on the stack
+    at `value`) when missing; a lost creation race falls back to adding."""
+    def add_all(base) -> list:
+        out = []
+        for offset, reg in adds:
+            if reg is None:
+                out += [asm.mov(R1, 1), asm.atomic_add(DW, base, offset, R1)]
+            else:
+                out += [asm.atomic_add(DW, base, offset, reg)]
+        return out
+
+    lookup = [asm.ld_map(R1, map_name), asm.mov(R2, FP), asm.add(R2, key),
+              asm.call(Helper.MAP_LOOKUP_ELEM)]
+    return (lookup + [asm.jeq(R0, 0, tag + "_create")] + add_all(R0)
+            + [asm.ja(tag + "_done"), asm.Label(tag + "_create"),
+               asm.ld_map(R1, map_name), asm.mov(R2, FP), asm.add(R2, key),
+               asm.mov(R3, FP), asm.add(R3, value), asm.mov(R4, 1),  # BPF_NOEXIST
+               asm.call(Helper.MAP_UPDATE_ELEM), asm.jeq(R0, 0, tag + "_done")]
+            + lookup + [asm.jeq(R0, 0, tag + "_done")] + add_all(R0)
+            + [asm.Label(tag + "_done")])
+
+
+@dataclass
+class FunctionStats:
+    """Aggregates of one function (and memcpy kind, when it has one)."""
+
+    api: str
+    kind: Optional[int]
+    count: int = 0
+    total_ns: int = 0
+    min_ns: int = 0
+    max_ns: int = 0
+    errors: int = 0
+    bytes: int = 0
+    sumsq: int = 0  # the sum of squared durations, ns²
+    histogram: List[int] = field(default_factory=lambda: [0] * HIST_BUCKETS)
+
+    def add_cpu(self, values: Tuple[int, ...]) -> None:
+        count, total, low, high, errors, nbytes, sumsq = values[:7]
+        if not count:
+            return
+        self.count += count
+        self.total_ns += total
+        self.min_ns = low if not self.min_ns else min(self.min_ns, low)
+        self.max_ns = max(self.max_ns, high)
+        self.errors += errors
+        self.bytes += nbytes
+        self.sumsq += sumsq
+        self.histogram = [a + b for a, b in zip(self.histogram, values[7:])]
+
+    def percentile_ns(self, fraction: float) -> int:
+        """Upper bound of the log2 bucket holding the given fraction of calls."""
+        target, seen = fraction * self.count, 0
+        for bucket, n in enumerate(self.histogram):
+            seen += n
+            if n and seen >= target:
+                return min((1 << (bucket + 1)) - 1, self.max_ns)
+        return self.max_ns
+
+
+@dataclass
+class Aggregates:
+    functions: List[FunctionStats]
+    errors: Dict[Tuple[str, int], int]
+    launches: List[Tuple[int, str, Tuple[int, ...], int, int]]  # pid, api, cells, count, ns
+
+
+def owned_slots(values: bytes) -> List[Tuple[int, int, int, int, int]]:
+    """(index, pid, fn_id, func, count) of each owned slot of `launch_slots` (count_call),
+    from the array's values in index order (LAUNCH_SLOT's 24 bytes are their own stride)."""
+    cells = memoryview(values).cast("Q")
+    try:
+        return [(at // 3, owner & 0xFFFFFFFF, owner >> 32, cells[at + 1], cells[at + 2])
+                for at, owner in zip(range(0, len(cells), 3), cells[::3]) if owner]
+    finally:
+        cells.release()
+
+
+def owned_slots_of(slots_map) -> List[Tuple[int, int, int, int, int]]:
+    """owned_slots of the `launch_slots` map (a maps.MappedArrayMap: read through its
+    mapping, no syscall; a batch read of its 8,192 slots took ~2.3 ms on a 2-core VM, and
+    the monitor reads them at every tick)."""
+    return owned_slots(slots_map.values())
+
+
+def free_slot(slots_map, index: int, owner: int) -> None:
+    """Free a slot of `launch_slots` whose process has exited: its kernel and count are
+    cleared while its owner still holds it (a launch finding another's owner goes to
+    `launches`), then the owner, so no launch ever sees a half-cleared slot as free."""
+    slots_map.set(index, (owner, 0, 0))
+    slots_map.set(index, (0, 0, 0))
+
+
+
+def read_aggregates(agg_map, errors_map, launches_map,
+                    table: Sequence[Api] = TABLE, slots_map=None) -> Aggregates:
+    """Sum the per-CPU aggregates and read the error and launch maps (and the launch
+    slots, added to the launches: one entry per process, function and kernel)."""
+    functions = []
+    for index in range(len(table) * KIND_SLOTS):
+        per_cpu = agg_map[index]
+        fn_id, kind = divmod(index, KIND_SLOTS)
+        api = table[fn_id]
+        has_kind = any(a.kind == Kind.MEMCPY_KIND for a in api.args)
+        stats = FunctionStats(api.name, kind if has_kind else None)
+        for raw in per_cpu:
+            values = list(AGG_VALUE.unpack(raw) if isinstance(raw, bytes) else raw)
+            values[SUMSQ // 8] = sum_of_squares(values[SUMSQ // 8])  # in ns², exact int
+            stats.add_cpu(tuple(values))
+        if stats.count:
+            functions.append(stats)
+    errors = {}
+    for key, value in errors_map.items():
+        fn_id, code = ERROR_KEY.unpack(key)
+        errors[(table[fn_id].name, code)] = struct.unpack("<Q", value)[0]
+    found: Dict[Tuple[int, int, Tuple[int, ...]], List[int]] = {}
+    for key, value in launches_map.items():
+        pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
+        found[(pid, fn_id, tuple(cells))] = list(LAUNCH_VALUE.unpack(value))
+    if slots_map is not None:
+        for _, pid, fn_id, func, count in owned_slots_of(slots_map):
+            if not count:  # (claimed, its first count not yet added)
+                continue
+            cells = tuple(func if c == func_cell(table[fn_id]) else 0
+                          for c in range(record.ARG_CELLS))
+            found.setdefault((pid, fn_id, cells), [0, 0])[0] += count
+    launches = [(pid, table[fn_id].name, cells, count, total)
+                for (pid, fn_id, cells), (count, total) in found.items()]
+    return Aggregates(functions, errors, launches)
+
+
+def func_cell(api: Api) -> int:
+    """The record cell of a launch row's `func` argument."""
+    return next(cell for arg, cell in arg_cells(api) if arg.name == "func")

@@ -1,0 +1,1 @@
+"""What is traced, as data: the API table and the fixed layouts the probes and the decoder share."""

@@ -1,0 +1,1 @@
+"""What to trace: the files, symbols, processes and containers the probes go on."""
