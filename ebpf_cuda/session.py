@@ -14,7 +14,8 @@ import threading
 from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from .probes import aggregates, loader as loader_watch, calls as probes, pystack as pystack_probe
+from .decode import aggregates as sums
+from .probes import loader as loader_watch, calls as probes, pystack as pystack_probe
 from .spec import apis, layout, record
 from .targets import discovery
 from .bpf import features, kernel_btf, maps
@@ -595,11 +596,11 @@ class Session:
                 break
         return b"".join(chunks).decode("utf-8", "replace") or None
 
-    def aggregates(self) -> aggregates.Aggregates:
+    def aggregates(self) -> sums.Aggregates:
         """The in-kernel aggregates so far (with the `aggregate` option)."""
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
-        return aggregates.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
+        return sums.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
                                           self.maps[layout.LAUNCHES],
                                           slots_map=self.maps.get(layout.LAUNCH_SLOTS))
 

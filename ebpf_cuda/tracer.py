@@ -12,7 +12,7 @@ It never prints, exits or installs signal handlers; progress notes go to `log` i
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .probes import aggregates
+from .decode import aggregates
 from .spec import apis, layout
 from .spec.apis import Api
 from .errors import TracerError

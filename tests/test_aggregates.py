@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from ebpf_cuda.spec import apis
-from ebpf_cuda.probes.aggregates import FunctionStats
+from ebpf_cuda.decode.aggregates import FunctionStats
 from ebpf_cuda.decode.operations import byte_count
 from ebpf_cuda.tracer import Tracer
 from fakecuda import build_fake_cuda
@@ -160,7 +160,7 @@ def test_standard_deviation_of_durations_around_100_ns():
     SUMSQ cell and the table's arithmetic: right to well below a nanosecond."""
     import random
 
-    from ebpf_cuda.probes.aggregates import AGG_VALUE, HIST_BUCKETS, read_aggregates
+    from ebpf_cuda.decode.aggregates import AGG_VALUE, HIST_BUCKETS, read_aggregates
     from ebpf_cuda.analysis.kernel_summary import stdev_ns
 
     rng = random.Random(7)
@@ -219,7 +219,7 @@ def _kernel_sum_of_squares(durations, start=0):
 
 
 def test_the_kernel_sums_squares_exactly_and_never_overflows():
-    from ebpf_cuda.probes.aggregates import SUMSQ_EXP_AT, sum_of_squares
+    from ebpf_cuda.decode.aggregates import SUMSQ_EXP_AT, sum_of_squares
 
     small = [95, 150, 1234, 50, 0, 1, 999_999]
     total, raw = _kernel_sum_of_squares(small)
@@ -282,7 +282,7 @@ def test_summary_alone_counts_direct_driver_calls_as_the_event_summary_does(cc):
 
 def test_owned_slots_are_read_from_the_arrays_values():
     from ebpf_cuda.spec import layout
-    from ebpf_cuda.probes.aggregates import owned_slots
+    from ebpf_cuda.decode.aggregates import owned_slots
 
     values = bytearray(layout.LAUNCH_SLOT.size * 8192)  # (the map's values in index order)
     layout.LAUNCH_SLOT.pack_into(values, 24 * 1, 7 << 32 | 1234, 0xABC, 5)

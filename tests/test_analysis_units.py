@@ -478,7 +478,7 @@ def test_leak_tracker_counts_allocations_frees_and_double_frees_once_across_laye
 
 
 def _stats(api, kind=None, count=1, errors=0, nbytes=0, total=1000):
-    from ebpf_cuda.probes.aggregates import FunctionStats
+    from ebpf_cuda.decode.aggregates import FunctionStats
 
     f = FunctionStats(api, kind)
     f.add_cpu((count, total, 1, total, errors, nbytes, 0) + (0,) * 40)
@@ -504,7 +504,7 @@ def test_in_kernel_copies_count_runtime_calls_and_the_driver_calls_beyond_them()
 
 
 def test_in_kernel_launch_geometry_is_decoded_from_the_counted_cells():
-    from ebpf_cuda.probes.aggregates import Aggregates
+    from ebpf_cuda.decode.aggregates import Aggregates
     from ebpf_cuda.analysis.kernel_summary import launches
 
     cells = [0] * 10

@@ -183,12 +183,12 @@ def test_sampled_returns_in_a_pid_namespace_of_the_tracers_own(fake):
 
 def _slots_and_map(tracer):
     """The owned launch slots (pid, api, func, count) and the launch map's entries."""
-    from ebpf_cuda.probes import aggregates
+    from ebpf_cuda.decode import aggregates as sums
     from ebpf_cuda.spec import apis, layout
 
     maps = tracer.session.maps
     slots = [(pid, apis.TABLE[fn_id].name, func, count)
-             for _, pid, fn_id, func, count in aggregates.owned_slots_of(
+             for _, pid, fn_id, func, count in sums.owned_slots_of(
                  maps[layout.LAUNCH_SLOTS])]
     hashed = []
     for key, raw in maps[layout.LAUNCHES].items():
@@ -250,6 +250,7 @@ def test_a_launch_whose_slot_another_holds_counts_in_one_of_the_next(fake):
     """Three slots in every four held by another owner (as by colliding processes and
     kernels on a busy host): a kernel's launches count in the first free slot after the
     one it hashes to (linear probing, SLOT_PROBES slots), none in the launch map."""
+    from ebpf_cuda.decode import aggregates as sums
     from ebpf_cuda.probes import aggregates
     from ebpf_cuda.spec import apis, layout
 
@@ -268,7 +269,7 @@ def test_a_launch_whose_slot_another_holds_counts_in_one_of_the_next(fake):
         proc = subprocess.Popen([str(fake[1]), "loop:300:launch:2,1,1:64,1,1"],
                                 stdout=subprocess.DEVNULL)
         assert proc.wait(120) == 0
-        owned = aggregates.owned_slots_of(tracer.session.maps[layout.LAUNCH_SLOTS])
+        owned = sums.owned_slots_of(tracer.session.maps[layout.LAUNCH_SLOTS])
         _, hashed = _slots_and_map(tracer)
         agg = tracer.aggregates()
     (index, pid, fn_id, func, count), = [s for s in owned if s[1] == proc.pid]
@@ -283,7 +284,7 @@ def test_a_kernel_counted_in_two_slots_is_one_series(fake):
     """A kernel that took a later slot while its own was held, and finds its own free once
     the holder has gone (freed at its exit), claims it too: its launches are then in two
     slots, which the readers add up as one (process, function, kernel)."""
-    from ebpf_cuda.probes import aggregates
+    from ebpf_cuda.decode import aggregates as sums
     from ebpf_cuda.spec import apis, layout
 
     launch = apis.FN_ID["cudaLaunchKernel"]
@@ -298,14 +299,14 @@ def test_a_kernel_counted_in_two_slots_is_one_series(fake):
                                  "loop:200:launch:2,1,1:64,1,1"], stdout=subprocess.DEVNULL)
 
         def mine():
-            return [s for s in aggregates.owned_slots_of(slots) if s[1] == proc.pid]
+            return [s for s in sums.owned_slots_of(slots) if s[1] == proc.pid]
 
         deadline = time.monotonic() + 30
         while not (mine() and mine()[0][4] == 100) and time.monotonic() < deadline:
             time.sleep(0.01)
         (first, _, _, func, _), = mine()
         for index in held:  # (the holders gone: their slots freed)
-            aggregates.free_slot(slots, index, foreign)
+            sums.free_slot(slots, index, foreign)
         assert [s[4] for s in mine()] == [100], "the second loop began before the slots were freed"
         assert proc.wait(120) == 0
         owner = launch << 32 | proc.pid

@@ -15,7 +15,7 @@ import math
 from collections import defaultdict
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ..probes.aggregates import Aggregates, FunctionStats
+from ..decode.aggregates import Aggregates, FunctionStats
 from ..spec.apis import BY_NAME, Api, Direction, Kind, Role, arg_cells
 from ..spec.cuda_enums import error_name, memcpy_kind_name
 from ..decode.events import decode_launch_config, decode_value

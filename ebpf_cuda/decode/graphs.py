@@ -40,7 +40,7 @@ node, as eager launches are named. Pure user-space logic: no kernel objects.
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from .operations import byte_count, direction_of
-from ..spec.apis import TABLE, Api, Role
+from ..spec.apis import CAPTURED_ROLES, TABLE, Api, Role
 from .events import EXIT, Event
 
 KERNEL, MEMCPY, MEMSET, GRAPH = "kernel", "memcpy", "memset", "graph"
@@ -52,8 +52,6 @@ GRAPH_ROLES = frozenset((
     Role.COPY_NODE, Role.MEMSET_NODE, Role.CHILD_NODE, Role.EMPTY_NODE, Role.INSTANTIATE,
     Role.EXEC_UPDATE, Role.EXEC_KERNEL_UPDATE, Role.GRAPH_DESTROY, Role.EXEC_DESTROY,
     Role.GRAPH_LAUNCH))
-CAPTURED_ROLES = frozenset((Role.LAUNCH, Role.COPY, Role.MEMSET, Role.EVENT_RECORD,
-                            Role.STREAM_WAIT))
 _WORK_ROLES = (Role.LAUNCH, Role.COPY, Role.MEMSET)  # what a capture records
 
 # Why a graph launch's nodes are unknown (the `nodes_reason` of its events).

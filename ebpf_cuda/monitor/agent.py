@@ -38,6 +38,7 @@ import time
 from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
+from ..decode import aggregates as sums
 from ..probes import aggregates
 from ..spec import apis, layout, record
 from ..targets import discovery, elf
@@ -698,7 +699,7 @@ class Monitor:
 
     def _owned_slots(self) -> List[Tuple[int, int, int, int, int]]:
         """(index, pid, fn_id, func, count) of the owned launch slots (sampled rows)."""
-        return [] if self._slots is None else aggregates.owned_slots_of(self._slots)
+        return [] if self._slots is None else sums.owned_slots_of(self._slots)
 
     def _retire_launches(self, pid: int, fn_id: int, func: int, count: int) -> None:
         """An exited process's launches of one kernel, leaving the kernel's maps."""
@@ -729,7 +730,7 @@ class Monitor:
         for index, pid, fn_id, func, count in self._owned_slots():
             if pid in doomed:
                 self._retire_launches(pid, fn_id, func, count)
-                aggregates.free_slot(self.tracer.session.maps[layout.LAUNCH_SLOTS], index,
+                sums.free_slot(self.tracer.session.maps[layout.LAUNCH_SLOTS], index,
                                      fn_id << 32 | pid)
         calls = self.tracer.session.maps[layout.PROCESS_CALLS]
         for key, value in self._process_calls.items():

@@ -11,15 +11,15 @@ user gets the same outputs from a `Request`:
 """
 import os
 import stat
-import sys
 from dataclasses import dataclass
-from typing import IO, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import UsageError
+from .files import open_binary, open_output, trusted_symlink  # noqa: F401 (open_binary: the CLI)
 from ..decode.losses import Losses
 from . import Sink
 from .text import TextWriter
-from ..stream import Outputs, lines_only
+from .outputs import Outputs, lines_only
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 MAX_RING_SIZE = 1 << 31  # the kernel's ring buffer sizes are 32-bit; 2G is the largest here
@@ -145,7 +145,7 @@ def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
     if request.pprof_out:  # (only when asked for)
         from .pprof import PprofWriter
 
-        sinks.append(_named(PprofWriter(open_binary(request.pprof_out, request),
+        sinks.append(_named(PprofWriter(open_binary(request.pprof_out),
                                         tracer.stack, namer.resolver, namer,
                                         calls_at_entry=request.calls_at_entry),
                             request.pprof_out))
@@ -220,7 +220,7 @@ def _event_sinks(request: Request, namer, events_wanted: bool = True) -> List[Si
     (`events_wanted` False) and neither --json nor -o, no per-event writer at all."""
     if not events_wanted and not request.as_json and request.output is None:
         return []
-    stream = open_output(request.output, request)
+    stream = open_output(request.output, request.stdout_closed)
     if request.as_json:
         from .jsonl import JsonWriter
 
@@ -235,12 +235,12 @@ def _file_sinks(request: Request, namer) -> List[Sink]:
     if request.trace_out:
         from .chrome_trace import ChromeTraceWriter  # only when asked for
 
-        sinks.append(_named(ChromeTraceWriter(open_output(request.trace_out, request),
+        sinks.append(_named(ChromeTraceWriter(open_output(request.trace_out, request.stdout_closed),
                                               namer=namer), request.trace_out))
     if request.report_html:
         from .html_report import HtmlReport  # only when asked for
 
-        sinks.append(_named(HtmlReport(open_output(request.report_html, request),
+        sinks.append(_named(HtmlReport(open_output(request.report_html, request.stdout_closed),
                                        namer=namer), request.report_html))
     return sinks
 
@@ -290,42 +290,6 @@ def _spool(size: Optional[str], output: Optional[str]):
 
 
 # -- files -------------------------------------------------------------------------------------
-
-def open_output(path: Optional[str], request: Optional[Request] = None) -> IO[str]:
-    """The file to write (created with the user's umask), or stdout for None; a symbolic
-    link is followed only when it belongs to us or to root, so that root cannot be tricked
-    into overwriting a file through another user's link (the /tmp symlink attack)."""
-    if path is None:
-        if request is not None and request.stdout_closed:
-            raise UsageError("stdout is closed: give the events a file with -o FILE")
-        return sys.stdout
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    try:
-        if not trusted_symlink(path):
-            flags |= os.O_NOFOLLOW  # not a link, and one swapped in meanwhile fails (ELOOP)
-        return os.fdopen(os.open(path, flags, 0o666), "w", buffering=1 << 16)
-    except OSError as err:
-        raise UsageError("cannot write %s: %s" % (path, err.strerror)) from None
-
-
-def open_binary(path: str, request: Optional[Request] = None) -> IO[bytes]:
-    """A file to write bytes to, opened as `open_output` opens one (the same link rule)."""
-    return open_output(path, request).detach()
-
-
-def trusted_symlink(path: str) -> bool:
-    """True if `path` is a symbolic link owned by us or root; UsageError if another user's."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISLNK(st.st_mode):
-        return False
-    if st.st_uid not in (os.geteuid(), 0):
-        raise UsageError("refusing to write %s: it is a symbolic link owned by another user "
-                         "(uid %d)" % (path, st.st_uid))
-    return True
-
 
 def _identity(path: str) -> Tuple[str, Optional[Tuple[int, int]], bool]:
     """(real path, (device, inode) when it exists, True for a character device)."""

@@ -247,7 +247,7 @@ def _open(path: str, table: Sequence[Api], clock_offset_ns: int,
           namer: Optional[Namer]) -> SaveWriter:
     """A new saved trace at `path`; an OSError naming it when it cannot be made (the stream
     then drops this output and counts what it misses, as for any output)."""
-    from .plan import trusted_symlink
+    from .files import trusted_symlink
 
     try:
         trusted_symlink(path)  # another user's symbolic link is refused, as for one file

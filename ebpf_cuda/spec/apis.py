@@ -87,6 +87,12 @@ class Role:
     STREAM_WAIT = "stream-wait"  # `stream` waits for `event`
 
 
+# What a stream capture records instead of running (graphs.py follows them, and the
+# in-kernel aggregates gate them on the capture state: probes/aggregates.capture_role).
+CAPTURED_ROLES = frozenset((Role.LAUNCH, Role.COPY, Role.MEMSET, Role.EVENT_RECORD,
+                            Role.STREAM_WAIT))
+
+
 class Direction:
     """Where a copy goes: a cudaMemcpyKind name (cuda_enums.MEMCPY_KINDS), PeerToPeer, or
     FROM_KIND: the row's memcpy-kind argument says (cudaMemcpy's `kind`)."""
