@@ -56,9 +56,9 @@ def time_to_stamp(argv: List[str], cwd: Optional[str] = None,
     return float(match.group(1)) - start
 
 
-def time_to_exit(argv: List[str]) -> float:
+def time_to_exit(argv: List[str], cwd: Optional[str] = None) -> float:
     start = time.time()
-    subprocess.run(argv, capture_output=True, check=True, cwd=str(common.REPO))
+    subprocess.run(argv, capture_output=True, check=True, cwd=cwd or str(common.REPO))
     return time.time() - start
 
 
@@ -127,11 +127,12 @@ def interleaved(runs: int, cases: List[Case]) -> Dict[str, Optional[List[float]]
 class Zipapp:
     """The one-file zipapp of this tree, its caches and an unpacked copy, in a temp folder."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, tree: Path = common.REPO) -> None:
         self.folder = folder
+        folder.mkdir(exist_ok=True)
         self.pyz = folder / "ebpf-cuda.pyz"
         subprocess.run([sys.executable, "-m", "ebpf_cuda.bundle", "-o", str(self.pyz)],
-                       check=True, capture_output=True, cwd=str(common.REPO))
+                       check=True, capture_output=True, cwd=str(tree))
         self.unpacked = folder / "unpacked"
         with zipfile.ZipFile(str(self.pyz)) as archive:
             archive.extractall(str(self.unpacked))
@@ -207,6 +208,24 @@ def phases(lib: str, stamp: str, everything: bool) -> Dict[str, float]:
     return spent
 
 
+def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[Case]:
+    """The same start-ups from another checkout (`--baseline`): its package imported from
+    its own folder (the current directory comes first on sys.path), its own zipapp."""
+    zipapp = Zipapp(folder, tree)
+    zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])  # unpacks it: warm from now
+    cli = "ebpf_cuda.cli.main" if (tree / "ebpf_cuda" / "cli" / "main.py").exists() else \
+        "ebpf_cuda.cli"
+    py = sys.executable
+    return [
+        ("baseline: import %s (spawn to exit)" % cli,
+         lambda: time_to_exit([py, "-c", "import " + cli], cwd=str(tree))),
+        ("baseline: installed, default set, stand-in", lambda: time_to_stamp(
+            common.cli_command(["-p", stand_in], [stamp]), cwd=str(tree))),
+        ("baseline: zipapp, warm (from its cache)",
+         lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+    ]
+
+
 def import_times(lib: str, stamp: str, top: int = 10, runs: int = 5) -> List[str]:
     """The slowest imports of a whole start, `python3 -m ebpf_cuda -p LIB -- stamp` (python
     -X importtime, cumulative): the CLI's and those made while starting (pyelftools); per
@@ -228,6 +247,10 @@ def import_times(lib: str, stamp: str, top: int = 10, runs: int = 5) -> List[str
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="another checkout (e.g. `git worktree add DIR COMMIT`) whose "
+                             "import, installed and warm zipapp start-ups run in the same "
+                             "rounds (a change's cost, measured side by side)")
     args = parser.parse_args(argv)
     common.need_root()
     built = common.build()
@@ -293,6 +316,9 @@ def main(argv: List[str]) -> None:
         bcc_script.flush()
         cases.append(("BCC, 11 seed functions x2, stand-in", lambda: time_to_stamp(
             [python, bcc_script.name, stand_in, stamp, *SEED_FUNCTIONS])))
+    if args.baseline:
+        cases += baseline_cases(Path(args.baseline).resolve(), scratch / "baseline", stand_in,
+                                stamp)
     try:
         results = interleaved(args.runs, cases)
     finally:
