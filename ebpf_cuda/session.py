@@ -15,7 +15,8 @@ from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTup
                     Sequence, Set, Tuple)
 
 from .decode import aggregates as sums
-from .probes import loader as loader_watch, calls as probes, pystack as pystack_probe
+from . import late_loads as loader_watch
+from .probes import calls as probes, pystack as pystack_probe
 from .spec import apis, layout, record
 from .targets import discovery
 from .bpf import features, kernel_btf, maps

@@ -24,7 +24,8 @@ WINGS: List[List[str]] = [
     ["decode"],                              # records into meaning
     ["analysis"],                            # events into answers
     ["output"],                              # answers and events into files
-    ["session", "stream", "tracer"],         # the middle: kernel objects, the read loop, the face
+    ["session", "stream", "tracer",          # the middle: kernel objects, the read loop, the
+     "late_loads"],                          # face, the libraries mapped after the start
     ["monitor"],                             # the always-on agent and its exporters
     ["cli"],                                 # the command
     ["__init__", "__main__", "bundle"],      # the package's doors

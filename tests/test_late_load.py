@@ -1,6 +1,6 @@
 """Runtimes loaded after the trace began: a traced process (the command's, -d PID's) that
 dlopens a CUDA library from a folder the start-up search never saw has it probed as its
-dynamic loader maps it (a uprobe on _dl_debug_state, loader_watch.py), one probe set per
+dynamic loader maps it (a uprobe on _dl_debug_state, late_loads.py), one probe set per
 file however often it is loaded. tests/native/late_dlopen.c is the program."""
 import fnmatch
 import json
@@ -15,7 +15,10 @@ import pytest
 
 from fakecuda import device_ptr
 from helpers import REPO, cli_argv, cli_env, run_cli, slowdown
-from ebpf_cuda.probes import loader as loader_watch
+from ebpf_cuda import late_loads
+from ebpf_cuda.decode import notices
+from ebpf_cuda.probes.loader import LOADER_MARK
+from ebpf_cuda.targets import late_files, loaders
 from ebpf_cuda.spec import record
 
 LATE = re.compile(r"probed late: (\S+) \(\d+ functions\), mapped by process (\d+).*?"
@@ -206,9 +209,9 @@ def test_notices_a_full_ring_cannot_take_are_counted(root, late_prog, folder):
                             stdout=subprocess.DEVNULL)
     try:
         with RingBufMap(4096, name="events") as ring:
-            watch = loader_watch.LoaderWatch({"events": ring}, pid=proc.pid)
+            watch = late_loads.LoaderWatch({"events": ring}, pid=proc.pid)
             try:
-                assert watch.watch(loader_watch.process_loader(proc.pid))
+                assert watch.watch(loaders.process_loader(proc.pid))
                 assert proc.wait(30) == 0
                 lost = watch.lost_since()
                 assert watch.lost_since() == 0  # (counted once)
@@ -222,7 +225,7 @@ def test_notices_a_full_ring_cannot_take_are_counted(root, late_prog, folder):
         proc.wait()
     marks = record.frame_column(frames, record.ARGS, "Q")
     pids = set(record.frame_column(frames, record.PID_TGID + 4, "I"))
-    kept = marks.count(loader_watch.LOADER_MARK)
+    kept = marks.count(LOADER_MARK)
     assert kept == len(marks) and pids == {proc.pid}
     assert lost > 0 and kept + lost == 2 * rounds - 1  # each dlopen, each dlclose but the last
 
@@ -277,38 +280,38 @@ def _frame(fn_id: int, phase: int, pid: int, first_cell: int, ts: int) -> bytes:
 def test_loader_notices_are_told_from_hello_records_and_calls():
     frames = b"".join([
         _frame(record.HELLO_FN, record.PHASE_HELLO, 10, 0, 1),  # a thread's hello
-        _frame(record.HELLO_FN, record.PHASE_HELLO, 11, loader_watch.LOADER_MARK, 2),
-        _frame(3, record.PHASE_CALL, 12, loader_watch.LOADER_MARK, 3),  # a call's argument
-        _frame(record.HELLO_FN, record.PHASE_HELLO, 11, loader_watch.LOADER_MARK, 4),
-        _frame(record.HELLO_FN, record.PHASE_HELLO, 13, loader_watch.LOADER_MARK, 5),
+        _frame(record.HELLO_FN, record.PHASE_HELLO, 11, LOADER_MARK, 2),
+        _frame(3, record.PHASE_CALL, 12, LOADER_MARK, 3),  # a call's argument
+        _frame(record.HELLO_FN, record.PHASE_HELLO, 11, LOADER_MARK, 4),
+        _frame(record.HELLO_FN, record.PHASE_HELLO, 13, LOADER_MARK, 5),
     ])
-    assert loader_watch.notice_times(frames) == {11: 2, 13: 5}
+    assert notices.notice_times(frames) == {11: 2, 13: 5}
     assert record.call_count(frames) == 1  # notices are no calls
 
 
 def test_the_interpreter_of_a_program_and_of_a_script(late_prog, tmp_path):
-    loader = loader_watch.interpreter_of(str(late_prog))
+    loader = loaders.interpreter_of(str(late_prog))
     assert loader and os.path.basename(loader).startswith("ld-linux")
     script = tmp_path / "run.sh"
     script.write_text("#!%s\necho\n" % shutil.which("sh"))
     script.chmod(0o755)
-    assert loader_watch.identity(loader_watch.interpreter_of(str(script))) == \
-        loader_watch.identity(loader)
-    assert loader_watch.interpreter_of(str(tmp_path)) is None
+    assert late_files.identity(loaders.interpreter_of(str(script))) == \
+        late_files.identity(loader)
+    assert loaders.interpreter_of(str(tmp_path)) is None
 
 
 def test_cuda_files_are_told_by_their_names():
     names = ["libcudart.so.12", "libcudart-1a2b3c4d.so.12", "libcuda.so.1", "libnccl.so.2",
              "libcudnn.so.9", "libcuda_helper.so", "libcudart_static.a"]
     kinds = {kind: [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
-             for kind, patterns in loader_watch.PATTERNS.items()}
+             for kind, patterns in late_files.PATTERNS.items()}
     assert kinds == {"runtime": ["libcudart.so.12", "libcudart-1a2b3c4d.so.12"],
                      "driver": ["libcuda.so.1"], "nccl": ["libnccl.so.2"]}
 
 
 def test_a_runtime_carried_privately_is_told_from_one_imported_or_exported(
         lib, static_module, late_prog):
-    assert loader_watch.may_carry_runtime(str(static_module))  # .symtab alone names it
-    assert not loader_watch.may_carry_runtime(str(lib))  # exported: .dynsym names it
-    assert not loader_watch.may_carry_runtime(str(late_prog))  # no runtime at all
-    assert not loader_watch.may_carry_runtime("/nonexistent")
+    assert late_files.may_carry_runtime(str(static_module))  # .symtab alone names it
+    assert not late_files.may_carry_runtime(str(lib))  # exported: .dynsym names it
+    assert not late_files.may_carry_runtime(str(late_prog))  # no runtime at all
+    assert not late_files.may_carry_runtime("/nonexistent")

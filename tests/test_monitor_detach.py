@@ -1,5 +1,5 @@
 """`ebpf-cuda monitor` detaches the probes of a file probed after its start once no process
-maps it any more (loader_watch.LateLoads.sweep, Session.detach), forgets it, and probes it
+maps it any more (late_loads.LateLoads.sweep, Session.detach), forgets it, and probes it
 again when a process maps it again; the counts made meanwhile stay.
 
 The monitor here starts on a file that defines one function only (`start_lib`), so that the
@@ -330,7 +330,7 @@ def test_a_mapping_gone_before_its_probe_leaves_the_file_to_be_looked_at_again(
     file is then not taken as looked at: the next process's notices probe it, and the
     calls of both are counted (a uprobe is on the file, whoever maps it). Before the fix,
     the file stayed marked as looked at and probed, and was never probed."""
-    from ebpf_cuda.probes import loader as loader_watch
+    from ebpf_cuda import late_loads as loader_watch
 
     copy = fresh_copy(lib, tmp_path / "venv")
     old = HeldRun(dlopen_prog, copy, 5)

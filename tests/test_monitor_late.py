@@ -1,4 +1,4 @@
-"""`ebpf-cuda monitor` and the CUDA files that appear after it started (loader_watch.py's
+"""`ebpf-cuda monitor` and the CUDA files that appear after it started (monitor/loads.py's
 SystemWatch): a runtime dlopen'ed from a fresh folder, a program exec'd from a fresh file
 with its folder's libcudart as DT_NEEDED, a program carrying the runtime statically, a
 dynamic loader met only when a new program execs, and one file reached by two paths: each
@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ebpf_cuda.probes import loader as loader_watch
+from ebpf_cuda import late_loads
+from ebpf_cuda.monitor import loads as monitor_loads
+from ebpf_cuda.targets import late_files, loaders
 from ebpf_cuda.monitor import prometheus
 from monitor_support import parse_metrics, settle, value
 
@@ -121,12 +123,12 @@ def test_a_runtime_dlopened_from_a_folder_the_monitor_never_saw_is_probed(
     done = run([dlopen_prog, copy, CALLS, PAUSE_MS, 0, 300])
     assert counts(monitor, done["pid"]) == [exact(CALLS)]
     [(path, pid, ms, why)] = late_of(monitor, tmp_path)
-    assert (path, pid, why) == (str(copy), done["pid"], loader_watch.WHY_LOADER)
+    assert (path, pid, why) == (str(copy), done["pid"], late_loads.WHY_LOADER)
     assert 0 < ms < PAUSE_MS
     assert str(copy) in monitor.files
     said = [l for l in monitor.lines if l.startswith("probed late: %s " % copy)]
     assert len(said) == 1 and "mapped by process %d" % pid in said[0], monitor.lines
-    assert loader_watch.WHY_LOADER in said[0]
+    assert late_loads.WHY_LOADER in said[0]
 
 
 def test_a_program_execd_from_a_new_file_with_its_own_libcudart_is_probed(
@@ -141,7 +143,7 @@ def test_a_program_execd_from_a_new_file_with_its_own_libcudart_is_probed(
     assert (path, pid) == (str(copy), done["pid"])
     # Its exec's notice or its loader's (mapping DT_NEEDED before main), whichever the
     # reader took first.
-    assert why in (loader_watch.WHY_EXEC, loader_watch.WHY_LOADER)
+    assert why in (late_loads.WHY_EXEC, late_loads.WHY_LOADER)
 
 
 def test_a_program_carrying_the_runtime_statically_is_probed_at_its_exec(
@@ -153,7 +155,7 @@ def test_a_program_carrying_the_runtime_statically_is_probed_at_its_exec(
     assert counts(monitor, done["pid"]) == [exact(CALLS)]
     [(path, pid, ms, why)] = late_of(monitor, tmp_path)
     assert (path, pid) == (str(exe), done["pid"])
-    assert why.endswith(loader_watch.WHY_STATIC)
+    assert why.endswith(late_loads.WHY_STATIC)
     # A second run of the same file: nothing read again, nothing probed again.
     again = run([exe, 7, PAUSE_MS])
     assert counts(monitor, again["pid"]) == [exact(7)]
@@ -180,7 +182,7 @@ def test_a_dynamic_loader_met_only_at_an_exec_is_watched(monitor, cc, lib, tmp_p
     dlopens later comes through that loader's notice."""
     folder = tmp_path / "image"
     folder.mkdir()
-    loader = loader_watch.own_loader()
+    loader = loaders.own_loader()
     fresh = folder / "ld-linux.so"
     shutil.copy(loader, fresh)
     prog = cc.executable("late_calls.c", "late_calls_interp_%d" % os.getpid(),
@@ -194,7 +196,7 @@ def test_a_dynamic_loader_met_only_at_an_exec_is_watched(monitor, cc, lib, tmp_p
                and str(fresh) in l]
     assert len(watched) == 1, monitor.lines
     [(path, pid, ms, why)] = late_of(monitor, folder / "lib")
-    assert (path, pid, why) == (str(copy), done["pid"], loader_watch.WHY_LOADER)
+    assert (path, pid, why) == (str(copy), done["pid"], late_loads.WHY_LOADER)
 
 
 def test_a_runtime_dlopened_in_another_mount_namespace_is_probed(monitor, dlopen_prog, lib,
@@ -263,7 +265,7 @@ def test_notices_the_full_ring_could_not_take_are_counted_and_the_watch_goes_on(
 
     monitor.watch.late.note = held_up
     try:
-        room = loader_watch.NOTICE_RING_SIZE // 160  # (a notice: 8-byte header, 152 bytes)
+        room = monitor_loads.NOTICE_RING_SIZE // 160  # (a notice: 8-byte header, 152 bytes)
         for _ in range(room // 2 + 200):  # (two notices each: its exec's and its loader's)
             subprocess.run(["/bin/true"], check=True)
     finally:
@@ -277,7 +279,7 @@ def test_notices_the_full_ring_could_not_take_are_counted_and_the_watch_goes_on(
 
 
 def test_examined_files_are_bounded_oldest_first():
-    seen = loader_watch.Examined(limit=3)
+    seen = late_files.Examined(limit=3)
     for key in [(b"fd:01", b"%d" % i, b"/x") for i in range(5)]:
         seen.add(key)
     assert len(seen) == 3
@@ -288,23 +290,23 @@ def test_examined_files_are_bounded_oldest_first():
     assert (b"fd:01", b"3", b"/x") not in seen and (b"fd:01", b"2", b"/x") in seen
     # new_mappings takes it as its set: a file met once is not returned again
     lines = [b"7f0000000000-7f0000001000 r-xp 00000000 fd:01 42 /opt/x/libcudart.so.12\n"]
-    assert len(loader_watch.new_mappings(1, ["runtime"], seen, lines)) == 1
-    assert loader_watch.new_mappings(1, ["runtime"], seen, lines) == []
+    assert len(late_files.new_mappings(1, ["runtime"], seen, lines)) == 1
+    assert late_files.new_mappings(1, ["runtime"], seen, lines) == []
 
 
 def test_an_inode_reused_at_another_path_is_looked_at_again():
     """ext4 gives a deleted file's inode to the next new file: a library installed after
     another file was deleted can come with an inode met before, under its own path."""
-    seen = loader_watch.Examined()
+    seen = late_files.Examined()
     line = b"7f0000000000-7f0000001000 r-xp 00000000 fd:01 42 %s\n"
-    assert len(loader_watch.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
-    [(m, named)] = loader_watch.new_mappings(1, ["runtime"], seen,
+    assert len(late_files.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
+    [(m, named)] = late_files.new_mappings(1, ["runtime"], seen,
                                              [line % b"/venv/lib/libcudart.so.12"])
     assert (m.path, m.inode, named) == ("/venv/lib/libcudart.so.12", 42, True)
     seen.add((b"fd:01", b"43", b"/y"))
     seen.discard((b"fd:01", b"42"))  # (detached: under every path it was met at)
     assert len(seen) == 1 and (b"fd:01", b"43", b"/y") in seen
-    assert len(loader_watch.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
+    assert len(late_files.new_mappings(1, ["runtime"], seen, [line % b"/tmp/a/libx.so"])) == 1
 
 
 def test_the_cli_without_p_probes_a_later_runtime_and_says_so_with_v(root, dlopen_prog, lib,
@@ -320,7 +322,7 @@ def test_the_cli_without_p_probes_a_later_runtime_and_says_so_with_v(root, dlope
         done = run([dlopen_prog, copy, CALLS, PAUSE_MS, 0, 300])
         line = cli.wait_for("probed late: %s " % copy)
         assert "mapped by process %d" % done["pid"] in line
-        assert loader_watch.WHY_LOADER in line
+        assert late_loads.WHY_LOADER in line
         deadline = time.monotonic() + 30
         while True:  # (the series published are at most one tick old)
             launches = value(parse_metrics(scrape(port)[1]), LAUNCHES, pid=str(done["pid"]))

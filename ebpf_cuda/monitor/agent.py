@@ -476,7 +476,7 @@ class Monitor:
     def _watch_late(self):
         """Probe the CUDA files that appear after the start (loader_watch.SystemWatch), or
         say why not."""
-        from ..probes.loader import SystemWatch
+        from .loads import SystemWatch
 
         session = self.tracer.session
         try:

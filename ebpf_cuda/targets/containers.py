@@ -12,6 +12,8 @@ import os
 import re
 from typing import Dict, Optional
 
+from . import procfs
+
 CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 SHORT_ID = 12  # digits shown, as `docker ps` does
 MAX_PROCESSES = 4096  # processes kept before the exited ones are dropped
@@ -87,7 +89,7 @@ class Containers:
 
     def _drop_exited(self) -> None:
         # (over a copy of the keys: the lines thread behind a spool may read meanwhile)
-        for pid in [pid for pid in list(self._of) if not os.path.exists("/proc/%d" % pid)]:
+        for pid in [pid for pid in list(self._of) if not procfs.is_alive(pid)]:
             self._of.pop(pid, None)
         if len(self._of) >= MAX_PROCESSES // 2:  # many live ones: the oldest go (re-read)
             for pid in list(self._of)[:len(self._of) - MAX_PROCESSES // 4]:
