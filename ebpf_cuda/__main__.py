@@ -1,7 +1,7 @@
 """`python -m ebpf_cuda`: the ebpf-cuda command.
 
 The stop signals are blocked before anything else is imported (the command line tool takes
-them in a thread of its own once it runs, see cli._Stopper): a Ctrl-C while Python loads
+them in a thread of its own once it runs, see cli/signals.py): a Ctrl-C while Python loads
 the command then is one line and exit 130, as at any later moment of start-up.
 """
 import signal
