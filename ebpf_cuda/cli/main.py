@@ -14,8 +14,7 @@ from ..spec import apis
 from ..monitor import heap
 from ..output import plan
 from ..errors import Interrupted, KernelError, TracerError, UsageError, VerifierError
-from ..decode.losses import Losses
-from ..tracer import DEFAULT_RING_SIZE, Tracer
+from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
 
 
 def _split_functions(value: Optional[str]) -> Optional[List[str]]:
@@ -184,42 +183,25 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                           reader_nice=READER_NICE, notice=_say)
         _stopper.checkpoint()  # a command cancelled before it ran
         reports = outputs.reports(tracer)
-        losses = tracer.stream.losses()
-        left = tracer.children_left()
+        closing = tracer.closing()
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
-    if outputs.spool is not None:
-        losses.spool_limit = "%s bytes" % plan.format_size(outputs.spool.limit)
-    if left:
-        _say("the command ended; %d process%s it started still run%s (%s), not traced from "
-             "here on" % (len(left), "es" if len(left) > 1 else "", "" if len(left) > 1
-                          else "s", ", ".join("pid %d" % p for p in left[:5])
-                          + (", ..." if len(left) > 5 else "")))
-    _finish(tracer, reports, request.reports_to_stderr(), losses, summary)
+    _finish(closing, reports, request.reports_to_stderr(), summary)
 
 
-def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losses,
-            summary: bool) -> None:
-    """The end of a live trace: reports, the loss line, why the command could not run, and
-    the exit code (the command's when it ran; 1 when an output failed without one)."""
+def _finish(closing: Closing, reports: List[str], reports_err: bool, summary: bool) -> None:
+    """The end of a live trace: what the tracer tells (Tracer.closing) around the reports,
+    and the exit code (the command's when it ran; 1 when an output failed without one)."""
+    for line in closing.left_running:
+        _say(line)
+    losses = closing.losses
     if reports and summary and losses.read().total:  # the summary says what it did not see
         reports[0] += "\n\n" + plan.summary_losses(losses.read())
     printed = _print("\n\n".join(reports), err=reports_err) if reports else True
-    if losses.sentence():
-        _say(losses.sentence())
-    unnamed = tracer.unnamed_launches()
-    if unnamed:
-        _say(unnamed)
-    unknown_graphs = tracer.stream.graphs.unknown_summary()
-    if unknown_graphs:
-        _say(unknown_graphs)
-    if tracer.stream.pystacks is not None and tracer.stream.pystacks.sentence():
-        _say(tracer.stream.pystacks.sentence())
-    command = tracer.session.command
-    if command is not None and command.exec_error is not None:
-        _say("cannot run %s: %s" % (command.argv[0], command.exec_error.strerror))
-    if tracer.exit_status is not None:
-        sys.exit(tracer.exit_status)
-    if tracer.stream.outputs.failures or not printed:
+    for line in closing.lines:
+        _say(line)
+    if closing.exit_status is not None:
+        sys.exit(closing.exit_status)
+    if not printed:
         sys.exit(1)
 
 
