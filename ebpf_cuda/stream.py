@@ -9,6 +9,9 @@ goes to its outputs, one of four ways (`Stream.deliver`):
   thread behind the reader (lossless when lines are slower than calls come);
 - text or JSON alone, inline: lines straight from the frames;
 - anything else: decoded once into events, handed to every sink.
+Decoded events are annotated by the enrichers, one list applied in order (`annotate`); each
+text or JSON writer is bound once to what the reader knows besides the records
+(output.DecodeContext). `closing()` says what the end of the trace tells.
 """
 import os
 import select
@@ -233,13 +236,14 @@ class Stream:
         self._warn = notice  # (told of an interpreter --py-stacks does not know)
         sinks = list(sinks)
         lines = lines_only(sinks)
-        self._bind(sinks, spooled=lines is not None and save is None and spool is not None)
+        spooled = lines is not None and save is None and spool is not None
+        self._bind(sinks, spooled)
         self._spool, self._spool_given = None, spool
         self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
                                          goes_on=self.session.command is not None)
         if save is not None and not sinks:
             return self._save_only(save, outputs)
-        if lines is not None and save is None and spool is not None:
+        if spooled:
             return self._spooled(lines, spool, notice, outputs)
         if lines is not None and save is None:
             lines.prepare(self.decoder)

@@ -5,8 +5,9 @@ default, and the main options), the programs the Tracer would load are those its
 loads: chosen by probes/plan.py's `programs_for` (the one place that decides: rows sharing
 a program by shape, --stacks on memory rows only, rows that teach kernel names always
 emitting, ...) from the variant's TraceConfig and a fixed kernel (`Features`), generated
-for x86-64, with nothing created or loaded in the kernel (no root needed). Each is assembled, disassembled with
-ebpf_cuda/asm/disasm.py (map references by name, not fd) and compared with the checked-in
+for x86-64, with nothing created or loaded in the kernel (no root needed). Each is
+assembled, disassembled with ebpf_cuda/asm/disasm.py (map references by name, not fd) and
+compared with the checked-in
 tests/golden/<variant>/<probe>-<function>.txt: one file per program, named after the first
 function (table order) that runs it. The follower's two tracepoint programs are in
 tests/golden/follow/.
