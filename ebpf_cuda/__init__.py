@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 _PUBLIC: Dict[str, str] = {
     "Tracer": "tracer",
+    "TraceConfig": "spec.config",
     "Event": "decode.events",
     "Decoder": "decode.events",
     "ENTER": "decode.events",
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only
     from .output.jsonl import JsonWriter
     from .output.text import TextWriter
     from .output.savefile import SavedTrace, load, open_save
+    from .spec.config import TraceConfig
     from .tracer import Tracer
 
 

@@ -1,6 +1,6 @@
 """One tracing session's kernel objects: targets → maps → programs → links → ring buffer.
 
-    session = Session(Options(command=["./app"]), log=print).start()
+    session = Session(TraceConfig(command=["./app"]), log=print).start()
     ... session.ring, session.command.release(), session.stats() ...
     session.close()
 
@@ -16,14 +16,15 @@ from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTup
 
 from .decode import aggregates as sums
 from . import late_loads as loader_watch
-from .probes import calls as probes, pystack as pystack_probe
+from .probes import calls as probes, plan, pystack as pystack_probe
 from .spec import apis, layout, record
 from .targets import discovery
 from .bpf import features, kernel_btf, maps
 from . import syscalls
 from .spec.apis import Api
+from .spec.config import TraceConfig
 from .arch import current as current_arch
-from .targets.command import HeldCommand
+from .targets.command import HeldCommand, alive
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes.execs import ExecWatcher
 from .probes.follow import GROUP_DEAD, ProcessFollower
@@ -34,63 +35,9 @@ from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_
                          attach_uprobe_multi)
 from .bpf.workers import Workers, close_all
 
-WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
 _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
 Log = Callable[[str], None]
-
-
-MAX_SAMPLE_RETURNS = 1 << 20  # (the draw's shift: 64 - log2(N) must stay positive)
-
-
-class Options(NamedTuple):
-    """What to probe and how (see Tracer for each field's meaning)."""
-
-    functions: Optional[Tuple[str, ...]] = None
-    library: Tuple[str, ...] = ()
-    pid: Optional[int] = None
-    command: Tuple[str, ...] = ()
-    api: str = "all"
-    everything: bool = False
-    follow_children: bool = True
-    return_probes: bool = True
-    entries: bool = False
-    ring_size: int = layout.DEFAULT_RING_SIZE
-    stacks: bool = False
-    aggregate: bool = False
-    emit: bool = True
-    emit_memory: bool = False  # with aggregates: device allocations and frees still write
-    py_stacks: bool = False  # each call's Python stack (pystack_probe.py, pystacks.py)
-    # With aggregates and no records: the launch rows' returns taken by 1 call in N only
-    # (uprobe sessions, where the kernel has them: probes.session_program); 0 or 1: all.
-    sample_returns: int = 0
-    per_process: bool = False  # with aggregates: calls, errors and API time by process too
-
-    def checked(self) -> "Options":
-        """These options, or UsageError for a combination that cannot work."""
-        if self.pid is not None and self.command:
-            raise UsageError("give either a PID or a command, not both")
-        if self.api not in ("all",) + apis.LIBRARIES:
-            raise UsageError("--api must be runtime, driver, nccl or all, not %r" % self.api)
-        if not self.emit and not (self.aggregate and self.return_probes):
-            raise UsageError("without event records, in-kernel aggregation (with return "
-                             "probes) is the only output")
-        if self.entries and not self.return_probes:
-            raise UsageError("--entries needs return probes; it cannot go with -r")
-        if self.py_stacks and not self.emit:
-            raise UsageError("--py-stacks needs event records: it cannot go with in-kernel "
-                             "aggregates alone")
-        n = self.sample_returns
-        if n < 0 or n & (n - 1) or n > MAX_SAMPLE_RETURNS:
-            raise UsageError("the return sampling must be a power of two (1: every call) "
-                             "up to %d, not %d" % (MAX_SAMPLE_RETURNS, n))
-        _check_ring_size(self.ring_size)
-        return self
-
-    @property
-    def follows(self) -> bool:
-        """Whether the kernel keeps the set of followed processes (a command and children)."""
-        return bool(self.command) and self.follow_children
 
 
 @contextlib.contextmanager
@@ -128,10 +75,10 @@ class Attachment(NamedTuple):
 class Session:
     """The kernel objects of one trace (see the module's docstring)."""
 
-    def __init__(self, options: Options, log: Optional[Log] = None) -> None:
+    def __init__(self, options: TraceConfig, log: Optional[Log] = None) -> None:
         self.options = options.checked()
-        self.selected: List[Api] = select(options.functions, options.api, options.everything)
-        self.log = log or (lambda message: None)
+        self.selected: List[Api] = options.rows()
+        self.log = log or options.log or (lambda message: None)
         self.targets: List[Target] = []
         self.maps: Dict[str, maps.Map] = {}
         self.programs: Dict[Tuple[str, bool], Program] = {}  # by (function, retprobe)
@@ -208,7 +155,7 @@ class Session:
         o = self.options
         specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
                                  o.follows, self.pid_ns is not None, o.per_process,
-                                 launch_slots=self._samples_returns())
+                                 launch_slots=plan.samples_returns(o, self.kernel_features()))
         if o.py_stacks:
             specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
@@ -272,100 +219,36 @@ class Session:
 
     def _programs_for(self, wanted: Set[str]) -> Iterator[Program]:
         """Fill `self.programs` for the functions named `wanted`; yield each new program
-        (also for a library mapped after the start, whose functions may be new)."""
-        path = attach_path()
-        # Programs for perf-event attachment are loaded with expected_attach_type 0, those
-        # for uprobe_multi links with 48 (kernels differ in taking one for the other).
-        attach_type = EXPECTED_UPROBE_MULTI if path == UPROBE_MULTI else 0
-        # With uprobe_multi links each probe carries its function's id as attach cookie, so
-        # functions of one shape share their programs: fewer programs to verify at start.
-        shared = attach_type == EXPECTED_UPROBE_MULTI
+        (also for a library mapped after the start, whose functions may be new). Which
+        program each function gets is plan.py's to say; programs already loaded are shared
+        (by their plan key)."""
         arch = current_arch()
-        loaded = self._loaded
-        for fn_id, api in enumerate(apis.TABLE):
-            if api.name not in wanted:
-                continue
-            options = self.probe_options(api)
-            if options.sample_returns:  # (one session program, entry and return: _sampled)
-                # One per function, its id a constant: a launch pays no cookie helper.
-                key = (fn_id, "session")
-                if key not in loaded:
-                    code = probes.session_program(api, fn_id, arch, options)
-                    loaded[key] = Program(
-                        code, self.maps, name="cuda%d_ses" % fn_id,
-                        expected_attach_type=features.BPF_TRACE_UPROBE_SESSION)
-                    yield loaded[key]
-                self.programs[(api.name, False)] = loaded[key]
-                continue
-            for retprobe in (False, True) if self.options.return_probes else (False,):
-                generate = probes.return_program if retprobe else probes.entry_program
-                key = ((probes.shape_of(api, retprobe, arch, options.aggregate), options,
-                        retprobe) if shared else (fn_id, retprobe))
-                if key not in loaded:
-                    number = len(loaded) if shared else fn_id
-                    loaded[key] = Program(
-                        generate(api, probes.FROM_COOKIE if shared else fn_id, arch, options),
-                        self.maps, name=probes.program_name(number, retprobe, shared),
-                        expected_attach_type=attach_type)
-                    yield loaded[key]
-                self.programs[(api.name, retprobe)] = loaded[key]
+        rows = [api for api in apis.TABLE if api.name in wanted]
+        for spec in plan.programs_for(rows, self.options, self.kernel_features()):
+            program = self._loaded.get(spec.key)
+            if program is None:
+                program = self._loaded[spec.key] = Program(
+                    spec.instructions(arch), self.maps, name=spec.name(len(self._loaded)),
+                    expected_attach_type=spec.attach_type)
+                yield program
+            for name in spec.functions:
+                self.programs[(name, spec.retprobe)] = program
+
+    def kernel_features(self) -> plan.Features:
+        """What this kernel takes, as the program plan needs it (task storage: as the maps
+        were made)."""
+        return plan.Features(current_arch(), attach_path() == UPROBE_MULTI,
+                             layout.TASKS in self.maps, features.session_is_return_id(),
+                             self.pid_ns, self.thread_pointer)
 
     def probe_options(self, api: Api) -> probes.ProbeOptions:
-        """What the programs of `api` do, from the session's options and the row's roles."""
-        o = self.options
-        options = probes.ProbeOptions(
-            stash=o.return_probes, emit_entry=o.entries, emit=o.emit, aggregate=o.aggregate,
-            follow=layout.FOLLOWED in self.maps, task_storage=layout.TASKS in self.maps,
-            pid_ns=self.pid_ns, py_stacks=self.thread_pointer,
-            per_process=o.aggregate and o.per_process,
-            wakeup_bytes=o.ring_size // WAKEUP_FRACTION,
-            stacks=o.stacks and api.captures_stack)
-        if api.teaches_names:
-            # Their process must still live when they are read (a name string the `names`
-            # map may let go, the process's mappings): no waiting to batch. But
-            # cuKernelGetFunction only ties a CUfunction to a CUkernel already named, and the
-            # runtime calls it again and again (5 times a PyTorch training step): its records
-            # wait with the others (a forced wakeup costs the calling thread the reader's
-            # wakeup each time), read before the launches after them are named.
-            options = options._replace(emit=True, wake_now=api.learn_alias is None)
-        elif o.aggregate and api.category == "graph":
-            # Rare calls (captures, nodes, instantiations, graph launches) from which the
-            # summary rebuilds each graph and expands each graph launch into its kernels
-            # (graphs.py), also with in-kernel aggregates; while a process captures, its
-            # launches, copies, memsets and event calls write records too
-            # (aggregates.capturing_gate).
-            options = options._replace(emit=True)
-        elif api.library == apis.NCCL:
-            # Rare calls whose every record the NCCL table needs (its communicator, its
-            # sequence number), also with in-kernel aggregates.
-            options = options._replace(emit=True)
-        elif o.emit_memory and api.memory == apis.DEVICE and api.role in (apis.Role.ALLOC,
-                                                                          apis.Role.FREE):
-            # (the monitor's live device-memory gauge: allocations are rare calls)
-            options = options._replace(emit=True)
-        if self._sampled(api, options):
-            options = options._replace(sample_returns=o.sample_returns,
-                                       is_return_kfunc=features.session_is_return_id() or 0)
-        return options
+        """What the programs of `api` do (plan.probe_options)."""
+        return plan.probe_options(api, self.options, self.kernel_features())
 
     def sampled_returns(self) -> List[str]:
         """The functions whose programs are uprobe sessions sampling their returns."""
         return sorted(name for (name, _), program in list(self.programs.items())
                       if program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION)
-
-    def _samples_returns(self) -> bool:
-        """Whether this session can sample launch returns (`_sampled` rows may exist): only
-        then are the launch slots and the draw's state made (and read at each tick)."""
-        return (self.options.aggregate and not self.options.emit
-                and self.options.sample_returns > 1 and attach_path() == UPROBE_MULTI
-                and features.session_is_return_id() is not None)
-
-    def _sampled(self, api: Api, options: probes.ProbeOptions) -> bool:
-        """Whether `api`'s returns are sampled (Options.sample_returns): a launch row
-        aggregated without records, on a kernel with uprobe sessions and uprobe_multi."""
-        return (self._samples_returns() and api.role == apis.Role.LAUNCH
-                and options.aggregate and not options.emit and options.stash
-                and options.task_storage and options.py_stacks is None)
 
     def _log_targets(self, targets: Optional[Sequence[Target]] = None) -> None:
         for target in self.targets if targets is None else targets:
@@ -574,6 +457,18 @@ class Session:
             counts["py_lost"] = total(record.STAT_PY_LOST)
         return counts
 
+    def children_left(self) -> List[int]:
+        """The processes the command started that still live once it has ended (a job it
+        put in the background): the kernel's followed set still holds them."""
+        followed = self.maps.get(layout.FOLLOWED)
+        if followed is None or self.command is None or self.command.exit_status is None:
+            return []
+        try:
+            pids = [int(pid) for pid in followed.keys()]
+        except (TracerError, OSError, TypeError, ValueError):
+            return []
+        return sorted(pid for pid in pids if pid != self.command.pid and alive(pid))
+
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
         time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
@@ -694,24 +589,3 @@ def create_map(spec: layout.MapSpec) -> maps.Map:
     kind = {"Hash": maps.HashMap, "LruHash": maps.LruHashMap}[spec.type]
     return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
                 key_struct=spec.key_struct, value_struct=spec.value_struct)
-
-
-def select(functions: Optional[Sequence[str]], api: str, everything: bool) -> List[Api]:
-    """The table rows to trace; UsageError naming an unknown function (with close matches)."""
-    try:
-        return apis.select(functions, api, everything)
-    except KeyError as err:
-        import difflib
-
-        close = difflib.get_close_matches(err.args[0], [a.name for a in apis.TABLE], n=3)
-        hint = "did you mean %s? " % ", ".join(close) if close else ""
-        raise UsageError("unknown function %s (%s--list-functions lists them)"
-                         % (err.args[0], hint)) from None
-
-
-def _check_ring_size(size: int) -> int:
-    page = os.sysconf("SC_PAGE_SIZE")
-    if size < page or size & (size - 1):
-        raise UsageError("the ring buffer size must be a power of two of at least %d bytes, "
-                         "not %d" % (page, size))
-    return size

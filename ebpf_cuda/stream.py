@@ -9,12 +9,15 @@ goes to its outputs, one of four ways (`Stream.deliver`):
   thread behind the reader (lossless when lines are slower than calls come);
 - text or JSON alone, inline: lines straight from the frames;
 - anything else: decoded once into events, handed to every sink.
+Decoded events are annotated by the enrichers, one list applied in order (`annotate`); each
+text or JSON writer is bound once to what the reader knows besides the records
+(output.DecodeContext). `closing()` says what the end of the trace tells.
 """
 import os
 import select
 import threading
 import time
-from typing import (TYPE_CHECKING, Callable, Iterator, List, Optional, Sequence,
+from typing import (TYPE_CHECKING, Callable, Iterator, List, NamedTuple, Optional, Sequence,
                     Tuple)
 
 from .spec import layout, record
@@ -27,7 +30,9 @@ from .decode.losses import Losses
 from .decode.names import KernelNamer
 from .decode.nccl import Communicators
 from .decode.reaper import Reaper
+from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
+from .output.plan import format_size
 from .session import Session
 
 if TYPE_CHECKING:
@@ -44,6 +49,22 @@ LOST_EVERY_S = 0.5  # how often a saved trace's header learns the ring-full coun
 
 Notice = Callable[[str], None]
 Named = List[Tuple[int, int, Optional[str]]]  # (pid, func, kernel name) of a batch's launches
+# What annotates decoded events before the sinks get them (names, graphs, ...): each takes a
+# batch of events, in order (see Stream.annotate).
+Enricher = Callable[[List[Event]], None]
+
+
+class Closing(NamedTuple):
+    """What the end of a trace tells a person, and how a command line ends (Tracer.closing)."""
+
+    left_running: List[str]  # first: the processes the command started that still run
+    losses: Losses  # everything lost (a summary says what it did not count)
+    # after the reports: what was lost, launches left unnamed, graphs not known, calls
+    # without their Python stack, why the command could not run
+    lines: List[str]
+    # the command's exit code; else 1 when an output failed; None: 0 (if the reports could
+    # be written)
+    exit_status: Optional[int]
 
 
 class Stream:
@@ -60,6 +81,7 @@ class Stream:
         self.reaper = Reaper(names.seen_pids, self._forget)  # exited processes (reaper.py)
         # --py-stacks: each call's Python stack (pystacks.py), once the maps exist
         self.pystacks: Optional["PyStacks"] = None  # (pystacks.py imported only then)
+        self.enrichers: List[Enricher] = self._enrichers()
         self._warn: Optional[Notice] = None
         self._read_bytes = 0  # frames read so far, and (behind a spool) written as lines
         self._lines_bytes = 0
@@ -68,7 +90,8 @@ class Stream:
                          if api.learn_name or api.learn_func or api.learn_alias}
         self._stopping = False
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
-        self._spool = None
+        self._spool = None  # the spool the lines were written through, if they were
+        self._spool_given = None  # the spool the last deliver was handed
         self._lost_noted = 0.0
 
     def stop(self) -> None:
@@ -97,6 +120,7 @@ class Stream:
             self.pystacks.warn = self._warn
             if self.session.command is not None:  # (its file read before it runs)
                 self.pystacks.prepare(self.session.command.argv[0])
+            self.enrichers = self._enrichers()
         if self.session.command is not None:
             self.session.command.release()  # (returns once it has exec'd)
         if python:
@@ -155,18 +179,21 @@ class Stream:
         return events
 
     def annotate(self, events: List[Event]) -> None:
-        """What decoded events get besides their record: the names teaching calls taught,
-        what graph launches ran and which launches a capture recorded (graphs.py), the
-        communicator of NCCL calls (nccl.py). Events are annotated once, in order, by
-        whoever decodes them for the outputs (this thread, or the lines thread behind a
-        spool)."""
-        self.names.annotate(events)
-        if self.pystacks is not None:
-            self.pystacks.annotate(events)
-        self.graphs.annotate(events)
-        self.communicators.annotate_batch(events)
-        self.containers.annotate(events)
-        self.devices.annotate(events)  # (after the communicators: an NCCL call's device)
+        """What decoded events get besides their record (`enrichers`). Events are annotated
+        once, in order, by whoever decodes them for the outputs (this thread, or the lines
+        thread behind a spool)."""
+        for enrich in self.enrichers:
+            enrich(events)
+
+    def _enrichers(self) -> List[Enricher]:
+        """In order: the names teaching calls taught, the Python stacks, what graph launches
+        ran and which launches a capture recorded (graphs.py), the communicator of NCCL
+        calls (nccl.py), each process's container, each call's device (after the
+        communicators: an NCCL call's device is its communicator's)."""
+        pystacks = [self.pystacks.annotate] if self.pystacks is not None else []
+        return [self.names.annotate] + pystacks + [
+            self.graphs.annotate, self.communicators.annotate_batch,
+            self.containers.annotate, self.devices.annotate]
 
     def _forget(self, pid: int) -> None:
         """Drop what is kept of a process that exited (the Reaper says when)."""
@@ -190,8 +217,8 @@ class Stream:
 
     # -- delivering ------------------------------------------------------------------------
 
-    def deliver(self, sinks: Sequence, save=None, spool=None,
-                notice: Optional[Notice] = None) -> None:
+    def deliver(self, sinks: Sequence, save=None, spool=None, notice: Optional[Notice] = None,
+                reader_nice: Optional[int] = None) -> None:
         """Read until the end, handing every batch to the outputs: `sinks` (output.Sink),
         `save` (a savefile.SaveWriter), and, when one text or JSON writer is the only sink,
         `spool` (a spool.Spool) between the reader and its lines. `notice` is told of a
@@ -202,23 +229,21 @@ class Stream:
         limit) is dropped at once, the others go on, and what it misses from the failing
         batch on is counted (`failures`). When none is left, a command is still read to
         its end (its records counted as not written), so that its exit status is known;
-        without a command the reading stops."""
+        without a command the reading stops. `reader_nice`: this thread's CPU priority
+        while it reads."""
+        if reader_nice is not None:
+            _set_thread_nice(reader_nice)
         self._warn = notice  # (told of an interpreter --py-stacks does not know)
         sinks = list(sinks)
-        for sink in sinks:  # text and JSON lines name containers, JSON devices (lines.py)
-            if hasattr(sink, "containers"):
-                sink.containers = self.containers
-                sink.devices = self.devices
         lines = lines_only(sinks)
-        if lines is not None:
-            lines.annotate = self.annotate
-            lines.detour = self.graphs  # graph calls, and work while a stream captures
-        self._spool = None
+        spooled = lines is not None and save is None and spool is not None
+        self._bind(sinks, spooled)
+        self._spool, self._spool_given = None, spool
         self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
                                          goes_on=self.session.command is not None)
         if save is not None and not sinks:
             return self._save_only(save, outputs)
-        if lines is not None and save is None and spool is not None:
+        if spooled:
             return self._spooled(lines, spool, notice, outputs)
         if lines is not None and save is None:
             lines.prepare(self.decoder)
@@ -238,6 +263,20 @@ class Stream:
                 self._batch_done(outputs, frames, save)
         finally:
             self._close(outputs, save)
+
+    def _bind(self, sinks: List, spooled: bool) -> None:
+        """Give every text and JSON writer what the reader knows besides the records: the
+        enrichers (for records decoded on their slow path), the graphs (which records take
+        it), containers and devices; behind a spool, the kernel names as the reader found
+        them (read from the lines thread)."""
+        namer = None
+        if spooled:
+            namer = self.graphs.namer = self.names.found_names()
+        context = DecodeContext(self.annotate, self.graphs, self.containers, self.devices,
+                                namer)
+        for sink in sinks:
+            if isinstance(sink, LineWriter):
+                sink.bind(context)
 
     def _batch_done(self, outputs: "Outputs", frames: bytes, save=None) -> None:
         """After each batch: flush, count what failed outputs missed, keep the saved
@@ -276,6 +315,29 @@ class Stream:
             losses.unwritten[failure.name] = (failure.total, failure.cause)
         return losses
 
+    def closing(self) -> Closing:
+        """What to tell at the end of the trace, and the exit status (Closing); before the
+        session closes (its loss counts, the processes it still follows)."""
+        losses = self.losses()
+        if self._spool_given is not None:
+            losses.spool_limit = "%s bytes" % format_size(self._spool_given.limit)
+        left = self.session.children_left()
+        left_running = ["the command ended; %d process%s it started still run%s (%s), not "
+                        "traced from here on" % (
+                            len(left), "es" if len(left) > 1 else "",
+                            "" if len(left) > 1 else "s",
+                            ", ".join("pid %d" % p for p in left[:5])
+                            + (", ..." if len(left) > 5 else ""))] if left else []
+        lines = [losses.sentence(), self.names.unnamed_summary(), self.graphs.unknown_summary(),
+                 self.pystacks.sentence() if self.pystacks is not None else None]
+        command = self.session.command
+        if command is not None and command.exec_error is not None:
+            lines.append("cannot run %s: %s" % (command.argv[0], command.exec_error.strerror))
+        status = command.exit_status if command is not None else None
+        if status is None and self.outputs.failures:
+            status = 1
+        return Closing(left_running, losses, [line for line in lines if line], status)
+
     def _close(self, outputs: "Outputs", save=None) -> None:
         """Close every output, the saved trace last, after telling the outputs that show
         losses (the HTML report, the saved trace's trailer) what was lost."""
@@ -310,8 +372,7 @@ class Stream:
         stops spooling and counts the records instead."""
         self._spool = spool
         behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
-        writer.namer = self.graphs.namer = self.names.found_names()
-        writer.prepare(behind)  # (before the command runs: no write error, if it fails)
+        writer.prepare(behind)  # (its namer: the names found, see `_bind`)  # (before the command runs: no write error, if it fails)
         failed: List[BaseException] = []  # the lines thread's error, for this thread
         outputs.header()  # before the command runs: the header comes first
         thread = threading.Thread(target=_write_spooled,
@@ -363,6 +424,15 @@ def _write_spooled(spool, writer, decoder: Decoder, failed: List[BaseException],
     except BaseException as err:  # handed to the reader's thread, which raises it
         failed.append(err)
         spool.abandon()
+
+
+def _set_thread_nice(nice: int) -> None:
+    """Give the calling thread (PRIO_PROCESS 0 is the calling thread on Linux) this CPU
+    priority; threads it starts later inherit it. Without CAP_SYS_NICE: left as it is."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError:
+        pass
 
 
 def _switch_interval(seconds: float) -> float:

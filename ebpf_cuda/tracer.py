@@ -9,71 +9,35 @@
 
 It never prints, exits or installs signal handlers; progress notes go to `log` if given.
 """
-import os
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .decode import aggregates
 from .spec import apis, layout
-from .spec.apis import Api
-from .errors import TracerError
+from .spec.config import TraceConfig
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
-from .bpf.programs import Program
-from .session import Attachment, Options, Session
-from .stream import Notice, Stream
+from .session import Attachment, Session
+from .stream import Closing, Notice, Stream
 from .targets.selection import Target
 
 DEFAULT_RING_SIZE = layout.DEFAULT_RING_SIZE
 
-__all__ = ["Tracer", "Attachment", "Target", "DEFAULT_RING_SIZE"]
+__all__ = ["Tracer", "TraceConfig", "Closing", "Attachment", "Target", "DEFAULT_RING_SIZE"]
 
 
 class Tracer:
     """Traces CUDA calls of one process (`pid`), of a command it starts (`command`), or of
-    every process using the probed files.
+    every process using the probed files: what and how, a `TraceConfig` (see its fields),
+    given whole or by its keywords: `Tracer(command=["./app"], functions=["cudaMalloc"])`."""
 
-    `functions`: glob patterns of function names (default: the table's default set, or
-    every row with `everything`); `api`: "runtime", "driver" or "all" (both);
-    `library`: files to probe (default: found from the pid, the command or the usual places);
-    `follow_children`: with a command, also trace the processes it starts (the kernel keeps
-    the set of followed processes, see follow.py; without it the kernel filters on the
-    command's PID).
-    `return_probes=False` attaches entry probes only (enter events, no durations);
-    `entries=True` also emits an enter record at entry (for calls that block for long);
-    `stacks=True` captures the user call stack of memory calls (see `stack()`);
-    `aggregate=True` sums calls up in the kernel (see `aggregates()`), and with `emit=False`
-    no per-call records are written at all (the cheapest way to get a summary; the calls
-    that teach kernel names still write theirs, while their process lives; with
-    `emit_memory`, device allocations and frees too: the monitor's memory gauge).
-    `sample_returns=N` (with `aggregate=True, emit=False`, on kernels with uprobe sessions):
-    the launch rows' returns are taken by 1 call in N (a power of two) and by every call
-    made while its process captures a graph; the others are counted at entry, with no
-    return probe: exact call and launch counts (launches attempted, the failed ones too),
-    durations and errors of the sampled calls (`sampled_returns()` says which rows).
-    `per_process=True` (with `aggregate=True`): each call is also added to its process's
-    calls, errors and API time (the `proc_calls` map: layout.PROCESS_KEY; the sampled rows
-    excepted, whose calls by process are their launches by process).
-
-    With a pid or a command (and no `library`), the CUDA libraries its processes map later
-    are probed as their dynamic loader maps them (loader_watch.py; `late_loads` lists them):
-    calls made in the milliseconds before their probes are on are not seen.
-    """
-
-    def __init__(self, functions: Optional[Sequence[str]] = None,
-                 library: Optional[Sequence[str]] = None, pid: Optional[int] = None,
-                 command: Optional[Sequence[str]] = None, api: str = "all",
-                 everything: bool = False, follow_children: bool = True,
-                 return_probes: bool = True,
-                 entries: bool = False, ring_size: int = DEFAULT_RING_SIZE,
-                 stacks: bool = False, aggregate: bool = False, emit: bool = True,
-                 log: Optional[Callable[[str], None]] = None,
-                 emit_memory: bool = False, py_stacks: bool = False,
-                 sample_returns: int = 0, per_process: bool = False) -> None:
-        options = Options(tuple(functions) if functions else None, tuple(library or ()), pid,
-                          tuple(command or ()), api, everything, follow_children,
-                          return_probes, entries, ring_size, stacks, aggregate, emit,
-                          emit_memory, py_stacks, sample_returns, per_process)
-        self.session = Session(options, log)
+    def __init__(self, config: Optional[TraceConfig] = None, **keywords) -> None:
+        if config is not None and keywords:
+            raise TypeError("Tracer() takes a TraceConfig or its keywords, not both")
+        if config is not None and not isinstance(config, TraceConfig):
+            raise TypeError("Tracer()'s one positional argument is a TraceConfig, not %s"
+                            % type(config).__name__)
+        self.config = config if config is not None else TraceConfig(**keywords)
+        self.session = Session(self.config)
         self.names = KernelNamer(probe_names=self.session.probe_name,
                                  exec_times=self.session.exec_times)
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
@@ -92,34 +56,21 @@ class Tracer:
         if self.session.command is not None:
             self.session.command.release()
 
-    @property
-    def options(self) -> Options:
-        return self.session.options
-
-    @property
-    def apis(self) -> List[Api]:
-        """The selected rows of the function table."""
-        return self.session.selected
-
-    @property
-    def apis_table(self) -> Sequence[Api]:
-        """The function table records are numbered by."""
-        return self.decoder.table
-
-    @property
-    def targets(self) -> List[Target]:
-        return self.session.targets
-
-    @property
-    def attachments(self) -> List[Attachment]:
-        return self.session.attachments
-
-    @property
-    def failures(self) -> List[str]:
-        return self.session.failures
+    # What was asked for, and what the start found (the Session's).
+    options = property(lambda self: self.config)  # (its name when it was a tuple)
+    emit = property(lambda self: self.config.emit)
+    aggregate = property(lambda self: self.config.aggregate)
+    pid = property(lambda self: self.config.pid)
+    command = property(lambda self: list(self.config.command))
+    apis = property(lambda self: self.session.selected)  # the selected rows of the table
+    apis_table = property(lambda self: self.decoder.table)  # the rows records are numbered by
+    targets = property(lambda self: self.session.targets)
+    attachments = property(lambda self: self.session.attachments)
+    failures = property(lambda self: self.session.failures)
+    programs = property(lambda self: self.session.programs)  # by (function, retprobe)
 
     def sampled_returns(self) -> List[str]:
-        """The functions whose returns are sampled (Options.sample_returns), by name."""
+        """The functions whose returns are sampled (TraceConfig.sample_returns), by name."""
         return self.session.sampled_returns()
 
     @property
@@ -128,26 +79,6 @@ class Tracer:
         loader_watch.py): (path, pid, milliseconds from its loader's notice to the probes
         being on)."""
         return list(self.session.late_probed)
-
-    @property
-    def programs(self) -> Dict[Tuple[str, bool], Program]:
-        return self.session.programs
-
-    @property
-    def emit(self) -> bool:
-        return self.options.emit
-
-    @property
-    def aggregate(self) -> bool:
-        return self.options.aggregate
-
-    @property
-    def pid(self) -> Optional[int]:
-        return self.options.pid
-
-    @property
-    def command(self) -> List[str]:
-        return list(self.options.command)
 
     @property
     def child_pid(self) -> Optional[int]:
@@ -164,17 +95,7 @@ class Tracer:
     def children_left(self) -> List[int]:
         """The processes the command started that still live once it has ended (a job it
         put in the background): the kernel's followed set still holds them."""
-        from .spec import layout
-        from .targets.command import alive
-
-        followed = self.session.maps.get(layout.FOLLOWED)
-        if followed is None or self.exit_status is None:
-            return []
-        try:
-            pids = [int(pid) for pid in followed.keys()]
-        except (TracerError, OSError, TypeError, ValueError):
-            return []
-        return sorted(pid for pid in pids if pid != self.child_pid and alive(pid))
+        return self.session.children_left()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -210,9 +131,8 @@ class Tracer:
         lines are written. `reader_nice` sets the calling thread's CPU priority while it
         reads (the CLI uses -10: a busy program cannot starve the reader)."""
         self.start()
-        if reader_nice is not None:
-            _set_thread_nice(reader_nice)
-        self.stream.deliver(sinks, save=save, spool=spool, notice=notice)
+        self.stream.deliver(sinks, save=save, spool=spool, notice=notice,
+                            reader_nice=reader_nice)
 
     def wait_command(self) -> Optional[int]:
         """Wait for a started command to end; its exit code (128+N when killed by signal N)."""
@@ -243,6 +163,11 @@ class Tracer:
         """Return addresses (innermost first) of an event's `stack_id`; [] when none."""
         return self.session.stack(stack_id)
 
+    def closing(self) -> Closing:
+        """What to tell at the end of a trace, and the exit status (stream.Closing): call it
+        once the reading is over, before `close()` (the loss counts are the kernel's)."""
+        return self.stream.closing()
+
     def unnamed_launches(self) -> Optional[str]:
         """A sentence counting the launches whose kernel could not be named, and why (None
         when every launch read so far was named)."""
@@ -268,11 +193,3 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _set_thread_nice(nice: int) -> None:
-    """Give the calling thread (PRIO_PROCESS 0 is the calling thread on Linux) this CPU
-    priority; threads it starts later inherit it. Without CAP_SYS_NICE: left as it is."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-    except OSError:
-        pass

@@ -42,6 +42,20 @@ def test_bad_arguments_raise_typed_errors_without_printing(capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_a_trace_config_is_given_whole_or_by_its_keywords():
+    config = ebpf_cuda.TraceConfig(command=["./app"], functions=["cudaMalloc"])
+    assert config.command == ("./app",) and config.functions == ("cudaMalloc",)
+    assert ebpf_cuda.Tracer(config).config is config
+    by_keywords = ebpf_cuda.Tracer(command=["./app"], functions=["cudaMalloc"])
+    assert by_keywords.config == config and by_keywords.command == ["./app"]
+    with pytest.raises(TypeError, match="not both"):
+        ebpf_cuda.Tracer(config, pid=1)
+    with pytest.raises(TypeError):
+        ebpf_cuda.Tracer(["cudaMalloc"])  # (the keywords are no longer positional)
+    with pytest.raises(TypeError):
+        ebpf_cuda.Tracer(no_such_keyword=1)
+
+
 @pytest.fixture(scope="module")
 def stand_in(cc):
     from fakecuda import build_fake_cuda
@@ -79,6 +93,16 @@ def test_events_are_typed(traced):
 
 
 @pytest.mark.kernel
+def test_the_closing_says_how_the_trace_ends(stand_in):
+    lib, _ = stand_in
+    with ebpf_cuda.Tracer(command=["sh", "-c", "exit 3"], functions=FUNCTIONS,
+                          library=[str(lib)]) as tracer:
+        tracer.trace_into([])
+        closing = tracer.closing()
+    assert closing.exit_status == 3 and closing.left_running == []
+    assert closing.losses.read().total == 0 and closing.lines == []
+
+
 def test_on_event_calls_back_until_the_end(stand_in):
     lib, prog = stand_in
     seen = []

@@ -1,13 +1,13 @@
 """Golden listings of the generated eBPF programs, as bpftrace keeps for its codegen.
 
 For each variant below (the default set of functions traced the way the command traces by
-default, and the main options), the programs the Tracer would load are generated from
-probes.entry_program / return_program with the ProbeOptions the Tracer gives them (its
-program generation replicated here: rows sharing a program by shape, --stacks on memory
-rows only, rows that teach kernel names always emitting, and with aggregates the graph
-rows too), for x86-64, with nothing created
-or loaded in the kernel (no root needed). Each is assembled, disassembled with
-ebpf_cuda/asm/disasm.py (map references by name, not fd) and compared with the checked-in
+default, and the main options), the programs the Tracer would load are those its Session
+loads: chosen by probes/plan.py's `programs_for` (the one place that decides: rows sharing
+a program by shape, --stacks on memory rows only, rows that teach kernel names always
+emitting, ...) from the variant's TraceConfig and a fixed kernel (`Features`), generated
+for x86-64, with nothing created or loaded in the kernel (no root needed). Each is
+assembled, disassembled with ebpf_cuda/asm/disasm.py (map references by name, not fd) and
+compared with the checked-in
 tests/golden/<variant>/<probe>-<function>.txt: one file per program, named after the first
 function (table order) that runs it. The follower's two tracepoint programs are in
 tests/golden/follow/.
@@ -24,13 +24,14 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple
 
 import pytest
 
 from ebpf_cuda.spec import apis
+from ebpf_cuda.spec.config import TraceConfig
 from ebpf_cuda import asm
-from ebpf_cuda.probes import follow, calls as probes
+from ebpf_cuda.probes import follow, plan
 from ebpf_cuda.arch import X86_64
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,57 +39,53 @@ UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 REGENERATE = "UPDATE_GOLDEN=1 python3 -m pytest tests/test_golden.py"
 MAX_DIFF_LINES = 400  # of all the diffs of one variant, in the failure message
 ARCH = X86_64
-# As the Tracer: the probes wake the reader once 1/8 of the default 4 MiB ring waits, and
-# the rows that teach kernel names always emit and wake it at once.
-WAKEUP_BYTES = (4 << 20) // 8
-NAMED_CATEGORIES = ("module",)
 # The tracepoint field offsets of Linux 6.18 (sched_process_fork's child_pid,
 # sched_process_exit's group_dead): fixed here, read from tracefs by the real follower.
 FORK_CHILD_PID_OFFSET = 20
 EXIT_GROUP_DEAD_OFFSET = 32
 THREAD_POINTER = 3128  # task_struct.thread.fsbase in 6.18's BTF (kernel_btf.py reads it)
 SESSION_IS_RETURN = 65575  # bpf_session_is_return's BTF id in a 6.18 build (kernel_btf.py)
+# A kernel with everything: uprobe_multi (shared programs, function id from the attach
+# cookie), task-local storage, uprobe sessions, the initial PID namespace.
+KERNEL = plan.Features(ARCH, uprobe_multi=True, task_storage=True,
+                       session_is_return=SESSION_IS_RETURN, thread_pointer=THREAD_POINTER)
+COMMAND = ("COMMAND",)
 
 
 class Variant(NamedTuple):
     what: str  # the command line (or API call) that traces this way
-    functions: Optional[Sequence[str]] = None  # None: the default set, both layers
-    return_probes: bool = True
-    entries: bool = False
-    stacks: bool = False
-    aggregate: bool = False
-    emit: bool = True
-    follow: bool = True  # a command and its children (else one process, or every one)
-    task_storage: bool = True  # the kernel has task-local storage (else the inflight map)
-    uprobe_multi: bool = True  # shared programs, function id from the attach cookie
-    py_stacks: bool = False  # the entry walks the Python stack (thread pointer at fp 3128)
-    sample_returns: int = 0  # launch rows: uprobe sessions taking 1 return in N
-    per_process: bool = False  # aggregates by process too (the monitor)
+    config: TraceConfig  # as the Tracer is given it (the default ring: 4 MiB)
+    kernel: plan.Features = KERNEL
 
 
 VARIANTS = {
-    "default": Variant("ebpf-cuda -- COMMAND"),
-    "no-returns": Variant("ebpf-cuda --no-returns -- COMMAND", return_probes=False),
-    "entries": Variant("ebpf-cuda --entries -- COMMAND", entries=True),
-    "stacks": Variant("ebpf-cuda --stacks -- COMMAND", stacks=True),
+    "default": Variant("ebpf-cuda -- COMMAND", TraceConfig(command=COMMAND)),
+    "no-returns": Variant("ebpf-cuda --no-returns -- COMMAND",
+                          TraceConfig(command=COMMAND, return_probes=False)),
+    "entries": Variant("ebpf-cuda --entries -- COMMAND",
+                       TraceConfig(command=COMMAND, entries=True)),
+    "stacks": Variant("ebpf-cuda --stacks -- COMMAND", TraceConfig(command=COMMAND, stacks=True)),
     "summary": Variant("ebpf-cuda --summary -- COMMAND (in-kernel aggregates, no records)",
-                       aggregate=True, emit=False),
+                       TraceConfig(command=COMMAND, aggregate=True, emit=False)),
     "aggregate": Variant("Tracer(aggregate=True): in-kernel aggregates and records",
-                         aggregate=True),
-    "no-follow": Variant("ebpf-cuda --no-follow -- COMMAND (as with -p PID)", follow=False),
+                         TraceConfig(command=COMMAND, aggregate=True)),
+    "no-follow": Variant("ebpf-cuda --no-follow -- COMMAND (as with -p PID)",
+                         TraceConfig(command=COMMAND, follow_children=False)),
     "inflight": Variant("ebpf-cuda -- COMMAND on a kernel without task storage",
-                        task_storage=False),
+                        TraceConfig(command=COMMAND), KERNEL._replace(task_storage=False)),
     "fn-ids": Variant("ebpf-cuda -f cudaMalloc,cudaLaunchKernel,cuModuleGetFunction -- COMMAND"
                       " on a kernel without uprobe_multi (one program per function)",
-                      functions=("cudaMalloc", "cudaLaunchKernel", "cuModuleGetFunction"),
-                      uprobe_multi=False),
+                      TraceConfig(command=COMMAND, functions=(
+                          "cudaMalloc", "cudaLaunchKernel", "cuModuleGetFunction")),
+                      KERNEL._replace(uprobe_multi=False)),
     "py-stacks": Variant("ebpf-cuda --py-stacks -f cudaMalloc,cudaLaunchKernel -- COMMAND "
                          "(6.18's task_struct.thread.fsbase at 3128)",
-                         functions=("cudaMalloc", "cudaLaunchKernel"), py_stacks=True),
+                         TraceConfig(command=COMMAND, functions=("cudaMalloc", "cudaLaunchKernel"),
+                                     py_stacks=True)),
     "monitor": Variant("ebpf-cuda monitor (host-wide in-kernel aggregates; launch rows as "
                        "uprobe sessions sampling 1 return in 64: kernels with sessions)",
-                       aggregate=True, emit=False, follow=False, sample_returns=64,
-                       per_process=True),
+                       TraceConfig(aggregate=True, emit=False, emit_memory=True,
+                                   sample_returns=64, per_process=True)),
 }
 
 
@@ -107,65 +104,25 @@ def _header(variant: str, lines: List[str]) -> List[str]:
                                   else "the follower's tracepoint programs")] + lines
 
 
-class _Generated(NamedTuple):
-    kind: str
-    options: probes.ProbeOptions
-    instructions: list
-    functions: List[str]
-
-
 def tracer_programs(variant: str) -> Dict[str, List[str]]:
-    """{file name: lines} of the programs a Tracer of this variant generates, chosen as its
-    `_generate_programs` does (keep the two in step)."""
+    """{file name: lines} of the programs a Tracer of this variant loads (plan.programs_for,
+    as the Session calls it)."""
     spec = VARIANTS[variant]
-    wanted = apis.select(spec.functions)
-    if spec.functions is None:  # the default set: launches are probed in the driver only
-        wanted = [api for api in wanted if not apis.driver_replaces(api)]
-    names = {api.name for api in wanted}
-    plain = probes.ProbeOptions(stash=spec.return_probes, emit_entry=spec.entries,
-                                emit=spec.emit, aggregate=spec.aggregate, follow=spec.follow,
-                                task_storage=spec.task_storage, wakeup_bytes=WAKEUP_BYTES,
-                                py_stacks=THREAD_POINTER if spec.py_stacks else None,
-                                per_process=spec.per_process)
-    with_stack = plain._replace(stacks=True)
-    shared = spec.uprobe_multi
-    loaded: Dict[object, _Generated] = {}
-    for fn_id, api in enumerate(apis.TABLE):
-        if api.name not in names:
-            continue
-        kinds = [(False, "entry", probes.entry_program)]
-        if spec.return_probes:
-            kinds.append((True, "return", probes.return_program))
-        options = with_stack if spec.stacks and api.category == "memory" else plain
-        if api.category in NAMED_CATEGORIES:  # (cuKernelGetFunction: no wakeup)
-            options = options._replace(emit=True, wake_now=api.learn_alias is None)
-        elif spec.aggregate and api.category == "graph":  # (the summary follows graphs)
-            options = options._replace(emit=True)
-        if spec.sample_returns and api.role == apis.Role.LAUNCH and not options.emit:
-            options = options._replace(sample_returns=spec.sample_returns,
-                                       is_return_kfunc=SESSION_IS_RETURN)
-            kinds = [("session", "session", probes.session_program)]
-        for retprobe, kind, generate in kinds:
-            by_shape = shared and kind != "session"  # (a session program per function)
-            key = ((probes.shape_of(api, retprobe is True, ARCH, options.aggregate), options,
-                    retprobe) if by_shape else (fn_id, retprobe))
-            if key not in loaded:
-                loaded[key] = _Generated(
-                    kind, options,
-                    generate(api, probes.FROM_COOKIE if by_shape else fn_id, ARCH, options),
-                    [])
-            loaded[key].functions.append(api.name)
+    rows = apis.select(spec.config.functions)
+    if spec.config.functions is None:  # the default set: launches are probed in the driver only
+        rows = [api for api in rows if not apis.driver_replaces(api)]
     files = {}
-    for program in loaded.values():
+    for program in plan.programs_for(rows, spec.config, spec.kernel):
+        instructions = program.instructions(ARCH)
         files["%s-%s.txt" % (program.kind, program.functions[0])] = _header(variant, [
             "# %s probe, %s, function id %s" % (
-                program.kind, ARCH.name, "from the attach cookie"
-                if shared and program.kind != "session" else "a constant"),
+                program.kind, ARCH.name, "from the attach cookie" if program.shared
+                else "a constant"),
             "# %s" % (program.options,),
             "# functions (%d): %s" % (len(program.functions), " ".join(program.functions)),
-            "# %d instructions" % len([i for i in program.instructions
+            "# %d instructions" % len([i for i in instructions
                                        if isinstance(i, asm.Instruction)]),
-        ] + listing(program.instructions))
+        ] + listing(instructions))
     return files
 
 

@@ -15,6 +15,7 @@ from ebpf_cuda.analysis.python_lines import (NO_STACK, PythonLines, frame_text, 
                                              line_suffix, user_frame, user_line)
 from ebpf_cuda.spec.apis import TABLE
 from ebpf_cuda.decode.events import ENTER, EXIT, Decoder, Event, PyFrame
+from ebpf_cuda.output import DecodeContext
 from ebpf_cuda.output.chrome_trace import ChromeTraceWriter
 from ebpf_cuda.output.html_report import HtmlReport
 from ebpf_cuda.output.jsonl import JsonWriter
@@ -143,7 +144,7 @@ def _both_ways(frames: bytes, as_json: bool) -> Tuple[List[str], List[str]]:
     events = Decoder(TABLE, clock_offset_ns=OFFSET).decode_batch(frames)
     FakePyStacks().annotate(events)
     slow.write(events)
-    fast.annotate = FakePyStacks().annotate
+    fast.bind(DecodeContext(annotate=FakePyStacks().annotate))
     fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=OFFSET))
     return slow_out.getvalue().splitlines(), fast_out.getvalue().splitlines()
 
@@ -170,7 +171,7 @@ def test_the_fast_path_asks_the_annotation_for_records_with_stacks_only():
               + _record("cudaFree", [16], py=7))
     fast = TextWriter(io.StringIO())
     seen = FakePyStacks()
-    fast.annotate = seen.annotate
+    fast.bind(DecodeContext(annotate=seen.annotate))
     fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=OFFSET))
     assert seen.seen == [7, 7]  # (the free's enter and exit; the malloc took the fast path)
 

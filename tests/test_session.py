@@ -6,7 +6,8 @@ import pytest
 
 from ebpf_cuda.spec import record, layout
 from ebpf_cuda.errors import UsageError
-from ebpf_cuda.session import Options, Session
+from ebpf_cuda.session import Session
+from ebpf_cuda.spec.config import TraceConfig
 from kernel_fds import bpf_link_types, open_fds
 
 pytestmark = pytest.mark.kernel
@@ -41,18 +42,18 @@ def test_the_stack_slots_do_not_overlap_and_fit_the_stack():
 
 def test_bad_combinations_are_refused_before_anything_is_created():
     with pytest.raises(UsageError, match="--entries needs return probes"):
-        Session(Options(entries=True, return_probes=False))
+        Session(TraceConfig(entries=True, return_probes=False))
     with pytest.raises(UsageError, match="either a PID or a command"):
-        Session(Options(pid=1, command=("true",)))
+        Session(TraceConfig(pid=1, command=("true",)))
     with pytest.raises(UsageError, match="power of two"):
-        Session(Options(ring_size=12345))
+        Session(TraceConfig(ring_size=12345))
 
 
 def test_a_session_owns_its_maps_programs_and_links_and_closes_them_all(root, fake):
     lib, prog = fake
     before = open_fds()
-    session = Session(Options(command=(str(prog), "malloc:64"), library=(str(lib),),
-                              aggregate=True, stacks=True)).start()
+    session = Session(TraceConfig(command=(str(prog), "malloc:64"), library=(str(lib),),
+                                  aggregate=True, stacks=True)).start()
     try:
         assert {layout.EVENTS, layout.STATS, layout.NAMES, layout.AGG, layout.STACKS,
                 layout.FOLLOWED} <= set(session.maps)
@@ -70,7 +71,7 @@ def test_close_without_waiting_leaves_the_detaching_to_a_child(root, fake):
     """`close(wait=False)` returns at once; a forked child holds the links until it has
     detached them, then exits."""
     lib, prog = fake
-    session = Session(Options(library=(str(lib),), functions=("cudaMalloc",))).start()
+    session = Session(TraceConfig(library=(str(lib),), functions=("cudaMalloc",))).start()
     assert bpf_link_types(os.getpid())
     session.close(wait=False)
     assert not bpf_link_types(os.getpid()) and not session.maps
@@ -98,5 +99,5 @@ def test_a_failed_start_closes_what_it_made(root, fake, monkeypatch):
     monkeypatch.setattr(Session, "_fork_command", no_fork)
     before = open_fds()
     with pytest.raises(OSError, match="simulated"):
-        Session(Options(library=(str(lib),), command=(str(prog),))).start()
+        Session(TraceConfig(library=(str(lib),), command=(str(prog),))).start()
     assert open_fds() <= before

@@ -124,7 +124,7 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
 
 def _check_return_sampling(every: int) -> None:
     """--return-sampling N: a power of two the kernel's sampling takes."""
-    from ..session import MAX_SAMPLE_RETURNS
+    from ..spec.config import MAX_SAMPLE_RETURNS
 
     if every & (every - 1):
         raise UsageError("--return-sampling takes a power of two, not %d" % every)

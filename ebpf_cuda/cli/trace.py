@@ -7,8 +7,8 @@ import click
 
 from ..spec import apis
 from ..output import plan
-from ..decode.losses import Losses
-from ..tracer import DEFAULT_RING_SIZE, Tracer
+from ..spec.config import TraceConfig
+from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
 from .common import check_split, echo, print_report, say, split_functions, stdout_closed_at_start
 from .signals import stopper
 
@@ -104,12 +104,12 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     stopper.checkpoint()
     if pid is not None:
         _check_process_id(pid)
-    tracer = Tracer(functions=split_functions(functions), library=list(paths), pid=pid,
-                    command=list(command), api=api, everything=everything,
-                    follow_children=not no_follow, return_probes=not no_returns, entries=entries,
-                    ring_size=plan.ring_size(ring_size, in_kernel, DEFAULT_RING_SIZE),
-                    stacks=stacks, aggregate=in_kernel, emit=not in_kernel, log=_log(verbose),
-                    py_stacks=py_stacks)
+    tracer = Tracer(TraceConfig(
+        functions=split_functions(functions), library=list(paths), pid=pid,
+        command=list(command), api=api, everything=everything, follow_children=not no_follow,
+        return_probes=not no_returns, entries=entries,
+        ring_size=plan.ring_size(ring_size, in_kernel, DEFAULT_RING_SIZE), stacks=stacks,
+        aggregate=in_kernel, emit=not in_kernel, log=_log(verbose), py_stacks=py_stacks))
     stopper.tracer = tracer
     stopper.checkpoint()
     # Nothing is opened for writing before every output is known to be a file of its own.
@@ -123,42 +123,25 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
                           reader_nice=READER_NICE, notice=say)
         stopper.checkpoint()  # a command cancelled before it ran
         reports = outputs.reports(tracer)
-        losses = tracer.stream.losses()
-        left = tracer.children_left()
+        closing = tracer.closing()
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
-    if outputs.spool is not None:
-        losses.spool_limit = "%s bytes" % plan.format_size(outputs.spool.limit)
-    if left:
-        say("the command ended; %d process%s it started still run%s (%s), not traced from "
-            "here on" % (len(left), "es" if len(left) > 1 else "", "" if len(left) > 1
-                         else "s", ", ".join("pid %d" % p for p in left[:5])
-                         + (", ..." if len(left) > 5 else "")))
-    _finish(tracer, reports, request.reports_to_stderr(), losses, summary)
+    _finish(closing, reports, request.reports_to_stderr(), summary)
 
 
-def _finish(tracer: Tracer, reports: List[str], reports_err: bool, losses: Losses,
-            summary: bool) -> None:
-    """The end of a live trace: reports, the loss line, why the command could not run, and
-    the exit code (the command's when it ran; 1 when an output failed without one)."""
+def _finish(closing: Closing, reports: List[str], reports_err: bool, summary: bool) -> None:
+    """The end of a live trace: what the tracer tells (Tracer.closing) around the reports,
+    and the exit code (the command's when it ran; 1 when an output failed without one)."""
+    for line in closing.left_running:
+        say(line)
+    losses = closing.losses
     if reports and summary and losses.read().total:  # the summary says what it did not see
         reports[0] += "\n\n" + plan.summary_losses(losses.read())
     printed = print_report("\n\n".join(reports), err=reports_err) if reports else True
-    if losses.sentence():
-        say(losses.sentence())
-    unnamed = tracer.unnamed_launches()
-    if unnamed:
-        say(unnamed)
-    unknown_graphs = tracer.stream.graphs.unknown_summary()
-    if unknown_graphs:
-        say(unknown_graphs)
-    if tracer.stream.pystacks is not None and tracer.stream.pystacks.sentence():
-        say(tracer.stream.pystacks.sentence())
-    command = tracer.session.command
-    if command is not None and command.exec_error is not None:
-        say("cannot run %s: %s" % (command.argv[0], command.exec_error.strerror))
-    if tracer.exit_status is not None:
-        sys.exit(tracer.exit_status)
-    if tracer.stream.outputs.failures or not printed:
+    for line in closing.lines:
+        say(line)
+    if closing.exit_status is not None:
+        sys.exit(closing.exit_status)
+    if not printed:
         sys.exit(1)
 
 

@@ -5,9 +5,14 @@ import os
 import select
 import stat
 import sys
-from typing import IO, Callable, Iterable, List, Optional
+from typing import IO, TYPE_CHECKING, Callable, Iterable, List, NamedTuple, Optional
 
 from ..decode.events import Decoder, Event
+
+if TYPE_CHECKING:
+    from ..decode.devices import DeviceTracker
+    from ..decode.graphs import GraphTracker
+    from ..targets.containers import Containers
 
 PIPE_BUF = getattr(select, "PIPE_BUF", 4096)  # a pipe takes a write this long in one piece
 FILE_WRITE = 1 << 16  # bytes of whole lines per write to a regular file
@@ -39,24 +44,39 @@ def finish(stream: IO[str]) -> None:
         stream.close()
 
 
+class DecodeContext(NamedTuple):
+    """What the reader knows besides the records, for a line writer: given once, by whoever
+    builds the outputs (Stream.deliver binds every line writer it is handed)."""
+
+    # The enrichers (names, graphs, communicators, containers, devices, Python stacks): what
+    # records formatted from frames but decoded on the slow path get, as decoded events do.
+    annotate: Optional[Callable[[List[Event]], None]] = None
+    detour: Optional["GraphTracker"] = None  # which records take the slow path (lines.py)
+    containers: Optional["Containers"] = None  # lines name them (text: not the tracer's own)
+    devices: Optional["DeviceTracker"] = None  # JSON lines show each call's device
+    namer: Optional[Callable] = None  # replaces the writer's (behind a spool: FoundNames)
+
+
 class LineWriter:
     """A sink writing one or more lines per event (text, JSON Lines). Subclasses give
     `lines(events)` and `_frame_lines(decoder)`, the same lines straight from ring frames
-    (output/lines.py), which the CLI uses when the writer is the only output."""
+    (output/lines.py, given this writer's `context`), which the CLI uses when the writer is
+    the only output."""
 
     def __init__(self, stream: IO[str], namer: Optional[Callable] = None) -> None:
         self.stream = stream
         self.namer = namer  # KernelNamer or a namer(event, address) -> name or None
-        # Set by the stream: shows learned names on teaching calls decoded from frames (and
-        # what graphs.py adds); `detour` says which records must be decoded for that.
-        self.annotate: Optional[Callable[[List[Event]], None]] = None
-        self.detour = None  # graphs.GraphTracker: see output/lines.py
-        self.containers = None  # containers.Containers, set by the stream: lines name them
-        self.devices = None  # devices.DeviceTracker, set by the stream: JSON lines show them
+        self.context = DecodeContext()  # (`bind`)
         self._from_frames = None
         self._fd: Optional[int] = None  # the stream's file descriptor (-1: none, use write)
         self._chunk = FILE_WRITE
         self._encoding = "utf-8"
+
+    def bind(self, context: DecodeContext) -> None:
+        """What the reader knows besides the records (once, before the first batch)."""
+        self.context = context
+        if context.namer is not None:
+            self.namer = context.namer
 
     def header(self) -> None:
         """No header by default."""
@@ -72,8 +92,8 @@ class LineWriter:
 
     def slow_lines(self, events: List[Event]) -> List[str]:
         """Lines of records the frame templates do not cover, decoded into events."""
-        if self.annotate is not None:
-            self.annotate(events)
+        if self.context.annotate is not None:
+            self.context.annotate(events)
         return self.lines(events)
 
     def prepare(self, decoder: Decoder) -> None:
@@ -83,9 +103,6 @@ class LineWriter:
             from . import lines  # noqa: F401 (imported now, not at the first batch)
 
             self._from_frames = self._frame_lines(decoder)
-            self._from_frames.detour = self.detour
-            self._from_frames.containers = self.containers
-            self._from_frames.devices = self.devices
 
     def write_frames(self, frames: bytes, decoder: Decoder) -> None:
         """Write a batch of ring frames without decoding them into events (the fast path;
@@ -94,9 +111,6 @@ class LineWriter:
 
         if self._from_frames is None:
             self._from_frames = self._frame_lines(decoder)
-            self._from_frames.detour = self.detour
-            self._from_frames.containers = self.containers
-            self._from_frames.devices = self.devices
         for chunk in frame_chunks(frames):
             self._emit(self._from_frames.lines(chunk))
 

@@ -22,7 +22,7 @@ class JsonWriter(LineWriter):
     def _frame_lines(self, decoder: Decoder):
         from .lines import JsonLines
 
-        return JsonLines(decoder.table, decoder, self.slow_lines, self.namer)
+        return JsonLines(decoder.table, decoder, self.slow_lines, self.namer, self.context)
 
     def _object(self, event: Event) -> dict:
         obj = event.to_json()

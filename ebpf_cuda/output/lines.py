@@ -8,10 +8,10 @@ record becomes its line(s) with one tuple build and one format per line. Records
 out-parameter reads) go through the decoder and the writer's own formatting, in order, so
 the output is the same line for line (tests/test_lines.py checks this on every row).
 
-A `detour` (graphs.GraphTracker, set by the stream) takes more records that way: those of
-graph calls always (a graph launch's line shows the nodes it ran), and while some stream
-captures, those of launches, copies, memsets and event calls (what a capture records is
-marked `captured`). Only records on the slow path change whether a stream captures, so the
+A `detour` (graphs.GraphTracker, in the writer's DecodeContext) takes more records that
+way: those of graph calls always (a graph launch's line shows the nodes it ran), and while
+some stream captures, those of launches, copies, memsets and event calls (what a capture
+records is marked `captured`). Only records on the slow path change whether a stream captures, so the
 rows in use are chosen again after each of them.
 
 Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0) take the
@@ -21,7 +21,7 @@ record's key), and the writers show it (output/text.py, Event.to_json).
 import json
 import struct
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..spec import record
 from ..spec.apis import Api, Kind, arg_cells
@@ -29,6 +29,9 @@ from ..spec.cuda_enums import error_name
 from ..decode.events import Decoder, Event
 from ..decode.values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
 from ..decode.values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
+
+if TYPE_CHECKING:
+    from . import DecodeContext
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))
 _PY_STACK_AT = len(_FRAME.unpack(bytes(_FRAME.size))) - 1  # record.PY_STACK, the last field
@@ -122,7 +125,8 @@ class _FrameLines:
     format and say how a record's per-thread and per-return values are written."""
 
     def __init__(self, table: Sequence[Api], decoder: Decoder,
-                 slow: Callable[[List[Event]], List[str]], namer=None) -> None:
+                 slow: Callable[[List[Event]], List[str]], namer=None,
+                 context: Optional["DecodeContext"] = None) -> None:
         self.decoder = decoder
         self.slow = slow  # the writer's own formatting, for records the rows do not cover
         self.namer = namer  # KernelNamer, FoundNames or None
@@ -132,9 +136,10 @@ class _FrameLines:
             (1 << 16) - len(self.table))
         self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
         self._durations: Dict[int, str] = {}
-        self.detour = None  # see the module's docstring
-        self.containers = None  # containers.Containers (set by the writer): who runs where
-        self.devices = None  # devices.DeviceTracker (set by the writer): each thread's GPU
+        # (the writer's DecodeContext)
+        self.detour = context.detour if context else None  # see the module's docstring
+        self.containers = context.containers if context else None  # who runs where
+        self.devices = context.devices if context else None  # each thread's GPU
         self._devices_seen = -1  # its version the thread columns were made with
         self._capturing_rows: Optional[List[Any]] = None  # the rows while a stream captures
 
@@ -268,8 +273,8 @@ class TextLines(_FrameLines):
 
     def __init__(self, table: Sequence[Api], decoder: Decoder,
                  slow: Callable[[List[Event]], List[str]], namer=None,
-                 timestamps: bool = True) -> None:
-        super().__init__(table, decoder, slow, namer)
+                 timestamps: bool = True, context: Optional["DecodeContext"] = None) -> None:
+        super().__init__(table, decoder, slow, namer, context)
         self.timestamps = timestamps
 
     def _clock_piece(self, which: int) -> Tuple[str, Sequence[str]]:
@@ -317,8 +322,9 @@ class JsonLines(_FrameLines):
     """JSON Lines objects (see output/jsonl.py and Event.to_json), from frames."""
 
     def __init__(self, table: Sequence[Api], decoder: Decoder,
-                 slow: Callable[[List[Event]], List[str]], namer=None) -> None:
-        super().__init__(table, decoder, slow, namer)
+                 slow: Callable[[List[Event]], List[str]], namer=None,
+                 context: Optional["DecodeContext"] = None) -> None:
+        super().__init__(table, decoder, slow, namer, context)
         self._members: Dict[str, str] = {}
 
     def _compile_row(self, api: Api, shown, outs) -> _Row:

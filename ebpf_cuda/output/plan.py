@@ -261,11 +261,11 @@ def _saver(path: Optional[str], tracer, namer):
         rank_files.check_pattern(path)
         saver = rank_files.RankFiles(path, tracer.apis_table, tracer.decoder.clock_offset_ns,
                                      namer)
-        saver.from_start = bool(tracer.session.options.command)
+        saver.from_start = bool(tracer.config.command)
         return saver
     trusted_symlink(path)  # another user's symbolic link is refused, as for -o
     saver = savefile.open_save(path, tracer.apis_table, tracer.decoder.clock_offset_ns, namer)
-    saver.from_start = bool(tracer.session.options.command)  # (each event's device: devices.py)
+    saver.from_start = bool(tracer.config.command)  # (each event's device: devices.py)
     return saver
 
 

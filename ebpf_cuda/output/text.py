@@ -86,16 +86,18 @@ class TextWriter(LineWriter):
     def lines(self, events: Iterable[Event]) -> List[str]:
         """The lines of some events (no newlines)."""
         lines = []
+        containers = self.context.containers
         for ev in events:
             name = None
             if self.namer is not None and "func" in ev.args:
                 name = self.namer(ev, ev.args["func"])
             # (not the tracer's own container: each line would say it)
-            shown = self.containers.shown(ev.pid) if self.containers is not None else None
+            shown = containers.shown(ev.pid) if containers is not None else None
             lines.append(format_event(ev, self.timestamps, name, shown))
         return lines
 
     def _frame_lines(self, decoder: Decoder):
         from .lines import TextLines
 
-        return TextLines(decoder.table, decoder, self.slow_lines, self.namer, self.timestamps)
+        return TextLines(decoder.table, decoder, self.slow_lines, self.namer, self.timestamps,
+                         self.context)
