@@ -268,6 +268,15 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # -- for long-running users (the monitor) --
+
+    def live_sums(self) -> "aggregates.LiveSums":  # (the module: `aggregates` is a method here)
+        """The in-kernel sums (with `aggregate=True`) read again and again as they grow:
+        per-function totals, errors, launches and calls by process; and the entries of
+        processes that exited let go, so that the kernel's maps keep room for new ones
+        (aggregates.LiveSums). Make it once: it keeps its buffers."""
+        return self.session.live_sums()
+
 
 def _set_thread_nice(nice: int) -> None:
     """Give the calling thread (PRIO_PROCESS 0 is the calling thread on Linux) this CPU
