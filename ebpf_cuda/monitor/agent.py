@@ -27,6 +27,12 @@ HOLD_S whatever the exporters do). Exporters call `collect(name)`
 from their threads: it renders what the reader last published (the aggregates and the
 launch series of one tick, at most TICK_S old; a scrape reads only the small error and loss
 maps). Nothing here prints.
+
+Its parts: files.py (which files), processes.py (the processes seen, their labels and exits),
+series.py (what a tick publishes, and the counts by process the maps no longer hold),
+families.py (the metric families), memory.py (device memory by process), metrics.py (the
+model the exporters render); the in-kernel sums are read through decode/aggregates.LiveSums
+(Tracer.live_sums), which also lets an exited process's entries go.
 """
 import threading
 import time
