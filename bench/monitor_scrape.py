@@ -75,7 +75,7 @@ def main() -> None:
     try:
         time.sleep(3)
         entries = len(monitor.tracer.session.maps[layout.LAUNCHES])
-        slots = len(monitor._owned_slots())
+        slots = len(monitor.sums.owned_slots())
         scrapes, ticks, size = [], [], 0
         for _ in range(args.rounds):
             start = time.perf_counter()

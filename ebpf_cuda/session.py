@@ -546,6 +546,15 @@ class Session:
         if self.command is not None:
             self.command.close()  # a held command that never ran: let it go
 
+    def live_sums(self) -> sums.LiveSums:
+        """The in-kernel sums read again and again as they grow, and the entries of exited
+        processes let go (with the `aggregate` option; see aggregates.LiveSums)."""
+        if not self.options.aggregate:
+            raise UsageError("aggregates need Tracer(aggregate=True)")
+        return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
+                             self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
+                             self.maps.get(layout.LAUNCH_SLOTS))
+
 
 def _driver_launches(targets: Sequence[Target]) -> bool:
     """Whether the driver's launch functions are among the targets' (then the runtime's

@@ -193,3 +193,7 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def live_sums(self) -> "aggregates.LiveSums":  # (the module: `aggregates` is a method here)
+        """The in-kernel sums (with `aggregate=True`) read again and again as they grow, and
+        the entries of exited processes let go (aggregates.LiveSums). Make it once."""
+        return self.session.live_sums()

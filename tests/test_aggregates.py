@@ -185,8 +185,8 @@ def _kernel_sum_of_squares(durations, start=0):
     import struct
 
     from ebpf_cuda import asm, syscalls
-    from ebpf_cuda.probes.aggregates import (AGG_VALUE, SUMSQ, _floor_log2, _sum_of_squares,
-                                             sum_of_squares)
+    from ebpf_cuda.decode.aggregates import sum_of_squares
+    from ebpf_cuda.probes.aggregates import AGG_VALUE, SUMSQ, _floor_log2, _sum_of_squares
     from ebpf_cuda.asm import DW, FP, R0, R1, R2, R8, R9, W, Helper
     from ebpf_cuda.bpf.maps import ArrayMap
     from ebpf_cuda.bpf.programs import Program

@@ -209,3 +209,31 @@ def test_element_lookup_reuses_its_buffers(root):
     with pytest.raises(KernelError) as caught:
         lookup(U64.pack(3))  # (its map closed: the descriptor is gone)
     assert caught.value.errno in (errno.EBADF, errno.EINVAL)  # (or its number reused)
+
+
+@pytest.mark.kernel
+def test_batch_reader_reads_every_element_in_batches_and_element_by_element(root):
+    """More entries than one batch takes (its buffers grow or it calls again), as raw bytes
+    whatever the map's structs; the same where the kernel has no batches."""
+    with maps.HashMap(8, 16, 2048, key_struct=U64) as m:
+        for i in range(1500):
+            m.set(i, struct.pack("<QQ", i, 2 * i))
+        expected = sorted((U64.pack(i), struct.pack("<QQ", i, 2 * i)) for i in range(1500))
+        reader = m.batch_reader()
+        assert sorted(reader.items()) == expected and reader.batches
+        assert sorted(reader.items()) == expected  # (again, with the same buffers)
+        reader.batches = False  # (as after EINVAL: the element-wise way)
+        assert sorted(reader.items()) == expected
+    with maps.HashMap(4, 8, 16) as empty:
+        assert empty.batch_reader().items() == []
+
+
+@pytest.mark.kernel
+def test_batch_reader_of_a_per_cpu_array_gives_every_cpu_s_value(root):
+    ncpu = maps.possible_cpus()
+    with maps.PerCpuArrayMap(8, 3, value_struct=U64) as m:
+        m.set(1, [cpu + 1 for cpu in range(ncpu)])
+        items = dict(m.batch_reader().items())
+    assert sorted(items) == [U32.pack(i) for i in range(3)]
+    assert items[U32.pack(1)] == b"".join(U64.pack(cpu + 1) for cpu in range(ncpu))
+    assert items[U32.pack(0)] == bytes(8 * ncpu)

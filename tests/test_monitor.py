@@ -16,8 +16,10 @@ from ebpf_cuda.bpf import features, uprobe
 from ebpf_cuda.spec import layout
 from ebpf_cuda.monitor import prometheus
 from ebpf_cuda.spec.apis import BY_NAME, FN_ID
-from ebpf_cuda.monitor.agent import (DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions,
-                                     OTHER_KERNEL, Process, cuda_files, histogram)
+from ebpf_cuda.monitor.agent import DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions
+from ebpf_cuda.monitor.files import cuda_files
+from ebpf_cuda.monitor.metrics import histogram
+from ebpf_cuda.monitor.processes import OTHER_KERNEL, Process
 from helpers import run_cli
 from kernel_fds import bpf_link_types
 from monitor_support import (AFTER, BEFORE, KERNEL, Held, MonitorCli, parse_metrics,
@@ -400,7 +402,7 @@ def test_per_cpu_words_are_summed_lane_by_lane():
     the same as adding word by word, also with words near 2^63."""
     import random
 
-    from ebpf_cuda.monitor.agent import _per_cpu_total
+    from ebpf_cuda.decode.aggregates import per_cpu_total
 
     rng = random.Random(7)
     words = layout.AGG_VALUE.size // 8
@@ -408,17 +410,17 @@ def test_per_cpu_words_are_summed_lane_by_lane():
         rows = [[rng.choice((0, 1, rng.randrange(1 << 40), (1 << 63) // cpus - 1))
                  for _ in range(words)] for _ in range(cpus)]
         raw = b"".join(struct.pack("<%dQ" % words, *row) for row in rows)
-        assert _per_cpu_total(raw) == [sum(column) for column in zip(*rows)]
+        assert per_cpu_total(raw) == [sum(column) for column in zip(*rows)]
 
 
 @pytest.mark.kernel
 def test_the_aggregate_reader_sums_called_functions_and_skips_the_rest(root):
-    """AggregateReader on a real per-CPU `agg` map: a function called on every CPU comes
+    """FunctionReader on a real per-CPU `agg` map: a function called on every CPU comes
     back summed over them; one never called (all zero) is left out; so is one whose only
     non-zero word is not its count (nothing to report)."""
     from ebpf_cuda.spec.apis import TABLE
     from ebpf_cuda.bpf.maps import PerCpuArrayMap, possible_cpus
-    from ebpf_cuda.monitor.agent import AggregateReader
+    from ebpf_cuda.decode.aggregates import FunctionReader
 
     words = layout.AGG_VALUE.size // 8
     called, idle, odd = FN_ID["cudaMalloc"], FN_ID["cudaFree"], FN_ID["cudaMemset"]
@@ -430,7 +432,7 @@ def test_the_aggregate_reader_sums_called_functions_and_skips_the_rest(root):
                 [struct.pack("<%dQ" % words, *row) for row in rows])
         only_time = [0, 5] + [0] * (words - 2)
         agg.set(odd * layout.KIND_SLOTS, struct.pack("<%dQ" % words, *only_time))
-        found = AggregateReader(agg.fd, [called, idle, odd]).read()
+        found = FunctionReader(agg, [called, idle, odd]).read()
     assert [(t.api.name, t.count, t.total_ns) for t in found] == [
         ("cudaMalloc", cpus * (cpus + 1) // 2, 100 * cpus * (cpus + 1) // 2)]
 

@@ -339,7 +339,8 @@ def test_a_renamed_runtime_a_process_mapped_before_the_start_is_probed(root, dlo
     """A runtime under a name the start-up search does not look for (a framework's private
     copy, libcudart-1a2b3c4d.so.12), mapped by a process running when the monitor starts:
     found in its mappings at the start, and its later calls counted."""
-    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions, cuda_files
+    from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
+    from ebpf_cuda.monitor.files import cuda_files
 
     copy = fresh_copy(lib, tmp_path / "torch" / "lib", "libcudart-1a2b3c4d.so.12")
     proc = subprocess.Popen([str(dlopen_prog), str(copy), str(CALLS), "-1"],

@@ -4,7 +4,7 @@ probes on the stand-in runtime (in-kernel counting; the allocation records trave
 ring)."""
 import pytest
 
-from ebpf_cuda.monitor.agent import DeviceMemory
+from ebpf_cuda.monitor.memory import DeviceMemory
 from helpers import event
 from monitor_support import Held, running_monitor, settle
 

@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from ebpf_cuda.monitor import prometheus
-from ebpf_cuda.monitor.agent import Family, histogram
+from ebpf_cuda.monitor.metrics import Family, histogram
 from monitor_support import AFTER, BEFORE, KERNEL, Held, MonitorCli
 
 PROMETHEUS = shutil.which("prometheus")

@@ -4,8 +4,11 @@ Keys and values are `bytes` of the declared sizes, or Python values when a `stru
 is given for the key and/or value (array maps default to a `<I` key, so their keys are ints).
 Per-CPU maps return one value per possible CPU.
 """
+import ctypes
+import errno
 import functools
 import mmap
+import os
 import struct
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -175,6 +178,83 @@ class _ElementMap(Map):
                 syscalls.map_update(self.fd, raw, zero)
             else:
                 syscalls.map_delete(self.fd, raw)
+
+    def batch_reader(self) -> "BatchReader":
+        """A reader of every element in a few system calls, its buffers made once: keep it
+        to read the map again and again."""
+        return BatchReader(self)
+
+
+BPF_MAP_LOOKUP_BATCH = 24  # (Linux 5.6+)
+_ENOTSUPP = 524  # the kernel's own "not supported" (not in errno)
+_BATCH_ATTR = struct.Struct("<QQQQIIQQ")  # in_batch, out_batch, keys, values, count, map_fd,
+#                                           elem_flags, flags
+_BATCH_COUNT_AT = 32  # (the kernel writes back how many it gave)
+
+
+class BatchReader:
+    """Every (key, value) of a map as raw bytes (not decoded through the map's structs) in
+    a few BPF_MAP_LOOKUP_BATCH calls (two system calls per entry with get-next-key and
+    lookup: 10,000 of them for the monitor's full launches map, ~0.2 s); one element at a
+    time where the kernel has no batches."""
+
+    BATCH = 512  # entries per call (ENOSPC, a hash bucket holding more: twice as many)
+
+    def __init__(self, element_map: _ElementMap) -> None:
+        self.map = element_map
+        self.value_size = element_map._lookup_size()  # (per-CPU maps: every CPU's value)
+        self.tokens = (ctypes.create_string_buffer(8), ctypes.create_string_buffer(8))
+        self.batches = True  # (False once the kernel said it has none)
+        self._room(self.BATCH)
+
+    def _room(self, count: int) -> None:
+        self.count = count
+        self.keys = ctypes.create_string_buffer(count * self.map.key_size)
+        self.values = ctypes.create_string_buffer(count * self.value_size)
+
+    def items(self) -> List[Tuple[bytes, bytes]]:
+        """Every element now (those deleted meanwhile may be left out)."""
+        if self.batches:
+            try:
+                return self._batched()
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.EOPNOTSUPP, _ENOTSUPP):
+                    raise
+                self.batches = False
+        found = []
+        for key in self.map._raw_keys():
+            value = syscalls.map_lookup(self.map.fd, key, self.value_size)
+            if value is not None:
+                found.append((key, value))
+        return found
+
+    def _batched(self) -> List[Tuple[bytes, bytes]]:
+        ksize, vsize = self.map.key_size, self.value_size
+        return [(keys[i * ksize:(i + 1) * ksize], values[i * vsize:(i + 1) * vsize])
+                for count, keys, values in self._batches() for i in range(count)]
+
+    def _batches(self) -> Iterator[Tuple[int, bytes, bytes]]:
+        """(count, keys, values) of each batch: the entries packed, as the kernel gave them.
+        OSError where the kernel has no batches."""
+        first = True
+        while True:
+            attr = ctypes.create_string_buffer(_BATCH_ATTR.size)
+            _BATCH_ATTR.pack_into(
+                attr, 0, 0 if first else ctypes.addressof(self.tokens[0]),
+                ctypes.addressof(self.tokens[1]), ctypes.addressof(self.keys),
+                ctypes.addressof(self.values), self.count, self.map.fd, 0, 0)
+            res, err = syscalls.bpf_raw(BPF_MAP_LOOKUP_BATCH, attr)
+            if res < 0 and err == errno.ENOSPC and self.count < self.map.max_entries:
+                self._room(self.count * 2)  # (the same batch again, with more room)
+                continue
+            if res < 0 and err != errno.ENOENT:
+                raise OSError(err, os.strerror(err))
+            yield (struct.unpack_from("<I", attr, _BATCH_COUNT_AT)[0], self.keys.raw,
+                   self.values.raw)
+            if res < 0:  # ENOENT: that was the last batch
+                return
+            ctypes.memmove(self.tokens[0], self.tokens[1], 8)
+            first = False
 
 
 def _check_struct(what: str, st: Optional[struct.Struct], size: int) -> None:

@@ -1,17 +1,23 @@
 """The in-kernel sums read back: the one reader of what probes/aggregates.py's programs add up
 (per-function counts, durations, errors, bytes, squares and histograms per CPU; errors and
-launches by key; the launch slots), for `--summary` alone and for the monitor.
+launches by key; the launch slots; calls by process), for `--summary` once at the end
+(`read_aggregates`) and for the monitor again and again (`LiveSums`).
 """
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from ..probes.aggregates import (AGG_VALUE, ERROR_KEY, HIST_BUCKETS, KIND_SLOTS, LAUNCH_KEY,
-                                 LAUNCH_VALUE, SUMSQ, SUMSQ_EXP_AT, func_cell)
-from ..spec import record
-from ..spec.apis import TABLE, Api, Kind
+from .. import syscalls
+from ..bpf.maps import possible_cpus
+from ..probes.aggregates import (AGG_VALUE, BYTES, COUNT, ERRORS, ERROR_KEY, HIST,
+                                 HIST_BUCKETS, KIND_SLOTS, LAUNCH_KEY, LAUNCH_VALUE, SUMSQ,
+                                 SUMSQ_EXP_AT, TOTAL, func_cell)
+from ..spec import layout, record
+from ..spec.apis import TABLE, Api, Kind, Role
 
 _MANTISSA = (1 << SUMSQ_EXP_AT) - 1
+_INDEX = struct.Struct("<I")  # (an `agg` key)
+_U64 = struct.Struct("<Q")
 
 
 def sum_of_squares(cell: int) -> int:
@@ -64,6 +70,26 @@ class Aggregates:
     launches: List[Tuple[int, str, Tuple[int, ...], int, int]]  # pid, api, cells, count, ns
 
 
+def agg_slots(fn_ids: Iterable[int],
+              table: Sequence[Api] = TABLE) -> List[Tuple[Api, Optional[int], int]]:
+    """(row, memcpy kind or None, index in `agg`) of each slot of these functions, in index
+    order: a row with a memcpy kind argument has KIND_SLOTS of them, the others their first
+    (the return probe adds their calls to it alone)."""
+    slots = []
+    for fn_id in sorted(set(fn_ids)):
+        api = table[fn_id]
+        if any(a.kind == Kind.MEMCPY_KIND for a in api.args):
+            slots += [(api, kind, fn_id * KIND_SLOTS + kind) for kind in range(KIND_SLOTS)]
+        else:
+            slots.append((api, None, fn_id * KIND_SLOTS))
+    return slots
+
+
+def error_counts(errors_map) -> Dict[Tuple[int, int], int]:
+    """The `errors` map: failed calls by (function id, error code)."""
+    return {ERROR_KEY.unpack(key): _U64.unpack(value)[0] for key, value in errors_map.items()}
+
+
 def owned_slots(values: bytes) -> List[Tuple[int, int, int, int, int]]:
     """(index, pid, fn_id, func, count) of each owned slot of `launch_slots` (count_call),
     from the array's values in index order (LAUNCH_SLOT's 24 bytes are their own stride)."""
@@ -90,28 +116,21 @@ def free_slot(slots_map, index: int, owner: int) -> None:
     slots_map.set(index, (0, 0, 0))
 
 
-
 def read_aggregates(agg_map, errors_map, launches_map,
                     table: Sequence[Api] = TABLE, slots_map=None) -> Aggregates:
     """Sum the per-CPU aggregates and read the error and launch maps (and the launch
     slots, added to the launches: one entry per process, function and kernel)."""
     functions = []
-    for index in range(len(table) * KIND_SLOTS):
-        per_cpu = agg_map[index]
-        fn_id, kind = divmod(index, KIND_SLOTS)
-        api = table[fn_id]
-        has_kind = any(a.kind == Kind.MEMCPY_KIND for a in api.args)
-        stats = FunctionStats(api.name, kind if has_kind else None)
-        for raw in per_cpu:
+    for api, kind, index in agg_slots(range(len(table)), table):
+        stats = FunctionStats(api.name, kind)
+        for raw in agg_map[index]:
             values = list(AGG_VALUE.unpack(raw) if isinstance(raw, bytes) else raw)
             values[SUMSQ // 8] = sum_of_squares(values[SUMSQ // 8])  # in ns², exact int
             stats.add_cpu(tuple(values))
         if stats.count:
             functions.append(stats)
-    errors = {}
-    for key, value in errors_map.items():
-        fn_id, code = ERROR_KEY.unpack(key)
-        errors[(table[fn_id].name, code)] = struct.unpack("<Q", value)[0]
+    errors = {(table[fn_id].name, code): n
+              for (fn_id, code), n in error_counts(errors_map).items()}
     found: Dict[Tuple[int, int, Tuple[int, ...]], List[int]] = {}
     for key, value in launches_map.items():
         pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
@@ -126,3 +145,143 @@ def read_aggregates(agg_map, errors_map, launches_map,
     launches = [(pid, table[fn_id].name, cells, count, total)
                 for (pid, fn_id, cells), (count, total) in found.items()]
     return Aggregates(functions, errors, launches)
+
+
+# -- read again and again: the monitor ----------------------------------------------------
+
+class FunctionTotals(NamedTuple):
+    """One function's (and memcpy kind's) sums over its CPUs: the cells that add up (not
+    min, max nor the sum of squares, which the fast summing of `per_cpu_total` cannot
+    take)."""
+
+    api: Api
+    kind: Optional[int]
+    count: int
+    total_ns: int
+    errors: int
+    bytes: int
+    histogram: Tuple[int, ...]
+
+
+_COUNT, _TOTAL, _ERRORS, _BYTES, _HIST = (at // 8 for at in (COUNT, TOTAL, ERRORS, BYTES, HIST))
+
+
+def per_cpu_total(raw: bytes) -> List[int]:
+    """The u64 words of an `agg` value summed over its CPUs. Each CPU's words, read as one
+    little-endian integer, are 64-bit lanes: adding the integers adds every lane at once
+    (a lane carries into the next only past 2^64, where the kernel's own counter wraps)."""
+    size = AGG_VALUE.size
+    total = sum(int.from_bytes(raw[at:at + size], "little") for at in range(0, len(raw), size))
+    return memoryview(total.to_bytes(size + 8, "little")[:size]).cast("Q").tolist()
+
+
+class FunctionReader:
+    """Reads the `agg` map's entries of some functions only, one lookup each (the monitor
+    reads them at every tick: its buffers made once)."""
+
+    def __init__(self, agg_map, fn_ids: Iterable[int], table: Sequence[Api] = TABLE) -> None:
+        self._lookup = syscalls.ElementLookup(agg_map.fd, _INDEX.size,
+                                              AGG_VALUE.size * possible_cpus())
+        # (a function not called yet: all zero, told by one compare instead of a sum over
+        # the CPUs, ~0.2 ms an entry with 224 of them)
+        self._never = bytes(AGG_VALUE.size * possible_cpus())
+        self.entries = [(api, kind, _INDEX.pack(index))
+                        for api, kind, index in agg_slots(fn_ids, table)]
+
+    def read(self) -> List[FunctionTotals]:
+        """The functions called so far."""
+        found = []
+        for api, kind, key in self.entries:
+            raw = self._lookup(key)
+            if raw is None or raw == self._never:
+                continue
+            words = per_cpu_total(raw)
+            if not words[_COUNT]:
+                continue
+            found.append(FunctionTotals(
+                api, kind, words[_COUNT], words[_TOTAL], words[_ERRORS], words[_BYTES],
+                tuple(words[_HIST:_HIST + HIST_BUCKETS])))
+        return found
+
+
+_FUNC_CELL = {fn_id: func_cell(api) for fn_id, api in enumerate(TABLE)
+              if api.role == Role.LAUNCH}
+
+
+class Forgotten(NamedTuple):
+    """What the entries of processes let go held (LiveSums.forget)."""
+
+    launches: List[Tuple[int, int, int, int]]  # (pid, fn_id, func, count), entry by entry
+    calls: Dict[int, int]  # fn_id -> calls (`proc_calls`)
+
+
+class LiveSums:
+    """The sums of a running session read again and again, and the entries of processes
+    that exited let go (so that the maps keep room for new ones): the monitor's. Launches
+    are by (pid, fn_id, func): the key's cells other than the kernel are not told apart."""
+
+    def __init__(self, agg_map, errors_map, launches_map, calls_map=None,
+                 slots_map=None) -> None:
+        self.agg_map = agg_map
+        self._errors = errors_map
+        self._launches_map = launches_map
+        self._launches = launches_map.batch_reader()
+        self._calls_map = calls_map
+        self._calls = calls_map.batch_reader() if calls_map is not None else None
+        self._slots = slots_map  # (launch_slots: sampled returns)
+
+    def function_reader(self, fn_ids: Iterable[int]) -> FunctionReader:
+        return FunctionReader(self.agg_map, fn_ids)
+
+    def errors(self) -> Dict[Tuple[int, int], int]:
+        """Failed calls by (function id, error code)."""
+        return error_counts(self._errors)
+
+    def owned_slots(self) -> List[Tuple[int, int, int, int, int]]:
+        """(index, pid, fn_id, func, count) of the owned launch slots (sampled rows)."""
+        return [] if self._slots is None else owned_slots_of(self._slots)
+
+    def launches(self) -> Dict[Tuple[int, int, int], int]:
+        """Launches by (pid, fn_id, func): the `launches` map's and the launch slots'."""
+        found: Dict[Tuple[int, int, int], int] = {}
+        for key, value in self._launches.items():
+            pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
+            at = (pid, fn_id, cells[_FUNC_CELL[fn_id]])
+            found[at] = found.get(at, 0) + LAUNCH_VALUE.unpack(value)[0]
+        for _, pid, fn_id, func, count in self.owned_slots():
+            if count:  # (else claimed, its first launch not yet added)
+                found[(pid, fn_id, func)] = found.get((pid, fn_id, func), 0) + count
+        return found
+
+    def process_calls(self) -> Dict[Tuple[int, int], List[int]]:
+        """[calls, errors, API ns] by (pid, fn_id), memcpy kinds summed (`proc_calls`)."""
+        found: Dict[Tuple[int, int], List[int]] = {}
+        for key, value in self._calls.items() if self._calls is not None else ():
+            pid, index = layout.PROCESS_KEY.unpack(key)
+            entry = found.setdefault((pid, index // KIND_SLOTS), [0, 0, 0])
+            for k, v in enumerate(layout.PROCESS_VALUE.unpack(value)):
+                entry[k] += v
+        return found
+
+    def forget(self, pids: Set[int]) -> Forgotten:
+        """Let the entries of these processes (which exited) go from the `launches` map,
+        the launch slots and `proc_calls`; what they held."""
+        launches = []
+        for key, value in self._launches.items():
+            pid, fn_id, *cells = LAUNCH_KEY.unpack(key)
+            if pid in pids:
+                launches.append((pid, fn_id, cells[_FUNC_CELL[fn_id]],
+                                 LAUNCH_VALUE.unpack(value)[0]))
+                self._launches_map.delete(key)
+        for index, pid, fn_id, func, count in self.owned_slots():
+            if pid in pids:
+                launches.append((pid, fn_id, func, count))
+                free_slot(self._slots, index, fn_id << 32 | pid)
+        calls: Dict[int, int] = {}
+        for key, value in self._calls.items() if self._calls is not None else ():
+            pid, index = layout.PROCESS_KEY.unpack(key)
+            if pid in pids:
+                fn_id = index // KIND_SLOTS
+                calls[fn_id] = calls.get(fn_id, 0) + layout.PROCESS_VALUE.unpack(value)[0]
+                self._calls_map.delete(key)
+        return Forgotten(launches, calls)

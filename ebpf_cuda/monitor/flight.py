@@ -34,6 +34,7 @@ from ..decode.losses import Losses
 from ..output.spool import write_all_at
 from ..spec.cuda_enums import CU_RESULTS, CUDA_ERRORS
 from ..errors import DecodeError, UsageError
+from .metrics import Family
 
 DEFAULT_SIZE = 1 << 30  # bytes of frames the disk ring holds: ~4.8M calls
 # The error families a dump is triggered by (codes are the same in both layers).
@@ -329,10 +330,8 @@ class FlightRecorder:
     def forget(self, pid: int) -> None:
         """A process exited (nothing is kept per process)."""
 
-    def families(self) -> list:
+    def families(self) -> List[Family]:
         """The recorder's own metric families."""
-        from .agent import Family
-
         with self._lock:
             dumps = sorted(self.dumps.items())
             suppressed, failed = self.suppressed, self.failed

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from typing import Callable, List, Optional, Sequence
 
-from .agent import Family, Histogram, Labels
+from .metrics import Family, Histogram, Labels
 
 CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 METRICS_PATH = "/v1/metrics"

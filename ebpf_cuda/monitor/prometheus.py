@@ -22,7 +22,7 @@ import threading
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from ..errors import UsageError
-from .agent import Family, Histogram, Labels
+from .metrics import Family, Histogram, Labels
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_HOST = "127.0.0.1"
