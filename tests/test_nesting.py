@@ -56,3 +56,33 @@ def test_the_cli_says_how_many_calls_were_nested_too_deep(root, nesting):
     assert done.returncode == 0, done.stderr
     assert ("%d events lost: %d calls nested deeper than %d on one thread"
             % ((depth - 2) * TIMES, (depth - 2) * TIMES, record.TASK_DEPTH)) in done.stderr
+
+
+@pytest.mark.parametrize("jumps", [record.TASK_DEPTH + 2, 3 * record.TASK_DEPTH])
+def test_calls_left_by_longjmp_are_not_counted_as_lost(root, nesting, jumps):
+    """Calls left by longjmp never return: their entries stay on the thread's stack until it
+    fills and is emptied. No call that returned is missing then, so nothing was lost: the
+    calls that return afterwards are every one traced, and no loss is counted or said."""
+    from helpers import run_cli
+
+    lib, prog = nesting
+    events, _, tracer = trace_command([prog, 1, TIMES, jumps], library=[str(lib)],
+                                      functions=["cudaMemcpy"])
+    exits = [e for e in events if e.phase == "exit"]
+    assert len(exits) == TIMES and all(e.args["kind"] == 0 for e in exits)
+    assert tracer.stats_at_end["too_deep"] == 0 and tracer.stats_at_end["lost"] == 0
+    done = run_cli("-o", "/dev/null", "-p", lib, "--functions", "cudaMemcpy", "--", prog, 1,
+                   TIMES, jumps)
+    assert done.returncode == 0, done.stderr
+    assert "lost" not in done.stderr
+
+
+def test_calls_nested_too_deep_after_longjmps_are_still_counted(root, nesting):
+    """Entries left by longjmp and calls really nested too deep on one stack: only the calls
+    that returned without their entry are lost, each counted once."""
+    lib, prog = nesting
+    depth = record.TASK_DEPTH + 2
+    events, _, tracer = trace_command([prog, depth, TIMES, 3], library=[str(lib)],
+                                      functions=["cudaMemcpy"])
+    exits = [e for e in events if e.phase == "exit" and e.args["kind"] == 0]
+    assert len(exits) + tracer.stats_at_end["too_deep"] == depth * TIMES

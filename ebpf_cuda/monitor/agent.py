@@ -42,6 +42,7 @@ from ..decode.aggregates import FunctionReader, FunctionTotals, LiveSums
 from ..errors import TracerError
 from ..spec import apis
 from ..spec.apis import TABLE
+from ..spec.config import TraceConfig
 from ..targets import elf
 from ..tracer import Tracer
 from . import families as fam, heap
@@ -131,10 +132,10 @@ class Monitor:
             raise TracerError("no CUDA library (libcudart or libcuda) found on this machine; "
                               "name one with -p PATH")
         ring = o.ring_size or (FLIGHT_RING_SIZE if o.flight is not None else RING_SIZE)
-        self.tracer = Tracer(functions=o.functions, library=paths, api=o.api,
-                             everything=o.everything, ring_size=ring, aggregate=True,
-                             emit=o.flight is not None, log=self.log, emit_memory=True,
-                             sample_returns=o.sample_returns, per_process=True)
+        self.tracer = Tracer(TraceConfig(
+            functions=o.functions, library=paths, api=o.api, everything=o.everything,
+            ring_size=ring, aggregate=True, emit=o.flight is not None, log=self.log,
+            emit_memory=True, sample_returns=o.sample_returns, per_process=True))
         try:
             self.tracer.start()
             self.start_files = len(self.files)
