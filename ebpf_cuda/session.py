@@ -443,16 +443,18 @@ class Session:
         """Counters kept by the probes, summed over CPUs: `lost` records (ring buffer full),
         `unpaired` returns (no entry seen: attached mid-call, or an entry dropped), `too_deep`
         calls lost because their entry could not be kept (nested too deep on a thread);
-        with --py-stacks `py_lost`, the stack and code object records lost."""
+        `entries_lost`, entry records (--entries) lost; with --py-stacks `py_lost`, the stack
+        and code object records lost."""
         stats_map = self.maps.get(layout.STATS)
         if stats_map is None:
-            return {"lost": 0, "unpaired": 0, "too_deep": 0}
+            return {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
 
         def total(index: int) -> int:
             return sum(stats_map[index])
 
         counts = {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
-                  "too_deep": total(record.STAT_INFLIGHT_FULL)}
+                  "too_deep": total(record.STAT_INFLIGHT_FULL),
+                  "entries_lost": total(record.STAT_ENTRY_LOST)}
         if self.options.py_stacks:  # stack and code records the `pystacks` ring could not take
             counts["py_lost"] = total(record.STAT_PY_LOST)
         return counts

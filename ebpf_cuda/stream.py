@@ -303,7 +303,7 @@ class Stream:
         """What the outputs missed so far, by cause (the ring's count read now; the
         spool's and the failed outputs' as the last `deliver` left them)."""
         stats = self.session.stats()
-        losses = Losses(ring_full=stats["lost"], entries=self.session.options.entries,
+        losses = Losses(ring_full=stats["lost"], entries_lost=stats["entries_lost"],
                         too_deep=stats["too_deep"], names_lost=self.names.names_lost)
         spool = self._spool
         if spool is not None:

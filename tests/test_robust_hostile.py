@@ -7,6 +7,7 @@ the traced program's result is what it is without the tracer.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -600,13 +601,22 @@ def test_the_spool_of_o_dev_stdout_is_not_in_dev(root, robust, tmp_path):
     assert tracer.returncode == 0
 
 
-def test_with_entries_the_loss_line_says_records(root, robust):
+def test_with_entries_losses_are_counted_in_calls(root, robust, tmp_path):
+    """--entries writes two records a call: the losses are still counted in calls (a call is
+    lost with its exit record), and the entry records lost are said apart, so every call is
+    either traced or counted once."""
     lib, prog = robust
-    done = run_cli(["-p", lib, "--entries", "--json", "-o", os.devnull, "--ring-size", "4096",
+    out = tmp_path / "calls.jsonl"
+    done = run_cli(["-p", lib, "--entries", "--json", "-o", str(out), "--ring-size", "4096",
                     "--", prog, "threads", 4, 20000], timeout=120)
     assert done.returncode == 0
+    made = int(re.search(r"made=(\d+)", done.stdout).group(1))
+    exits = sum(1 for line in out.read_text().splitlines() if '"phase": "exit"' in line)
     line = _lost_line(done.stderr)
-    assert "records (entries and calls) lost" in line, line
+    lost = re.search(r"(\d+) events lost: (\d+) with the ring buffer full", line)
+    assert lost and lost.group(1) == lost.group(2), line
+    assert exits + int(lost.group(1)) == made, (exits, line)
+    assert re.search(r"\d+ entry records lost with the ring buffer full", line), line
 
 
 def test_a_background_child_left_running_is_named(root, robust):

@@ -6,7 +6,9 @@ outputs that show it (the "events lost" line, the summary, the HTML report, `rep
     losses.sentence() # "1500 events lost: 1200 with the ring buffer full (try --ring-size),
                       #  300 not written to trace.txt (No space left on device)"
 
-Counts are of records: a complete call is one, and with --entries a call's entry is one too.
+Counts are of calls ("events" in every output): a call is lost when its record is, or when
+its entry could not be kept (`too_deep`). With --entries a call's entry record is an event of
+its own, but losing it loses no call: those are counted apart (`entries_lost`).
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -22,7 +24,9 @@ class Losses:
     `interrupted`: left in the spool when a second interrupt stopped the writing;
     `unwritten`: output name -> (records it could not take, the error's text), counted from
     the batch whose write failed on;
-    `entries`: the trace has entry records (--entries): counts mix entries and calls;
+    `too_deep`: calls lost because their entry could not be kept (nested deeper than
+    record.TASK_DEPTH on one thread, or no per-thread storage): the monitor's cause label too;
+    `entries_lost`: --entries' entry records lost with the ring full (not in `total`);
     `names_lost`: kernel names lost, not events: teaching calls (registrations, module
     lookups) whose name the probes' map had let go before the reader read their record;
     `dropped`: stage -> (records it dropped before every output, why in words): a flight
@@ -32,7 +36,7 @@ class Losses:
                  spool_refused: int = 0, spool_error: Optional[str] = None,
                  interrupted: int = 0,
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
-                 entries: bool = False, too_deep: int = 0, names_lost: int = 0,
+                 entries_lost: int = 0, too_deep: int = 0, names_lost: int = 0,
                  dropped: Optional[Dict[str, Tuple[int, str]]] = None) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
@@ -41,15 +45,15 @@ class Losses:
         self.spool_error = spool_error
         self.interrupted = interrupted
         self.unwritten: Dict[str, Tuple[int, str]] = dict(unwritten or {})
-        self.entries = entries
-        self.too_deep = too_deep  # calls nested deeper than record.TASK_DEPTH on one thread
+        self.entries_lost = entries_lost
+        self.too_deep = too_deep
         self.names_lost = names_lost
         self.dropped: Dict[str, Tuple[int, str]] = dict(dropped or {})
 
     @property
     def total(self) -> int:
-        """Records lost to the output that lost the most (each output misses the records
-        lost before it, and its own)."""
+        """Calls lost to the output that lost the most (each output misses the calls lost
+        before it, and its own)."""
         own = max([count for count, _ in self.unwritten.values()] or [0])
         return (self.ring_full + self.too_deep + self.spool_past + self.spool_refused
                 + self.interrupted + sum(n for n, _ in self.dropped.values()) + own)
@@ -82,7 +86,7 @@ class Losses:
         """What every output misses: the records lost before the outputs (the analyses,
         which write nothing as they go, saw all the others)."""
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
-                      self.spool_error, self.interrupted, entries=self.entries,
+                      self.spool_error, self.interrupted, entries_lost=self.entries_lost,
                       too_deep=self.too_deep, names_lost=self.names_lost,
                       dropped=self.dropped)
 
@@ -91,8 +95,10 @@ class Losses:
         lost; "" when none."""
         said = []
         if self.total:
-            what = "records (entries and calls)" if self.entries else "events"
-            said.append("%d %s lost: %s" % (self.total, what, ", ".join(self.causes())))
+            said.append("%d events lost: %s" % (self.total, ", ".join(self.causes())))
+        if self.entries_lost:
+            said.append("%d entry records lost with the ring buffer full (try --ring-size; "
+                        "their calls are counted apart)" % self.entries_lost)
         if self.names_lost:
             said.append("%d kernel names lost: their registrations were read after the "
                         "probes' names map had let them go" % self.names_lost)
@@ -103,7 +109,7 @@ class Losses:
     def to_json(self) -> dict:
         return {"ring_full": self.ring_full, "spool_past": self.spool_past,
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
-                "too_deep": self.too_deep, "entries": self.entries,
+                "too_deep": self.too_deep, "entries_lost": self.entries_lost,
                 "names_lost": self.names_lost,
                 "dropped": {stage: list(value) for stage, value in self.dropped.items()}}
 
@@ -114,7 +120,7 @@ class Losses:
             raise ValueError("its losses are not an object")
         counts = {}
         for key in ("ring_full", "spool_past", "spool_refused", "interrupted", "too_deep",
-                    "names_lost"):
+                    "names_lost", "entries_lost"):
             value = obj.get(key, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError("its loss count %s is not a count" % key)
@@ -125,5 +131,4 @@ class Losses:
                 and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], str)
                 for v in dropped.values()):
             raise ValueError("its dropped records are not (count, reason) by stage")
-        return cls(entries=bool(obj.get("entries", False)),
-                   dropped={stage: (v[0], v[1]) for stage, v in dropped.items()}, **counts)
+        return cls(dropped={stage: (v[0], v[1]) for stage, v in dropped.items()}, **counts)

@@ -53,23 +53,28 @@ INFLIGHT_VALUE_SIZE = INFLIGHT_PY + 8
 
 # With task storage (the fast path) each thread has a small stack of the same entries, each
 # followed by the entry stack pointer that identifies it: {u64 depth, slot[TASK_DEPTH],
-# u64 greeted (the thread's hello record was sent)}.
+# u64 greeted (the thread's hello record was sent), u64 dropped (entries let go when the
+# stack was full: a return that finds no entry while some are left was lost to the depth)}.
 INFLIGHT_SP = INFLIGHT_VALUE_SIZE
 TASK_SLOT = INFLIGHT_SP + 8
 TASK_DEPTH = 8  # calls in flight on one thread at once (runtime → driver nests 2 deep; a
 # deeper stack costs a return probe one skipped comparison per level, ~1 ns)
 TASK_GREETED = 8 + TASK_DEPTH * TASK_SLOT
-TASK_VALUE_SIZE = TASK_GREETED + 8
+TASK_DROPPED = TASK_GREETED + 8
+TASK_VALUE_SIZE = TASK_DROPPED + 8
 
 # Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
 STAT_NO_ENTRY = 1  # a return without its entry (probe attached mid-call): ignored
-# Calls whose entry could not be kept: no task storage for the thread, or nested deeper than
-# TASK_DEPTH on it (the stack is emptied: its TASK_DEPTH calls are lost, counted here).
+# Calls lost because their entry could not be kept ("too_deep" in every output): no task
+# storage for the thread (counted at entry), or nested deeper than TASK_DEPTH on it (the full
+# stack is emptied; each call that then returns without its entry is counted, at its return:
+# entries left by longjmp, whose calls never return, are no loss).
 STAT_INFLIGHT_FULL = 2
 STAT_STACK_LOST = 3  # a user stack could not be captured
 STAT_PY_LOST = 4  # a Python stack or code object record found the `pystacks` ring full
-STAT_COUNT = 5
+STAT_ENTRY_LOST = 5  # --entries: an entry record found the ring full (its call is not lost)
+STAT_COUNT = 6
 
 LAYOUT = struct.Struct("<QQIIHBBI%ds%dQq%dQQ" % (COMM_LEN, ARG_CELLS, OUT_CELLS))
 assert LAYOUT.size == SIZE, (LAYOUT.size, SIZE)
