@@ -1,81 +1,42 @@
-"""The kernel interface: `bpf()`, `perf_event_open()` and perf ioctls through ctypes.
+"""The kernel interface: `bpf()`, `perf_event_open()` and perf ioctls through ctypes. This is
+the one module that calls the kernel.
 
 Attribute buffers are packed with `struct` at the offsets of the 6.18 uapi (see the layout
-comment above each builder). Every returned file descriptor is wrapped in an `Fd`, which
-closes it on `close()`, on leaving a `with` block, or when garbage-collected.
+comment above each builder, here and in `kernel_abi.py`, the ABI's numbers, layouts and info
+structs as data, whose every name is re-exported here). Every returned file descriptor is
+wrapped in an `Fd` (`descriptors.py`), which closes it on `close()`, on leaving a `with` block,
+or when garbage-collected.
 Failures raise the typed exceptions of `errors.py`, each with errno and a readable sentence.
 """
 import ctypes
 import errno as errnos
 import functools
 import os
-import re
-import resource  # (here, not where EMFILE is met: importing it then needs a descriptor)
 import struct
 import threading
-from dataclasses import dataclass, field
-from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 from . import arch
-from .errors import KernelError, PrivilegeError, UnsupportedKernelError, VerifierError
+from .descriptors import NR_OPEN, Fd, raise_fd_limit  # noqa: F401 (re-exported)
+from .errors import KernelError, PrivilegeError, VerifierError
+# The kernel's ABI as data (numbers, attribute layouts, info structs, the uprobe PMU) is
+# kernel_abi.py's; every name of it is importable from here too, as `syscalls.X`.
+from .kernel_abi import (  # noqa: F401 (re-exported)
+    BPF_ANY, BPF_BTF_LOAD, BPF_EXIST, BPF_F_MMAPABLE, BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE,
+    BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_UPROBE_MULTI, BPF_LOG_LEVEL1, BPF_MAP_CREATE,
+    BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY, BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY,
+    BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+    BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_RINGBUF,
+    BPF_MAP_TYPE_STACK_TRACE, BPF_MAP_TYPE_TASK_STORAGE, BPF_MAP_UPDATE_ELEM, BPF_NOEXIST,
+    BPF_OBJ_GET_INFO_BY_FD, BPF_OBJ_NAME_LEN, BPF_PERF_EVENT, BPF_PERF_EVENT_UPROBE,
+    BPF_PERF_EVENT_URETPROBE, BPF_PROG_GET_FD_BY_ID, BPF_PROG_GET_NEXT_ID, BPF_PROG_LOAD,
+    BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_TRACEPOINT, BPF_TRACE_UPROBE_MULTI,
+    BPF_TRACE_UPROBE_SESSION, LINK_INFO_SIZE, PERF_ATTR_SIZE, PERF_EVENT_IOC_DISABLE,
+    PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF, PERF_FLAG_FD_CLOEXEC, PERF_TYPE_TRACEPOINT,
+    PROG_LOAD_ATTR_SIZE, UPROBE_PMU_DIR, UPROBE_PMU_ENV, LinkInfo, MapInfo, ProgInfo, UprobePmu,
+    address, check_name, elem_attr, map_info_from, prog_info_from, prog_load_attr, uprobe_attr,
+    uprobe_pmu, verifier_reason)
 
-# bpf() commands (enum bpf_cmd)
-BPF_MAP_CREATE = 0
-BPF_MAP_LOOKUP_ELEM = 1
-BPF_MAP_UPDATE_ELEM = 2
-BPF_MAP_DELETE_ELEM = 3
-BPF_MAP_GET_NEXT_KEY = 4
-BPF_PROG_LOAD = 5
-BPF_PROG_GET_NEXT_ID = 11
-BPF_PROG_GET_FD_BY_ID = 13
-BPF_OBJ_GET_INFO_BY_FD = 15
-BPF_BTF_LOAD = 18
-BPF_LINK_CREATE = 28
-
-# map types (enum bpf_map_type)
-BPF_MAP_TYPE_HASH = 1
-BPF_MAP_TYPE_ARRAY = 2
-BPF_MAP_TYPE_PERCPU_HASH = 5
-BPF_MAP_TYPE_PERCPU_ARRAY = 6
-BPF_MAP_TYPE_LRU_HASH = 9
-BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
-BPF_MAP_TYPE_STACK_TRACE = 7
-BPF_MAP_TYPE_TASK_STORAGE = 29
-BPF_MAP_TYPE_RINGBUF = 27
-
-BPF_ANY = 0
-BPF_NOEXIST = 1
-BPF_EXIST = 2
-
-BPF_PROG_TYPE_KPROBE = 2
-BPF_PROG_TYPE_TRACEPOINT = 5
-PERF_TYPE_TRACEPOINT = 2
-
-# attach and link types
-BPF_PERF_EVENT = 41
-BPF_TRACE_UPROBE_MULTI = 48
-BPF_TRACE_UPROBE_SESSION = 57  # (Linux 6.13)
-BPF_F_UPROBE_MULTI_RETURN = 1
-BPF_F_MMAPABLE = 1 << 10  # (map_create: an array whose values user space can mmap)
-BPF_LINK_TYPE_PERF_EVENT = 7
-BPF_LINK_TYPE_UPROBE_MULTI = 12
-BPF_PERF_EVENT_UPROBE = 1
-BPF_PERF_EVENT_URETPROBE = 2
-
-BPF_OBJ_NAME_LEN = 16
-BPF_LOG_LEVEL1 = 1
-
-# perf_event_open
-PERF_ATTR_SIZE = 136  # PERF_ATTR_SIZE_VER8; <72 silently drops config2 (the probe offset)
-PERF_FLAG_FD_CLOEXEC = 8
-PERF_EVENT_IOC_ENABLE = 0x2400
-PERF_EVENT_IOC_DISABLE = 0x2401
-PERF_EVENT_IOC_SET_BPF = 0x40042408
-
-UPROBE_PMU_DIR = "/sys/bus/event_source/devices/uprobe"
-UPROBE_PMU_ENV = "EBPF_CUDA_SYSFS_UPROBE"
-
-_PROG_LOAD_ATTR_SIZE = 144  # through log_true_size (offset 140)
 _LOAD_RETRIES = 5  # EAGAIN retries, as libbpf
 _LOG_START = 1 << 20
 _LOG_MIN = 128  # kernels before 6.4 refuse a smaller log buffer (EINVAL)
@@ -116,61 +77,7 @@ def kernel_error(what: str, err: int, log: str = "") -> KernelError:
 
 
 # ------------------------------------------------------------------------------------------
-# file descriptors
-
-
-class Fd:
-    """Owns one kernel file descriptor; closes it on close(), `with` exit or garbage collection."""
-
-    def __init__(self, fd: int, what: str = "fd") -> None:
-        self._fd = fd
-        self.what = what
-
-    @property
-    def value(self) -> int:
-        """The descriptor number; ValueError once closed."""
-        if self._fd < 0:
-            raise ValueError("%s is closed" % self.what)
-        return self._fd
-
-    def fileno(self) -> int:
-        return self.value
-
-    def __int__(self) -> int:
-        return self.value
-
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
-    def close(self) -> None:
-        """Close the descriptor (idempotent)."""
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def __enter__(self) -> "Fd":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser (e.g. at shutdown)
-            pass
-
-    def __repr__(self) -> str:
-        return "Fd(%d, %r)" % (self._fd, self.what)
-
-
-# ------------------------------------------------------------------------------------------
 # raw calls
-
-
-def _addr(buf: Optional[ctypes.Array]) -> int:
-    return ctypes.addressof(buf) if buf is not None else 0
 
 
 def _syscall(nr: int, *args: int) -> Tuple[int, int]:
@@ -216,14 +123,6 @@ def _c_string(text: str) -> ctypes.Array:
     return ctypes.create_string_buffer(os.fsencode(text))
 
 
-def check_name(name: str) -> bytes:
-    """Validate a map/program name (<=15 chars of [A-Za-z0-9_.]); ValueError otherwise."""
-    if len(name) >= BPF_OBJ_NAME_LEN or not re.fullmatch(r"[A-Za-z0-9_.]*", name):
-        raise ValueError("bad eBPF object name %r: use at most 15 characters of A-Z a-z 0-9 _ ."
-                         % name)
-    return name.encode()
-
-
 # ------------------------------------------------------------------------------------------
 # maps
 
@@ -254,19 +153,11 @@ def btf_load(blob: bytes) -> Fd:
     return Fd(bpf(BPF_BTF_LOAD, attr, "loading BTF type information"), "BTF")
 
 
-def _elem_attr(fd: int, key: Optional[ctypes.Array], value: Optional[ctypes.Array],
-               flags: int = 0) -> ctypes.Array:
-    # map_fd@0 key@8 value/next_key@16 flags@24
-    attr = _attr(32)
-    struct.pack_into("<IxxxxQQQ", attr, 0, fd, _addr(key), _addr(value), flags)
-    return attr
-
-
 def map_lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
     """The value stored under `key`, or None if absent. `value_size` is the buffer size."""
     kbuf = ctypes.create_string_buffer(key, len(key))
     vbuf = ctypes.create_string_buffer(value_size)
-    res, err = bpf_raw(BPF_MAP_LOOKUP_ELEM, _elem_attr(fd, kbuf, vbuf))
+    res, err = bpf_raw(BPF_MAP_LOOKUP_ELEM, elem_attr(fd, kbuf, vbuf))
     if res < 0:
         if err == errnos.ENOENT:
             return None
@@ -282,7 +173,7 @@ class ElementLookup:
     def __init__(self, fd: int, key_size: int, value_size: int) -> None:
         self._key = ctypes.create_string_buffer(key_size)
         self._value = ctypes.create_string_buffer(value_size)
-        self._attr = _elem_attr(fd, self._key, self._value)
+        self._attr = elem_attr(fd, self._key, self._value)
         self._key_size = key_size
         self._lock = threading.Lock()
         # (the call's arguments made once too: bpf_raw makes them at every call)
@@ -307,13 +198,13 @@ def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
     """Store `value` under `key` (flags: BPF_ANY, BPF_NOEXIST, BPF_EXIST)."""
     kbuf = ctypes.create_string_buffer(key, len(key))
     vbuf = ctypes.create_string_buffer(value, len(value))
-    bpf(BPF_MAP_UPDATE_ELEM, _elem_attr(fd, kbuf, vbuf, flags), "updating a map element")
+    bpf(BPF_MAP_UPDATE_ELEM, elem_attr(fd, kbuf, vbuf, flags), "updating a map element")
 
 
 def map_delete(fd: int, key: bytes) -> bool:
     """Delete `key`; False if it was absent."""
     kbuf = ctypes.create_string_buffer(key, len(key))
-    res, err = bpf_raw(BPF_MAP_DELETE_ELEM, _elem_attr(fd, kbuf, None))
+    res, err = bpf_raw(BPF_MAP_DELETE_ELEM, elem_attr(fd, kbuf, None))
     if res < 0:
         if err == errnos.ENOENT:
             return False
@@ -325,7 +216,7 @@ def map_next_key(fd: int, key: Optional[bytes], key_size: int) -> Optional[bytes
     """The key after `key` (the first key when `key` is None), or None at the end."""
     kbuf = ctypes.create_string_buffer(key, len(key)) if key is not None else None
     nbuf = ctypes.create_string_buffer(key_size)
-    res, err = bpf_raw(BPF_MAP_GET_NEXT_KEY, _elem_attr(fd, kbuf, nbuf))
+    res, err = bpf_raw(BPF_MAP_GET_NEXT_KEY, elem_attr(fd, kbuf, nbuf))
     if res < 0:
         if err == errnos.ENOENT:
             return None
@@ -337,20 +228,6 @@ def map_next_key(fd: int, key: Optional[bytes], key_size: int) -> Optional[bytes
 # programs
 
 
-def _prog_load_attr(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_level: int,
-                    log: Optional[ctypes.Array], name: bytes,
-                    expected_attach_type: int) -> ctypes.Array:
-    # prog_type@0 insn_cnt@4 insns@8 license@16 log_level@24 log_size@28 log_buf@32
-    # kern_version@40 prog_flags@44 prog_name[16]@48 prog_ifindex@64 expected_attach_type@68
-    # ... log_true_size@140 (out)
-    attr = _attr(_PROG_LOAD_ATTR_SIZE)
-    struct.pack_into("<IIQQIIQ", attr, 0, prog_type, len(insns) // 8, _addr(insns),
-                     _addr(license), log_level, len(log) if log is not None else 0, _addr(log))
-    struct.pack_into("16s", attr, 48, name)
-    struct.pack_into("<I", attr, 68, expected_attach_type)
-    return attr
-
-
 def _load_once(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_level: int,
                log: Optional[ctypes.Array], name: bytes,
                expected_attach_type: int) -> Tuple[int, int, int]:
@@ -358,8 +235,8 @@ def _load_once(prog_type: int, insns: ctypes.Array, license: ctypes.Array, log_l
     -> (fd or -1, errno, log_true_size)."""
     tries = 0
     while True:
-        attr = _prog_load_attr(prog_type, insns, license, log_level, log, name,
-                               expected_attach_type)
+        attr = prog_load_attr(prog_type, insns, license, log_level, log, name,
+                              expected_attach_type)
         res, err = bpf_raw(BPF_PROG_LOAD, attr)
         if res < 0 and err == errnos.EMFILE and raise_fd_limit():
             continue
@@ -383,61 +260,6 @@ def _load_with_log(prog_type: int, insns: ctypes.Array, license: ctypes.Array, n
         if res >= 0 or err != errnos.ENOSPC or size >= _LOG_MAX:
             return res, err, log.value.decode(errors="replace")
         size = min(_LOG_MAX, max(size * 4, true_size + 1))
-
-
-NR_OPEN = "/proc/sys/fs/nr_open"
-
-
-def raise_fd_limit() -> bool:
-    """Make room for more descriptors (EMFILE): perf-event uprobes take two each (the event
-    and its BPF link) and their programs one or two, so hundreds of functions in a few files
-    pass the usual soft limit of 1024 (6.1's quick start did). The soft limit doubles (at
-    least 1024 more), up to the hard limit, which root (CAP_SYS_RESOURCE) may raise up to
-    fs.nr_open. True if the limit was raised. (A command the tracer starts after attaching
-    inherits the raised soft limit.) Loads in worker threads and attaches may meet EMFILE at
-    once: one raises at a time."""
-    with _fd_limit_lock:
-        return _raise_fd_limit()
-
-
-_fd_limit_lock = threading.Lock()
-
-
-def _raise_fd_limit() -> bool:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    want = max(2 * soft, soft + 1024)
-    new_hard = hard
-    if want > hard:
-        try:
-            with open(NR_OPEN) as f:
-                ceiling = int(f.read())
-        except (OSError, ValueError):
-            ceiling = hard
-        new_hard = max(hard, min(want, ceiling))
-    new_soft = min(want, new_hard)
-    if new_soft <= soft:
-        return False
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, new_hard))
-    except (OSError, ValueError):
-        if new_hard == hard or hard <= soft:
-            return False
-        try:  # no CAP_SYS_RESOURCE: up to the hard limit only
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (OSError, ValueError):
-            return False
-    return True
-
-
-def verifier_reason(log: str) -> str:
-    """The line of a verifier log that says why it refused (the one before `processed ...`)."""
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("processed ") and i > 0:
-            return lines[i - 1]
-    return lines[-1] if lines else ""
 
 
 def prog_load(insns: bytes, prog_type: int = BPF_PROG_TYPE_KPROBE, license: str = "GPL",
@@ -491,28 +313,9 @@ def obj_info(fd: int, size: int, what: str, fill=None) -> bytes:
     return info.raw
 
 
-def _name(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
-@dataclass
-class MapInfo:
-    """struct bpf_map_info (the fields used here)."""
-
-    type: int
-    id: int
-    key_size: int
-    value_size: int
-    max_entries: int
-    map_flags: int
-    name: str
-
-
 def map_info(fd: int) -> MapInfo:
     """struct bpf_map_info of a map fd."""
-    raw = obj_info(fd, 104, "a map")
-    fields = struct.unpack_from("<IIIIII", raw, 0)
-    return MapInfo(*fields, name=_name(raw[24:40]))
+    return map_info_from(obj_info(fd, 104, "a map"))
 
 
 def prog_ids() -> Iterator[int]:
@@ -538,51 +341,15 @@ def prog_fd_by_id(prog_id: int) -> Fd:
               "program %d" % prog_id)
 
 
-@dataclass
-class ProgInfo:
-    """struct bpf_prog_info (run statistics need kernel.bpf_stats_enabled=1)."""
-
-    type: int
-    id: int
-    tag: bytes
-    name: str
-    run_time_ns: int
-    run_cnt: int
-    verified_insns: int
-
-
 def prog_info(fd: int) -> ProgInfo:
     """struct bpf_prog_info of a program fd."""
-    raw = obj_info(fd, 232, "a program")
-    ptype, pid = struct.unpack_from("<II", raw, 0)
-    run_time, run_cnt = struct.unpack_from("<QQ", raw, 192)
-    verified = struct.unpack_from("<I", raw, 216)[0]
-    return ProgInfo(ptype, pid, raw[8:16], _name(raw[64:80]), run_time, run_cnt, verified)
+    return prog_info_from(obj_info(fd, 232, "a program"))
 
-
-@dataclass
-class LinkInfo:
-    """struct bpf_link_info; the uprobe fields are filled for perf-event and uprobe_multi links
-    when the kernel reports them (`details`): uprobe_multi links always (6.8+), perf-event
-    links from 6.6 (before, their info has only type and ids)."""
-
-    type: int
-    id: int
-    prog_id: int
-    path: str = ""
-    offsets: List[int] = field(default_factory=list)
-    cookies: List[int] = field(default_factory=list)
-    retprobe: bool = False
-    pid: int = 0
-    details: bool = False
-
-
-_LINK_INFO_SIZE = 64
 
 
 def link_info(fd: int) -> LinkInfo:
     """Link type and ids; for uprobe links also the file, offsets, cookies and direction."""
-    raw = obj_info(fd, _LINK_INFO_SIZE, "a link")
+    raw = obj_info(fd, LINK_INFO_SIZE, "a link")
     ltype, lid, prog_id = struct.unpack_from("<III", raw, 0)
     info = LinkInfo(ltype, lid, prog_id)
     if ltype == BPF_LINK_TYPE_PERF_EVENT:
@@ -599,7 +366,7 @@ def _perf_link_info(fd: int, info: LinkInfo) -> None:
     def fill(buf: ctypes.Array) -> None:
         struct.pack_into("<QI", buf, 24, ctypes.addressof(path), len(path))
 
-    raw = obj_info(fd, _LINK_INFO_SIZE, "a perf-event link", fill)
+    raw = obj_info(fd, LINK_INFO_SIZE, "a perf-event link", fill)
     ptype = struct.unpack_from("<I", raw, 16)[0]
     if ptype not in (BPF_PERF_EVENT_UPROBE, BPF_PERF_EVENT_URETPROBE):
         return
@@ -613,7 +380,7 @@ def _perf_link_info(fd: int, info: LinkInfo) -> None:
 def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
     # uprobe_multi: path@16 offsets@24 ref_ctr_offsets@32 cookies@40 path_size@48 count@52
     # flags@56 pid@60. A first call without arrays returns the count.
-    raw = obj_info(fd, _LINK_INFO_SIZE, "a uprobe_multi link")
+    raw = obj_info(fd, LINK_INFO_SIZE, "a uprobe_multi link")
     count = struct.unpack_from("<I", raw, 52)[0]
     path = ctypes.create_string_buffer(4096)
     offsets = (ctypes.c_uint64 * max(count, 1))()
@@ -623,7 +390,7 @@ def _uprobe_multi_link_info(fd: int, info: LinkInfo) -> None:
         struct.pack_into("<QQQQII", buf, 16, ctypes.addressof(path), ctypes.addressof(offsets),
                          0, ctypes.addressof(cookies), len(path), count)
 
-    raw = obj_info(fd, _LINK_INFO_SIZE, "a uprobe_multi link", fill) if count else raw
+    raw = obj_info(fd, LINK_INFO_SIZE, "a uprobe_multi link", fill) if count else raw
     flags, pid = struct.unpack_from("<II", raw, 56)
     info.path = os.fsdecode(path.value)
     info.offsets, info.cookies = list(offsets[:count]), list(cookies[:count])
@@ -661,7 +428,7 @@ def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
     # cookies@40 cnt@48 flags@52 pid@56
     attr = _attr(64)
     struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, attach_type, 0,
-                     ctypes.addressof(cpath), ctypes.addressof(coffsets), 0, _addr(ccookies),
+                     ctypes.addressof(cpath), ctypes.addressof(coffsets), 0, address(ccookies),
                      len(offsets), flags, pid)
     fd = bpf(BPF_LINK_CREATE, attr, "creating a uprobe_multi link")
     return Fd(fd, "uprobe_multi link")
@@ -669,74 +436,6 @@ def link_create_uprobe_multi(prog_fd: int, path: str, offsets: Sequence[int],
 
 # ------------------------------------------------------------------------------------------
 # perf events
-
-
-class UprobePmu(NamedTuple):
-    """The dynamic uprobe PMU: its perf type and the config bits of its format fields."""
-
-    type: int
-    retprobe_bit: Optional[int]
-    ref_ctr_shift: Optional[int]
-
-
-def _read_text(path: str) -> Optional[str]:
-    """A sysfs file's text; None when it cannot be read. Out of file descriptors is no
-    missing file: that is said as it is (a PMU taken for absent sent users to their kernel)."""
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError as err:
-        if err.errno in (errnos.EMFILE, errnos.ENFILE):
-            raise KernelError("cannot read %s: %s" % (path, err.strerror), err.errno) from None
-        return None
-
-
-def _config_bit(text: Optional[str]) -> Optional[int]:
-    """First bit of a sysfs format line such as `config:0` or `config:32-63`."""
-    m = re.match(r"config:(\d+)", text or "")
-    return int(m.group(1)) if m else None
-
-
-def uprobe_pmu(sysfs_dir: Optional[str] = None) -> UprobePmu:
-    """Read the uprobe PMU from sysfs (`sysfs_dir`, else $EBPF_CUDA_SYSFS_UPROBE, else
-    /sys/bus/event_source/devices/uprobe); UnsupportedKernelError if it is missing."""
-    root = sysfs_dir or os.environ.get(UPROBE_PMU_ENV) or UPROBE_PMU_DIR
-    if root in _pmus:
-        return _pmus[root]
-    type_text = _read_text(os.path.join(root, "type"))
-    if type_text is None or not type_text.isdigit():
-        raise UnsupportedKernelError(
-            "this kernel has no uprobe perf PMU (%s/type is missing): uprobes need Linux 4.17 "
-            "or newer built with CONFIG_UPROBE_EVENTS (the tracefs uprobe_events interface "
-            "of older kernels is not used)" % root, errnos.ENOENT)
-    fmt = os.path.join(root, "format")
-    pmu = UprobePmu(int(type_text), _config_bit(_read_text(os.path.join(fmt, "retprobe"))),
-                    _config_bit(_read_text(os.path.join(fmt, "ref_ctr_offset"))))
-    _pmus[root] = pmu  # read once: it does not change while the kernel runs
-    return pmu
-
-
-_pmus: dict = {}
-
-
-def uprobe_attr(pmu: UprobePmu, path: ctypes.Array, offset: int, retprobe: bool,
-                ref_ctr_offset: int = 0) -> ctypes.Array:
-    """A 136-byte perf_event_attr for a uprobe at file `offset` of the file named by `path`."""
-    config = 0
-    if retprobe:
-        if pmu.retprobe_bit is None:
-            raise UnsupportedKernelError("this kernel's uprobe PMU has no retprobe format bit: "
-                                         "return probes are not supported")
-        config |= 1 << pmu.retprobe_bit
-    if ref_ctr_offset:
-        if pmu.ref_ctr_shift is None:
-            raise UnsupportedKernelError("this kernel's uprobe PMU has no ref_ctr_offset field")
-        config |= ref_ctr_offset << pmu.ref_ctr_shift
-    # type@0 size@4 config@8 ... flags@40 (all 0: enabled later by ioctl) config1@56 config2@64
-    attr = _attr(PERF_ATTR_SIZE)
-    struct.pack_into("<IIQ", attr, 0, pmu.type, PERF_ATTR_SIZE, config)
-    struct.pack_into("<QQ", attr, 56, ctypes.addressof(path), offset)
-    return attr
 
 
 def perf_event_open_uprobe(path: str, offset: int, retprobe: bool = False,

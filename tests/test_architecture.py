@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ebpf_cuda"
 # modules are named on their own; a folder is a wing of its own. (docs/architecture.md says
 # the same in prose: change both together.)
 WINGS: List[List[str]] = [
-    ["errors", "arch", "syscalls", "asm"],  # the design card's fixed points
+    # the design card's fixed points (kernel_abi, descriptors: syscalls' data and Fd)
+    ["errors", "arch", "descriptors", "kernel_abi", "syscalls", "asm"],
     ["spec"],                                # what is traced, as data
     ["bpf"],                                 # the kernel's objects
     ["targets"],                             # what to trace: files, symbols, processes

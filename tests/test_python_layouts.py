@@ -14,6 +14,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from ebpf_cuda.targets import python_layouts as pl
+from ebpf_cuda.targets import python_offsets
 from ebpf_cuda.targets.python_layouts import (UnknownInterpreter, decode_unicode, find_interpreter,
                                               layout_for, layout_from_debug_offsets, line_number)
 
@@ -298,9 +299,9 @@ def test_debug_offsets_313_and_refusals():
     assert data.startswith(b"xdebugpy")
     layout = layout_from_debug_offsets(data)
     # offsetof() of 3.13.0's own headers (gcc -DPy_BUILD_CORE), in the table rows' order
-    assert layout == pl._row((3, 13), (632, 7344, 8, 152, 72, -1),
-                             (8, 0, 56, 70, 3, 0, "pointer"),
-                             (112, 128, 136, 68, 200, "locations"), (40, 56))
+    assert layout == python_offsets._row((3, 13), (632, 7344, 8, 152, 72, -1),
+                                         (8, 0, 56, 70, 3, 0, "pointer"),
+                                         (112, 128, 136, 68, 200, "locations"), (40, 56))
     threaded = data[:16] + struct.pack("<Q", 1) + data[24:]
     with pytest.raises(UnknownInterpreter, match="free-threaded"):
         layout_from_debug_offsets(threaded)
@@ -330,7 +331,7 @@ def synthetic_314() -> bytes:
               "code_object.qualname": 128, "code_object.linetable": 136,
               "code_object.firstlineno": 68, "code_object.co_code_adaptive": 208}
     out = b"xdebugpy" + struct.pack("<QQ", 0x030E00F0, 0)
-    for section, names in pl._DEBUG_SECTIONS_314:
+    for section, names in python_offsets._DEBUG_SECTIONS_314:
         for name in names:
             key = section + "." + name
             out += struct.pack("<Q", 100000 if name == "size" else values.get(key, 1))

@@ -68,6 +68,35 @@ def _matching_prefix(got: bytes, want: bytes) -> int:
     return low
 
 
+def _committed_run(words: memoryview, off: int, count: int, step: int, expected: bytes) -> int:
+    """How many of the `count` records from data offset `off` (`step` words apart) are
+    committed with the expected header: their headers in one strided copy, compared in C."""
+    first = off >> 2
+    headers = words[first:first + count * step:step]
+    try:
+        got = headers.tobytes()  # one aligned 4-byte load per header
+    finally:
+        headers.release()
+    want = expected[:4 * count]
+    return count if got == want else _matching_prefix(got, want)
+
+
+def _past_untaken(hdr: int, record_size: int, cons: int, taken_some: bool) -> Optional[int]:
+    """At a record `drain_frames` did not take (header `hdr`, at position `cons`): how far to
+    move on (a discarded record's stride; 0 to look again), or None to stop the batch.
+    A record of another size raises DecodeError unless records were taken before it."""
+    if hdr & BUSY_BIT:
+        return None
+    if hdr & DISCARD_BIT:
+        return record_stride(hdr & LEN_MASK)
+    if hdr == record_size:
+        return 0  # was BUSY when the headers were read, committed since
+    if taken_some:
+        return None  # hand over what came before; the next call reports this one
+    raise DecodeError("ring buffer record at position %d has a %d-byte payload, "
+                      "expected %d" % (cons, hdr & LEN_MASK, record_size))
+
+
 class RingBuffer:
     """A consumer of one BPF ring buffer map.
 
@@ -287,32 +316,16 @@ class RingBuffer:
                     cons += stride
                     taken += 1
                     continue
-                good = 0
-                if count:
-                    first = off >> 2
-                    headers = words[first:first + count * step:step]
-                    try:
-                        got = headers.tobytes()  # one aligned 4-byte load per header
-                    finally:
-                        headers.release()
-                    want = expected[:4 * count]
-                    good = count if got == want else _matching_prefix(got, want)
+                good = _committed_run(words, off, count, step, expected) if count else 0
                 if good:
                     chunks.append(data[off:off + good * stride])  # copied after the headers
                     cons += good * stride
                     taken += good
                     continue
-                hdr = words[off >> 2]
-                if hdr & BUSY_BIT:
+                skip = _past_untaken(words[off >> 2], record_size, cons, bool(chunks))
+                if skip is None:
                     break
-                if not hdr & DISCARD_BIT:
-                    if hdr == record_size:
-                        continue  # was BUSY when the headers were read, committed since
-                    if chunks:
-                        break  # hand over what came before; the next call reports this one
-                    raise DecodeError("ring buffer record at position %d has a %d-byte payload, "
-                                      "expected %d" % (cons, hdr & LEN_MASK, record_size))
-                cons += record_stride(hdr & LEN_MASK)
+                cons += skip
         finally:
             consumer[0] = cons
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)

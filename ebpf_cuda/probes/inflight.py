@@ -1,0 +1,143 @@
+"""The state an entry program saves for its return program (entry time, argument cells,
+out-parameter pointers, the entry stack pointer) and how the return finds it: a small
+per-thread stack in task-local storage (`tasks`), or the `inflight` LRU hash keyed by
+(pid_tgid, entry stack pointer) on kernels without it."""
+from typing import List
+
+from .. import asm
+from ..spec import layout, record
+from ..spec.apis import Api
+from ..arch import Arch
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, Helper
+from .arguments import load_args
+from .options import ProbeOptions
+from .records import count, entry_head, py_stack_into, reserve
+from .scope import pid_tgid
+
+BPF_LOCAL_STORAGE_GET_F_CREATE = 1
+
+Items = List[object]
+
+
+def find_in_map() -> Items:
+    """R7 = this call's entry in the inflight map (key at fp-16), else jump to no_entry."""
+    return [
+        asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, "no_entry"),
+        asm.mov(R7, R0),
+    ]
+
+
+def task_storage(create: bool) -> Items:
+    """R0 = this thread's `tasks` value (created when asked), or NULL."""
+    return [
+        asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
+        asm.ld_map(R1, layout.TASKS), asm.mov(R3, 0),
+        asm.mov(R4, BPF_LOCAL_STORAGE_GET_F_CREATE if create else 0),
+        asm.call(Helper.TASK_STORAGE_GET),
+    ]
+
+
+def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
+    """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
+    on this thread's stack of calls in flight (R0: its task storage, or NULL). A full stack
+    (entries whose return never came: longjmp, exceptions) is emptied, and counted."""
+    slot = record.TASK_SLOT
+    prog = [
+        asm.jeq(R0, 0, "stash_lost"),
+        asm.mov(R9, R0),
+        asm.ldx(DW, R1, R9, 0),
+        asm.jlt(R1, record.TASK_DEPTH, "depth_ok"),
+        asm.st(DW, R9, 0, 0),
+    ] + count(record.STAT_INFLIGHT_FULL, "full", record.TASK_DEPTH) + [
+        asm.mov(R1, 0),
+        asm.Label("depth_ok"),
+        asm.mov(R8, R1), asm.mul(R8, slot), asm.add(R8, R9), asm.add(R8, 8),
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.INFLIGHT_TS, R0),
+    ]
+    prog += load_args(api, arch, R6, R8, record.INFLIGHT_ARGS)
+    for j in range(record.OUT_CELLS):
+        where = record.INFLIGHT_OUTPTRS + 8 * j
+        if j < len(api.outs):
+            prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, R8, where, R1)]
+        else:
+            prog.append(asm.st(DW, R8, where, 0))
+    prog += py_stack_into(R8, record.INFLIGHT_PY, options)
+    return prog + [
+        asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
+        asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
+    ] + _hello_once(options) + [
+        asm.ja("stashed"), asm.Label("stash_lost"),
+    ] + count(record.STAT_INFLIGHT_FULL, "lost") + [asm.Label("stashed")]
+
+
+def _hello_once(options: ProbeOptions) -> Items:
+    """A thread's first stash (R9: its task storage) sends a hello record and wakes the
+    reader (record.PHASE_HELLO). A full ring drops it: it is no event, so it is not counted."""
+    prog = [
+        asm.ldx(DW, R1, R9, record.TASK_GREETED),
+        asm.jne(R1, 0, "greeted"),
+        asm.st(DW, R9, record.TASK_GREETED, 1),
+    ] + reserve("greeted") + entry_head(record.HELLO_FN, record.PHASE_HELLO, options)
+    prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
+    return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
+                   asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
+
+
+def find_in_task() -> Items:
+    """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
+    the one at fp-8), popping it and anything above; else jump to no_entry (or, for a thread
+    without storage, one whose entries were never stashed, to done)."""
+    return list(_FIND_IN_TASK)
+
+
+def _build_find_in_task() -> Items:
+    prog = task_storage(create=False) + [
+        asm.jeq(R0, 0, "done"),
+        asm.mov(R9, R0),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT + 8), asm.ldx(DW, R2, R9, 0),
+    ]
+    for level in reversed(range(record.TASK_DEPTH)):
+        at = 8 + level * record.TASK_SLOT
+        prog += [
+            asm.jle(R2, level, "below_%d" % level),
+            asm.ldx(DW, R3, R9, at + record.INFLIGHT_SP),
+            asm.jne(R3, R1, "below_%d" % level),
+            asm.mov(R7, R9), asm.add(R7, at), asm.st(DW, R9, 0, level),
+            asm.ja("found"),
+            asm.Label("below_%d" % level),
+        ]
+    return prog + [asm.ja("no_entry"), asm.Label("found")]
+
+
+# The same in every return program (instructions are immutable values): built once.
+_FIND_IN_TASK = tuple(_build_find_in_task())
+
+
+def inflight_key(arch: Arch, sp_adjust: int, options: ProbeOptions) -> Items:
+    """fp-16 = pid_tgid, fp-8 = the stack pointer as it was at function entry."""
+    prog: Items = pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0),
+                                       asm.ldx(DW, R1, R6, arch.sp)]
+    if sp_adjust:
+        prog.append(asm.sub(R1, sp_adjust))
+    return prog + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT + 8, R1)]
+
+
+def stash_entry(api: Api, arch: Arch, options: ProbeOptions) -> Items:
+    """Save entry time, argument cells and out-parameter pointers in the inflight map."""
+    prog: Items = [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.INFLIGHT_VALUE_AT, R0)]
+    prog += load_args(api, arch, R6, FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_ARGS)
+    for j in range(record.OUT_CELLS):
+        where = layout.INFLIGHT_VALUE_AT + record.INFLIGHT_OUTPTRS + 8 * j
+        if j < len(api.outs):
+            prog += [asm.ldx(DW, R1, R6, arch.arg(api.outs[j].slot)), asm.stx(DW, FP, where, R1)]
+        else:
+            prog.append(asm.st(DW, FP, where, 0))
+    prog += py_stack_into(FP, layout.INFLIGHT_VALUE_AT + record.INFLIGHT_PY, options)
+    prog += inflight_key(arch, 0, options)
+    return prog + [
+        asm.ld_map(R1, layout.INFLIGHT), asm.mov(R2, FP), asm.add(R2, layout.INFLIGHT_KEY_AT),
+        asm.mov(R3, FP), asm.add(R3, layout.INFLIGHT_VALUE_AT), asm.mov(R4, 0),
+        asm.call(Helper.MAP_UPDATE_ELEM),
+    ]

@@ -1,0 +1,103 @@
+"""Writing records into the `events` ring buffer (reserve, head, submit and its wakeup) and
+counting in the per-CPU `stats` array: the pieces every generated program shares."""
+from typing import List
+
+from .. import asm
+from ..spec import layout, record
+from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, RB_NO_WAKEUP, W, Helper
+from .options import ProbeOptions
+from .scope import pid_tgid
+
+BPF_F_USER_STACK = 1 << 8
+BPF_RB_AVAIL_DATA = 0  # ringbuf_query: bytes not yet consumed
+
+Items = List[object]
+
+FnId = layout.FnId
+FROM_COOKIE = layout.FROM_COOKIE
+fn_id_into = layout.fn_id_into
+
+
+def store_fn_and_phase(fn_id: FnId, phase: int) -> Items:
+    """The record's u16 function id and u8 phase (flags zeroed), at R8."""
+    if fn_id is FROM_COOKIE:
+        return fn_id_into(R1, fn_id) + [asm.or_(R1, phase << 16),
+                                       asm.stx(W, R8, record.FN_ID, R1)]
+    return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16)]
+
+
+def entry_head(fn_id: FnId, phase: int, options: ProbeOptions) -> Items:
+    """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
+    function id and phase, no stack, comm."""
+    return [
+        asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
+        asm.st(DW, R8, record.TS_EXIT, 0),
+    ] + pid_tgid(options) + [
+        asm.stx(DW, R8, record.PID_TGID, R0),
+    ] + store_fn_and_phase(fn_id, phase) + [asm.st(W, R8, record.STACK_ID, 0)] + comm()
+
+
+def py_stack_into(base, offset: int, options: ProbeOptions) -> Items:
+    """base+offset = the key of the call's Python stack (pystack_probe.walk left it), or 0."""
+    if options.py_stacks is None:
+        return [asm.st(DW, base, offset, 0)]
+    return [asm.ldx(DW, R1, FP, layout.PY_STACK_AT), asm.stx(DW, base, offset, R1)]
+
+
+def reserve(fail_label: str) -> Items:
+    """R8 = a new record in the ring buffer, or jump to fail_label."""
+    return [
+        asm.ld_map(R1, layout.EVENTS), asm.mov(R2, record.SIZE), asm.mov(R3, 0),
+        asm.call(Helper.RINGBUF_RESERVE),
+        asm.jeq(R0, 0, fail_label),
+        asm.mov(R8, R0),
+    ]
+
+
+def stack_id() -> Items:
+    """record.STACK_ID = 1 + get_stackid(user stack), or 0 (counted) when it fails."""
+    return [
+        asm.mov(R1, R6), asm.ld_map(R2, layout.STACKS), asm.mov(R3, BPF_F_USER_STACK),
+        asm.call(Helper.GET_STACKID),
+        asm.jsge(R0, 0, "stack_ok"),
+    ] + count(record.STAT_STACK_LOST) + [
+        asm.mov(R0, -1),
+        asm.Label("stack_ok"),
+        asm.add(R0, 1),
+        asm.stx(W, R8, record.STACK_ID, R0),
+    ]
+
+
+def comm() -> Items:
+    return [asm.mov(R1, R8), asm.add(R1, record.COMM), asm.mov(R2, record.COMM_LEN),
+            asm.call(Helper.GET_CURRENT_COMM)]
+
+
+def submit(options: ProbeOptions) -> Items:
+    """Submit the record at R8, waking the reader as `wakeup_bytes` says."""
+    if options.wake_now or not options.wakeup_bytes:
+        flags = RB_FORCE_WAKEUP if options.wake_now else 0
+        return [asm.mov(R1, R8), asm.mov(R2, flags), asm.call(Helper.RINGBUF_SUBMIT)]
+    return [
+        asm.ld_map(R1, layout.EVENTS), asm.mov(R2, BPF_RB_AVAIL_DATA),
+        asm.call(Helper.RINGBUF_QUERY),
+        asm.mov(R2, RB_NO_WAKEUP),
+        asm.jlt(R0, options.wakeup_bytes, "quiet"),
+        asm.mov(R2, RB_FORCE_WAKEUP),
+        asm.Label("quiet"),
+        asm.mov(R1, R8), asm.call(Helper.RINGBUF_SUBMIT),
+    ]
+
+
+def count(stat: int, tag: str = "", amount: int = 1) -> Items:
+    """stats[stat] += amount on this CPU (a per-CPU slot needs no atomic); `tag` tells apart
+    two counts of one stat in a program."""
+    label = "counted_%d%s" % (stat, tag)
+    return [
+        asm.st(W, FP, layout.STAT_KEY_AT, stat),
+        asm.ld_map(R1, layout.STATS), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM),
+        asm.jeq(R0, 0, label),
+        asm.ldx(DW, R1, R0, 0), asm.add(R1, amount), asm.stx(DW, R0, 0, R1),
+        asm.Label(label),
+    ]
