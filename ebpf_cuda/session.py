@@ -446,18 +446,10 @@ class Session:
         `entries_lost`, entry records (--entries) lost; with --py-stacks `py_lost`, the stack
         and code object records lost."""
         stats_map = self.maps.get(layout.STATS)
-        if stats_map is None:
-            return {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
-
-        def total(index: int) -> int:
-            return sum(stats_map[index])
-
-        counts = {"lost": total(record.STAT_RING_FULL), "unpaired": total(record.STAT_NO_ENTRY),
-                  "too_deep": total(record.STAT_INFLIGHT_FULL),
-                  "entries_lost": total(record.STAT_ENTRY_LOST)}
-        if self.options.py_stacks:  # stack and code records the `pystacks` ring could not take
-            counts["py_lost"] = total(record.STAT_PY_LOST)
-        return counts
+        names = dict(_STAT_NAMES, **({"py_lost": record.STAT_PY_LOST} if self.options.py_stacks
+                                     else {}))  # (stack and code records of --py-stacks)
+        return {name: sum(stats_map[index]) if stats_map is not None else 0
+                for name, index in names.items()}
 
     def children_left(self) -> List[int]:
         """The processes the command started that still live once it has ended (a job it
@@ -556,6 +548,10 @@ class Session:
         return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
                              self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
                              self.maps.get(layout.LAUNCH_SLOTS))
+
+
+_STAT_NAMES = {"lost": record.STAT_RING_FULL, "unpaired": record.STAT_NO_ENTRY,
+               "too_deep": record.STAT_INFLIGHT_FULL, "entries_lost": record.STAT_ENTRY_LOST}
 
 
 def _driver_launches(targets: Sequence[Target]) -> bool:

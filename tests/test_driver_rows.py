@@ -208,7 +208,7 @@ def test_every_driver_row_and_variant_is_exercised(root, traced):
 def test_one_exit_per_call_in_program_order(root, traced):
     events, calls, tracer = traced
     assert [e.api for e in exits(events)] == [base_name(c.fn) for c in calls]
-    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0}
+    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
     child = tracer.child_pid
     assert all(e.pid == e.tid == child for e in events)
 

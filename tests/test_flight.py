@@ -161,7 +161,7 @@ class _Tracer:
         self.lost = 0  # (the probes' counters: records the ring could not take)
 
     def stats(self) -> dict:
-        return {"lost": self.lost, "unpaired": 0, "too_deep": 0}
+        return {"lost": self.lost, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
 
 
 def test_triggers_by_error_and_latency(tmp_path):

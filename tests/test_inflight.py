@@ -24,7 +24,7 @@ def _trace(cc):
 
 
 def _check(exits, stats):
-    assert stats == {"lost": 0, "unpaired": 0, "too_deep": 0}
+    assert stats == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
     assert [e.api for e in exits[:5]] == ["cudaMalloc", "cudaMemcpy", "cudaLaunchKernel",
                                           "cudaSetDevice", "cudaFree"]
     assert exits[0].args == {"size": 4000} and exits[0].outs == {"ptr": 0x7F0000000000}

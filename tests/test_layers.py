@@ -115,7 +115,7 @@ def test_each_runtime_call_shows_its_driver_calls_nested_inside(root, both):
         for inner in _nested(outer, driver):
             assert (inner.pid, inner.tid) == (outer.pid, outer.tid) == (tracer.child_pid,) * 2
             assert inner.duration_ns < outer.duration_ns
-    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0}
+    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
 
 
 def test_nested_driver_calls_carry_the_runtime_arguments(root, both):

@@ -69,7 +69,7 @@ def test_calls_left_by_longjmp_are_not_counted_as_lost(root, nesting, jumps):
     events, _, tracer = trace_command([prog, 1, TIMES, jumps], library=[str(lib)],
                                       functions=["cudaMemcpy"])
     exits = [e for e in events if e.phase == "exit"]
-    assert len(exits) == TIMES and all(e.args["kind"] == 0 for e in exits)
+    assert len(exits) == TIMES and all(e.args["kind"] == "HostToHost" for e in exits)
     assert tracer.stats_at_end["too_deep"] == 0 and tracer.stats_at_end["lost"] == 0
     done = run_cli("-o", "/dev/null", "-p", lib, "--functions", "cudaMemcpy", "--", prog, 1,
                    TIMES, jumps)
@@ -84,5 +84,5 @@ def test_calls_nested_too_deep_after_longjmps_are_still_counted(root, nesting):
     depth = record.TASK_DEPTH + 2
     events, _, tracer = trace_command([prog, depth, TIMES, 3], library=[str(lib)],
                                       functions=["cudaMemcpy"])
-    exits = [e for e in events if e.phase == "exit" and e.args["kind"] == 0]
+    exits = [e for e in events if e.phase == "exit" and e.args["kind"] == "HostToHost"]
     assert len(exits) + tracer.stats_at_end["too_deep"] == depth * TIMES

@@ -611,7 +611,7 @@ def test_with_entries_losses_are_counted_in_calls(root, robust, tmp_path):
                     "--", prog, "threads", 4, 20000], timeout=120)
     assert done.returncode == 0
     made = int(re.search(r"made=(\d+)", done.stdout).group(1))
-    exits = sum(1 for line in out.read_text().splitlines() if '"phase": "exit"' in line)
+    exits = sum(1 for line in out.read_text().splitlines() if json.loads(line)["phase"] == "exit")
     line = _lost_line(done.stderr)
     lost = re.search(r"(\d+) events lost: (\d+) with the ring buffer full", line)
     assert lost and lost.group(1) == lost.group(2), line

@@ -216,7 +216,7 @@ def test_every_runtime_row_is_exercised(root, everything):
 def test_one_exit_per_call_in_program_order_under_the_base_name(everything):
     events, calls, tracer = everything
     assert [e.api for e in exits(events)] == [base_name(c.fn) for c in calls]
-    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0}
+    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
 
 
 def test_arguments_are_exactly_what_the_program_passed(everything):

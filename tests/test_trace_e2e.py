@@ -112,7 +112,7 @@ def test_every_call_is_an_enter_then_an_exit_in_program_order(root, eleven):
     events, calls, tracer = eleven
     pairs = _pairs(events)
     assert [enter.api for enter, _ in pairs] == [c.fn for c in calls]
-    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0}
+    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
 
 
 def test_arguments_are_exactly_what_the_program_passed(root, eleven):
@@ -316,4 +316,4 @@ def test_shared_programs_and_per_function_programs_give_the_same_events(root, fa
         for (enter, exit_), call in zip(pairs, calls):
             assert enter.args == expected_args(call), (multi, call)
             assert (exit_.ret, exit_.outs) == (call.ret, expected_outs(call)), (multi, call)
-        assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0}
+        assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}

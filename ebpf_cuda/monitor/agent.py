@@ -323,7 +323,7 @@ class Monitor:
     def _losses(self, map_full: int) -> List[Tuple[str, int]]:
         """What could not be counted or kept so far, by cause (lost_family)."""
         stats = self.tracer.stats()
-        lost = [("ring_full", stats["lost"]), ("inflight_full", stats["too_deep"]),
+        lost = [("ring_full", stats["lost"]), ("too_deep", stats["too_deep"]),
                 ("launch_map_full", map_full),
                 ("process_map_full", self.attribution.process_map_full),
                 ("name_map_full", self.tracer.names.names_lost)]

@@ -127,7 +127,8 @@ def lost_family(lost: Sequence[Tuple[str, int]]) -> Family:
     return Family("ebpf_cuda_events_lost", "counter",
                   "What the probes could not count or keep, by cause: ring_full (records "
                   "of name-teaching calls, or with a flight recorder every call's), "
-                  "inflight_full (calls not counted), launch_map_full (launches counted "
+                  "too_deep (calls not counted: their entry could not be kept), "
+                  "launch_map_full (launches counted "
                   "but not by process), process_map_full (calls counted but not by "
                   "process), name_map_full (kernel names gone from the probes' names "
                   "map before the reader read their registrations), "

@@ -26,7 +26,7 @@ from ..arch import Arch
 from ..asm import DW, FP, R0, R1, R2, R6, R7, R8, W, Helper
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
 from .inflight import (  # noqa: F401 (BPF_LOCAL_STORAGE_GET_F_CREATE: importable from here)
-    BPF_LOCAL_STORAGE_GET_F_CREATE, find_in_map, find_in_task, inflight_key, stash_entry,
+    BPF_LOCAL_STORAGE_GET_F_CREATE, dropped_return, find_in_map, find_in_task, inflight_key, stash_entry,
     stash_in_task, task_storage)
 from .options import ProbeOptions
 from .records import (  # noqa: F401 (the constants: importable from here, as before)
@@ -123,6 +123,7 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
                  asm.add(R2, layout.INFLIGHT_KEY_AT),
                  asm.call(Helper.MAP_DELETE_ELEM)]
     prog += [asm.ja("done"), asm.Label("no_entry")]
+    prog += dropped_return() if options.task_storage else []
     prog += count(record.STAT_NO_ENTRY)
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]
 
@@ -226,7 +227,7 @@ def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions)
     prog += py_stack_into(R8, record.PY_STACK, options)
     prog += submit(options)
     prog += [asm.ja("enter_done"), asm.Label("enter_lost")]
-    prog += count(record.STAT_RING_FULL)
+    prog += count(record.STAT_ENTRY_LOST)  # (its call is not lost: see decode/losses.py)
     return prog + [asm.Label("enter_done")]
 
 

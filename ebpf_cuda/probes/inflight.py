@@ -42,7 +42,9 @@ def task_storage(create: bool) -> Items:
 def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
     """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
     on this thread's stack of calls in flight (R0: its task storage, or NULL). A full stack
-    (entries whose return never came: longjmp, exceptions) is emptied, and counted."""
+    is emptied and its entries kept count of (TASK_DROPPED): some may be of calls still in
+    flight, counted lost when they return (`dropped_return`), others of calls left by longjmp
+    or an exception, which never return and are no loss."""
     slot = record.TASK_SLOT
     prog = [
         asm.jeq(R0, 0, "stash_lost"),
@@ -50,7 +52,8 @@ def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
         asm.ldx(DW, R1, R9, 0),
         asm.jlt(R1, record.TASK_DEPTH, "depth_ok"),
         asm.st(DW, R9, 0, 0),
-    ] + count(record.STAT_INFLIGHT_FULL, "full", record.TASK_DEPTH) + [
+        asm.ldx(DW, R2, R9, record.TASK_DROPPED), asm.add(R2, R1),
+        asm.stx(DW, R9, record.TASK_DROPPED, R2),
         asm.mov(R1, 0),
         asm.Label("depth_ok"),
         asm.mov(R8, R1), asm.mul(R8, slot), asm.add(R8, R9), asm.add(R8, 8),
@@ -83,6 +86,19 @@ def _hello_once(options: ProbeOptions) -> Items:
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
     return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
                    asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
+
+
+def dropped_return() -> Items:
+    """At no_entry (R9: the thread's task storage): a return without its entry while entries
+    let go from a full stack are left is a call lost to the depth (STAT_INFLIGHT_FULL), one
+    of them fewer; else the entry was never seen (STAT_NO_ENTRY, counted by the caller)."""
+    return [
+        asm.ldx(DW, R1, R9, record.TASK_DROPPED),
+        asm.jeq(R1, 0, "never_stashed"),
+        asm.sub(R1, 1), asm.stx(DW, R9, record.TASK_DROPPED, R1),
+    ] + count(record.STAT_INFLIGHT_FULL, "dropped") + [
+        asm.ja("done"), asm.Label("never_stashed"),
+    ]
 
 
 def find_in_task() -> Items:
