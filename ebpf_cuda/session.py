@@ -15,8 +15,8 @@ from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTup
                     Sequence, Set, Tuple)
 
 from .decode import aggregates as sums
-from . import late_loads as loader_watch
-from .probes import calls as probes, plan, pystack as pystack_probe
+from . import late_loads
+from .probes import calls, plan, pystack
 from .spec import apis, layout, record
 from .targets import discovery
 from .bpf import features, kernel_btf, maps
@@ -91,9 +91,9 @@ class Session:
         self._execs: Optional[ExecWatcher] = None  # when each process exec'd (names.py)
         self._started = False
         self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
-        # Libraries mapped after the start (loader_watch.py); the lock keeps the reader's
+        # Libraries mapped after the start (late_loads.py); the lock keeps the reader's
         # late attaches and close() apart.
-        self.late: Optional[loader_watch.LateLoads] = None
+        self.late: Optional[late_loads.LateLoads] = None
         self.late_probed: List[Tuple[str, int, float]] = []  # (path, pid, ms): LateLoads.late
         self._late_links: Dict[str, List[Link]] = {}  # the links of each file probed late
         self._runtime_launches = True  # False: the driver's launch probes replace them
@@ -157,7 +157,7 @@ class Session:
                                  o.follows, self.pid_ns is not None, o.per_process,
                                  launch_slots=plan.samples_returns(o, self.kernel_features()))
         if o.py_stacks:
-            specs += pystack_probe.map_specs(max(o.ring_size // 2, 1 << 20))
+            specs += pystack.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
             try:
                 self.maps[spec.name] = create_map(spec)
@@ -241,7 +241,7 @@ class Session:
                              layout.TASKS in self.maps, features.session_is_return_id(),
                              self.pid_ns, self.thread_pointer)
 
-    def probe_options(self, api: Api) -> probes.ProbeOptions:
+    def probe_options(self, api: Api) -> calls.ProbeOptions:
         """What the programs of `api` do (plan.probe_options)."""
         return plan.probe_options(api, self.options, self.kernel_features())
 
@@ -323,7 +323,7 @@ class Session:
 
     def _start_late_loads(self) -> None:
         """Probe the CUDA libraries a traced process (-d PID, the command's) maps from now on,
-        told by its dynamic loader (loader_watch.py). Not for files named with -p, nor
+        told by its dynamic loader (late_loads.py). Not for files named with -p, nor
         system-wide (there the start-up search is the whole story)."""
         o = self.options
         if o.library or (o.pid is None and self.command is None):
@@ -331,23 +331,23 @@ class Session:
         pid = o.pid if o.pid is not None else (
             None if layout.FOLLOWED in self.maps else self.command.pid)
         try:
-            self.late = loader_watch.LateLoads(
+            self.late = late_loads.LateLoads(
                 self.maps, pid, self.selected, self.targets, self._probe_late,
                 self._traced_pids, self.log, self.pid_ns)
         except TracerError as err:
             self.failures.append("libraries mapped later are not probed: %s" % err)
             return
         self.late_probed = self.late.late  # (kept after close)
-        self.late.watch_loaders(loader_watch.loaders_for(o.pid, o.command))
+        self.late.watch_loaders(late_loads.loaders_for(o.pid, o.command))
         if o.pid is not None:  # what it maps already that the start-up search missed
             self.late.scan(o.pid)
 
     def late_loads_everywhere(self, notices: maps.Map,
-                              traced: Callable[[], Iterable[int]]) -> loader_watch.LateLoads:
+                              traced: Callable[[], Iterable[int]]) -> late_loads.LateLoads:
         """The CUDA files any process maps from now on, probed (the monitor,
-        loader_watch.SystemWatch): no pid filter, and the notices go to the ring `notices`,
+        late_loads.SystemWatch): no pid filter, and the notices go to the ring `notices`,
         read by the caller, not by this session's reader. The caller closes it first."""
-        late = loader_watch.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
+        late = late_loads.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
                                       self.selected, self.targets, self._probe_late, traced,
                                       self.log, self.pid_ns, detach=self.detach)
         self.late_probed = late.late
@@ -384,7 +384,7 @@ class Session:
 
     def detach(self, path: str) -> int:
         """Close the links of the file probed late at `path` (a target's path) and drop its
-        attachments and target (the monitor, once no process maps it: loader_watch.LateLoads
+        attachments and target (the monitor, once no process maps it: late_loads.LateLoads
         .sweep); the number of links closed, 0 for a file not probed late (those of the
         start are never detached here) or a session closed. The aggregates stay (they are
         per function, not per file), and so do the programs (other files share them, and
@@ -466,7 +466,7 @@ class Session:
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
         time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
-        probes._learn_name; the least recently used go when the map is full)."""
+        calls._learn_name; the least recently used go when the map is full)."""
         lookup = self._name_lookup
         if lookup is None:
             names = self.maps.get(layout.NAMES)

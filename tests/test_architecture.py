@@ -5,6 +5,7 @@ Imports are read with `ast`, those made inside functions included (a lazy import
 dependency), those under `if TYPE_CHECKING:` left out (they never run).
 """
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
@@ -178,3 +179,18 @@ def test_the_graph_sees_imports_inside_functions(module):
     must also hold what functions import (the monitor's exporters, say)."""
     assert GRAPH[module] <= set(MODULES)
     assert "ebpf_cuda.session" in GRAPH["ebpf_cuda.tracer"]
+
+
+def test_docs_architecture_names_every_module_and_the_wings_in_order():
+    """docs/architecture.md matches the code: every module is named there (`name.py`), and
+    its table lists the wings in WINGS' order."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    unnamed = sorted(module for module, path in MODULES.items() if path.name != "__init__.py"
+                     and wing(module) != "asm"  # (the assembler: one unit, docs/design.md)
+                     and "`%s`" % path.name not in page)
+    assert unnamed == []
+    rows = [line for line in page.splitlines() if re.match(r"\| \d+ \| ", line)]
+    assert len(rows) == len(WINGS)
+    for row, names in zip(rows, WINGS):
+        first = names[0]
+        assert "`%s/`" % first in row or "`%s.py`" % first in row, (row, names)

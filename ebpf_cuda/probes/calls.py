@@ -18,7 +18,7 @@ callers used from here is importable from here still.
 """
 from typing import Hashable, List
 
-from . import aggregates, pystack as pystack_probe
+from . import aggregates, pystack
 from .. import asm
 from ..spec import layout, record
 from ..spec.apis import Api
@@ -80,7 +80,7 @@ def _entry_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Ite
     if options.follow and not by_storage:
         prog += only_followed(options)
     if options.py_stacks is not None:  # (before the entry time is taken: not in the call's)
-        prog += pystack_probe.walk(options.py_stacks, pid_tgid(options))
+        prog += pystack.walk(options.py_stacks, pid_tgid(options))
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
         prog += _emit_enter_record(api, fn_id, arch, options)

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 from .. import asm
 from ..spec import layout, record
-from . import calls as probes
+from . import calls
 from ..arch import Arch, current as current_arch
 from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, W, Helper
 from .execs import NOTICES_LOST
@@ -29,7 +29,7 @@ LOST = NOTICES_LOST  # "loader_lost": per-CPU count of notices the full ring cou
 # struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
 R_STATE = 24
 RT_CONSISTENT = 0
-STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (probes.py's are lower)
+STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (calls.py's are lower)
 
 
 def lost_map() -> PerCpuArrayMap:
@@ -46,10 +46,10 @@ def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
     a consistent link map (r_state RT_CONSISTENT: objects mapped, or unmapped) is told of:
     half the notices, and none before the mapping."""
     arch = arch or current_arch()
-    options = probes.ProbeOptions(follow=follow, pid_ns=pid_ns)
-    prog = [asm.mov(R6, R1)] + probes._in_namespace(options)
+    options = calls.ProbeOptions(follow=follow, pid_ns=pid_ns)
+    prog = [asm.mov(R6, R1)] + calls._in_namespace(options)
     if follow:
-        prog += probes._only_followed(options)
+        prog += calls._only_followed(options)
     prog += [
         asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE),
         asm.jeq(R0, 0, "tell"),  # (no cookie: every call is told of)
@@ -64,7 +64,7 @@ def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
         asm.call(Helper.RINGBUF_RESERVE),
         asm.jeq(R0, 0, "lost"),
         asm.mov(R8, R0),
-    ] + probes._entry_head(record.HELLO_FN, record.PHASE_HELLO, options) + [
+    ] + calls._entry_head(record.HELLO_FN, record.PHASE_HELLO, options) + [
         asm.st(DW, R8, record.ARGS, LOADER_MARK),
     ]
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS + 8, record.SIZE, 8)]

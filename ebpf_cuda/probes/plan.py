@@ -17,7 +17,7 @@ from ..bpf.programs import EXPECTED_UPROBE_MULTI
 from ..spec import apis
 from ..spec.apis import Api
 from ..spec.config import TraceConfig
-from . import calls as probes
+from . import calls
 from .calls import ProbeOptions
 
 WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
@@ -53,18 +53,18 @@ class ProgramSpec(NamedTuple):
     @property
     def shared(self) -> bool:
         """Whether its function id comes from the attach cookie (rows share it)."""
-        return self.fn_id == probes.FROM_COOKIE
+        return self.fn_id == calls.FROM_COOKIE
 
     def instructions(self, arch: Arch) -> list:
-        generate = {ENTRY: probes.entry_program, RETURN: probes.return_program,
-                    SESSION: probes.session_program}[self.kind]
+        generate = {ENTRY: calls.entry_program, RETURN: calls.return_program,
+                    SESSION: calls.session_program}[self.kind]
         return generate(self.api, self.fn_id, arch, self.options)
 
     def name(self, number: int) -> str:
         """Its name in the kernel (`number`: how many programs were loaded before it)."""
         if self.kind == SESSION:
             return "cuda%d_ses" % apis.FN_ID[self.api.name]
-        return probes.program_name(number if self.shared else self.fn_id, self.retprobe,
+        return calls.program_name(number if self.shared else self.fn_id, self.retprobe,
                                    self.shared)
 
 
@@ -84,12 +84,12 @@ def programs_for(rows: Sequence[Api], config: TraceConfig,
             kinds = (ENTRY, RETURN) if config.return_probes else (ENTRY,)
         for kind in kinds:
             shared = features.uprobe_multi and kind != SESSION
-            key = ((probes.shape_of(api, kind == RETURN, features.arch, options.aggregate),
+            key = ((calls.shape_of(api, kind == RETURN, features.arch, options.aggregate),
                     options, kind == RETURN) if shared else
                    (fn_id, kind if kind == SESSION else kind == RETURN))
             if key not in specs:
                 specs[key] = ProgramSpec(
-                    key, kind, api, probes.FROM_COOKIE if shared else fn_id, options,
+                    key, kind, api, calls.FROM_COOKIE if shared else fn_id, options,
                     BPF_TRACE_UPROBE_SESSION if kind == SESSION else
                     EXPECTED_UPROBE_MULTI if features.uprobe_multi else 0, [])
             specs[key].functions.append(api.name)
