@@ -36,17 +36,19 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 PY=${PYTHON:-python3}
 
-# name|estimate s|limit s|what it compares, against what
+# name|estimate s|limit s|what it compares, against what (in the order they run: what the
+# kernels and attach show first, then the short deterministic checks, the longer ones, the
+# cost measurements last)
 CHECK_TABLE='kernels|200|480|kernel names, launches, geometry of PyTorch eager, CUDA graphs, torch.compile, Triton, CuPy, JAX, numba = CUPTI in the same process (issue 40)
 attach|60|240|-d PID to a warmed-up PyTorch loop: window launches and geometry = CUPTI; runtime-launched kernels >= 99 % named with CUPTI names
-graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhead): kernels and copies = CUPTI, checksums = untraced run, --summary alone = decoded table
-lines|100|360|--py-stacks: each call on the line of the loop that made it (lines known by construction); CI target: py_stack = the interpreter'"'"'s own stack
-nccl|60|300|torch.distributed NCCL calls = what the script issued (order, counts, dtypes, bytes, DDP gradient bytes, comm id and sequence); saved-trace reports
 driver-api|25|120|driver_check.cu (runtime + driver API, stream capture, graphs, a PTX module): launches, captured, nodes, names, geometry = what the program says it did
 summary|30|120|kernels_check.cu (static and shared cudart): --summary/--leaks tables and JSON names, copies, leak = the program'"'"'s known operations
 targets|45|180|basic02 (static and shared cudart) traced as -- COMMAND, -p PATH system-wide, -d PID: sizes, pointers, copies, geometry, name = what basic02 does
 late-load|20|120|CuPy'"'"'s runtime, linked into modules loaded later: cudaMalloc/cudaFree/cudaDeviceSynchronize = the program'"'"'s known counts
 zipapp|40|180|python3 -I PYZ (nothing installed used): basic02 = what it does; a Chrome timeline'"'"'s launch slices = the same run'"'"'s JSON launches
+nccl|60|300|torch.distributed NCCL calls = what the script issued (order, counts, dtypes, bytes, DDP gradient bytes, comm id and sequence); saved-trace reports
+lines|100|360|--py-stacks: each call on the line of the loop that made it (lines known by construction); CI target: py_stack = the interpreter'"'"'s own stack
+graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhead): kernels and copies = CUPTI, checksums = untraced run, --summary alone = decoded table
 monitor|90|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed
 monitor-cost|150|420|the monitor in turns on its own library copies: tiny op <= 1.02x bare entry probes, MLP step <= 1.02x untraced (issue 21)
 overhead|150|420|the CLI tracer in turns: tiny op trace <= 1.10x, --summary <= 1.05x a bare probe pair; MLP step <= 1.03x untraced (issue 7)'
@@ -356,7 +358,8 @@ for name in "${SELECTED[@]}"; do
     if [ -n "$BUDGET" ]; then
         left=$(( BUDGET - ($(date +%s) - start) ))
         if [ "$left" -lt "$estimate" ]; then
-            say "SKIP $name/all: out of budget ($left s left, the check takes ~$estimate s)"
+            say "SKIP $name/all: out of budget ($left s left, the check takes ~$estimate s)" \
+                | tail -n 1 > "$log"
             STATUS[$name]=SKIP; SECONDS_TAKEN[$name]=0
             continue
         fi
