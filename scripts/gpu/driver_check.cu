@@ -170,8 +170,9 @@ int main() {
     RT(cudaFree(d_y));
     RT(cudaFree(d_x));
     RT(cudaDeviceSynchronize());
-    // What compare_issue5.py checks: launches outside graphs (3 add_one through the runtime,
-    // 2 cuLaunchKernel, 1 cuLaunchKernelEx); the graphs' 6 kernels come as 3 graph launches.
+    // What run.sh's `driver-api` check (gpucheck.py driver-api) reads, with the lines above:
+    // launches outside graphs (3 add_one through the runtime, 2 cuLaunchKernel, 1
+    // cuLaunchKernelEx); the graphs' 6 kernels come as 3 graph launches of 2 nodes.
     printf("launches=6\n");
     printf("graph_launches=3\n");
     printf("kernel=%s\n", PTX_NAME);

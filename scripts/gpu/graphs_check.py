@@ -1,9 +1,9 @@
-"""Issue 17 on one GPU: CUDA graphs seen node by node, checked against CUPTI.
+"""CUDA graphs seen node by node, checked against CUPTI (issue 17; run.sh's `graphs`).
 
-    python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz
-    python3 scripts/gpu/graphs_check.py "python3 ebpf-cuda.pyz" "$OUT" [CASE...]  (as root)
+    python3 scripts/gpu/graphs_check.py [--out DIR] [CASE...]       (as root)
 
-Two targets (this file with --target CASE DIR), each run untraced and traced:
+The tracer is $TRACER (run.sh: `python3 ebpf-cuda.pyz`), else `python3 -m ebpf_cuda`. Two
+targets (this file with --target CASE DIR), each run untraced and traced:
 - `cudagraph`: a 3-layer MLP captured with torch.cuda.CUDAGraph (warm-up on a side stream,
   as PyTorch's documentation does it), then 50 replays, each after copying a new input into
   the static input;
@@ -13,26 +13,33 @@ In the window, torch.profiler (CUPTI) records every kernel that ran (name, grid,
 every memcpy/memset; the target writes them, the window's wall-clock bounds and a checksum
 of its outputs to DIR/CASE.json.
 
-The traced run (`--json -o DIR/CASE.jsonl --summary`) is checked: the kernels the window's
-graph launches expanded into (their `nodes`, child graphs too; with both layers, those of
-cuGraphLaunch, inside cudaGraphLaunch), plus the eager launches of the window (not
-`captured`), equal CUPTI's kernels as a multiset of (name, grid, block); memcpy and memset
-nodes, plus the eager copies and memsets of the window, are counted against CUPTI's; the
-captured launches, the graph launches whose nodes are unknown and the --summary kernel table
-are reported; the checksums of the traced and the untraced run must be equal. Also: which graph rows of the table the host's libcudart and
-libcuda export. Results: one JSON object per line in $OUT/graphs_check.jsonl (also printed).
+Checks (one PASS/FAIL line each), on the traced run (`--json -o DIR/CASE.jsonl --summary`):
+- kernels: the kernels the window's graph launches expanded into (their `nodes`, child
+  graphs too; with both layers, those of cuGraphLaunch, inside cudaGraphLaunch), plus the
+  eager launches of the window (not `captured`), equal CUPTI's kernels as a multiset of
+  (name, grid, block); none unnamed, no graph launch with unknown nodes;
+- copies: memcpy and memset nodes, plus the eager copies and memsets of the window, equal
+  CUPTI's memcpy and memset counts;
+- results: both runs exit 0 and the checksums of the traced and the untraced run are equal;
+- (cudagraph) summary alone: `--summary` alone (in-kernel counts, the capture state kept in
+  the kernel) prints the same kernel table, row for row, as the decoded `--summary` of the
+  traced run (the same deterministic program; compile is left out: its autotuning's
+  benchmark runs differ from run to run, D23).
+Also (INFO): which graph rows of the table the host's libcudart and libcuda export. Results:
+one JSON object per line in DIR/graphs_check.jsonl. Exit status 1 on any FAIL.
 """
+import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
 from collections import Counter
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpucheck  # noqa: E402
+
 REPLAYS = 50
-# The default set probes launches in the driver only (it sees every launch).
-DRIVER_LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel")
 CALLS, WARMUP_CALLS = 100, 20
 
 
@@ -49,25 +56,8 @@ def _model():
 
 def _profiled(prof):
     """CUPTI's kernels (name, grid, block) and memcpy/memset counts of a finished profile."""
-    import tempfile
-
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-    kernels, copies = [], Counter()
-    for e in events:
-        cat = e.get("cat", "")
-        if cat == "kernel":
-            args = e.get("args", {})
-            kernels.append([e["name"], args.get("grid"), args.get("block")])
-        elif cat in ("gpu_memcpy", "gpu_memset"):
-            copies[cat] += 1
-    return kernels, dict(copies)
+    truth = gpucheck.cupti_from_profile(prof)
+    return truth["kernels"], truth["copies"]
 
 
 def target(case: str, outdir: str) -> None:
@@ -112,25 +102,17 @@ def target(case: str, outdir: str) -> None:
     kernels, copies = _profiled(prof)
     with open(os.path.join(outdir, case + ".json"), "w") as f:
         json.dump({"case": case, "window_start": start, "window_end": end, "checksum": checksum,
+                   "pid": os.getpid(),
                    "cupti_kernels": kernels, "cupti_copies": copies,
                    "torch": torch.__version__, "cuda": torch.version.cuda}, f)
 
 
 # ---- checking a trace -----------------------------------------------------------------------
 
-def _flat(nodes):
-    for node in nodes:
-        if node.get("type") == "graph":
-            yield from _flat(node.get("nodes") or [])
-        else:
-            yield node
-
-
 def _eager_copies(exits) -> Counter:
     """memcpy/memset operations the window ran outside graphs (not captured), each once: a
     driver copy inside a runtime copy on the same thread is that runtime copy. CUPTI records
     these too (e.g. the cudagraph case's `static_x.copy_()` before each replay)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     from ebpf_cuda.spec.apis import BY_NAME, Role
 
     ops = [e for e in exits if e.get("ret") == 0 and not e.get("captured")
@@ -150,38 +132,24 @@ def _eager_copies(exits) -> Counter:
 
 def check_trace(path: str, truth: dict) -> dict:
     """The window's expanded graph kernels and eager launches against CUPTI's kernels."""
-    start, end = truth["window_start"], truth["window_end"]
-    events = [json.loads(line) for line in open(path)]
-    exits = [e for e in events if e["phase"] == "exit" and start <= e["ts"] <= end]
-    graph_launches = [e for e in exits if e["api"] in ("cuGraphLaunch", "cudaGraphLaunch")
-                      and e.get("ret") == 0]
-    driver = [e for e in graph_launches if e["api"] == "cuGraphLaunch"]
-    counted = driver or graph_launches  # (both layers: cuGraphLaunch is the same launch)
-    ours, copies, unknown = Counter(), Counter(), 0
-    for e in counted:
-        if e.get("nodes") is None:
-            unknown += 1
-            continue
-        for node in _flat(e["nodes"]):
-            if node["type"] == "kernel":
-                ours[(node.get("kernel"), tuple(node["grid"]), tuple(node["block"]))] += 1
-            else:
-                copies[node["type"]] += 1
-    eager = [e for e in exits if e["api"] in DRIVER_LAUNCHES and e.get("ret") == 0
-             and not e.get("captured")]
-    for e in eager:
-        ours[(e.get("kernel"), tuple(e["args"]["grid"]), tuple(e["args"]["block"]))] += 1
+    window = (truth["window_start"], truth["window_end"])
+    events = gpucheck.load_events(path)
+    exits = gpucheck.exits_of(events, truth.get("pid"), window)
+    work = gpucheck.traced_work(exits)
+    ours = work["kernels"]
     eager_copies = _eager_copies(exits)
-    cupti = Counter((k[0], tuple(k[1] or ()), tuple(k[2] or ())) for k in truth["cupti_kernels"])
+    cupti = Counter(gpucheck.kernel_key(*k) for k in truth["cupti_kernels"])
     missing, extra = cupti - ours, ours - cupti
-    return {"check": truth["case"], "graph_launches_in_window": len(counted),
-            "graph_launch_events_in_window": len(graph_launches),
-            "nodes_unknown": unknown, "eager_launches_in_window": len(eager),
+    copies = work["copy_nodes"]
+    return {"check": truth["case"], "graph_launches_in_window": work["graph_launches"],
+            "nodes_unknown": work["nodes_unknown"],
+            "eager_launches_in_window": len(work["launches"]),
             "kernels_ours": sum(ours.values()), "kernels_cupti": sum(cupti.values()),
-            "kernels_equal": ours == cupti,
+            "kernels_equal": ours == cupti and bool(cupti),
+            "difference": gpucheck.multiset_difference(ours, cupti),
             "cupti_not_ours": [[*k, n] for k, n in missing.most_common(10)],
             "ours_not_cupti": [[*k, n] for k, n in extra.most_common(10)],
-            "unnamed_ours": sum(n for k, n in ours.items() if not k[0]),
+            "unnamed_ours": work["unnamed"],
             "copy_nodes": dict(copies), "cupti_copies": truth["cupti_copies"],
             "eager_copies": dict(eager_copies),
             "copies_equal": {"gpu_" + k: n for k, n in (copies + eager_copies).items()}
@@ -228,43 +196,114 @@ def _libraries() -> list:
     return [line for line in done.stdout.splitlines() if line.startswith("/")]
 
 
-def main() -> int:
-    if sys.argv[1] == "--target":
-        target(sys.argv[2], sys.argv[3])
+def _run(command, timeout: float, env=None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=env)
+    except subprocess.TimeoutExpired as late:
+        return subprocess.CompletedProcess(command, 124, str(late.stdout or ""),
+                                           str(late.stderr or "") + "\n(timed out)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cases", nargs="*", metavar="CASE", help="cudagraph, compile (default: "
+                        "both)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/ebpf-cuda-graphs"))
+    parser.add_argument("--timeout", type=float, default=600, help="s, per run")
+    parser.add_argument("--target", nargs=2, metavar=("CASE", "DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.target:
+        target(*args.target)
         return 0
-    tracer, outdir = shlex.split(sys.argv[1]), sys.argv[2]
+    tracer, outdir = gpucheck.tracer_command(), args.out
     os.makedirs(outdir, exist_ok=True)
+    v = gpucheck.Verdicts("graphs")
+    if not gpucheck.has_module("torch"):
+        v.skip("all", "PyTorch not installed here")
+        return v.status()
     results = []
 
     def emit(obj):
         results.append(obj)
-        print(json.dumps(obj), flush=True)
+        with open(os.path.join(outdir, "graphs_check.jsonl"), "a") as f:
+            f.write(json.dumps(obj) + "\n")
 
-    for case in sys.argv[3:] or ("cudagraph", "compile"):  # (cases named after OUT: those)
+    for case in args.cases or ("cudagraph", "compile"):
+        if case == "compile" and not gpucheck.has_module("triton"):
+            v.skip(case, "Triton (torch.compile's GPU backend) not installed here")
+            continue
         target_cmd = [sys.executable, os.path.abspath(__file__), "--target", case, outdir]
-        done = subprocess.run(target_cmd, capture_output=True, text=True, timeout=900)
-        untraced = json.load(open(os.path.join(outdir, case + ".json")))
-        emit({"run": case + " untraced", "exit": done.returncode, "stderr": done.stderr[-1500:],
-              "cupti_kernels": len(untraced["cupti_kernels"]),
-              "torch": untraced["torch"], "cuda": untraced["cuda"]})
+        truth_path = os.path.join(outdir, case + ".json")
+        if os.path.exists(truth_path):
+            os.unlink(truth_path)
+        done = _run(target_cmd, args.timeout)
+        untraced = None
+        if os.path.exists(truth_path):
+            with open(truth_path) as f:
+                untraced = json.load(f)
+            os.unlink(truth_path)
+        emit({"run": case + " untraced", "exit": done.returncode,
+              "stderr": done.stderr[-1500:]})
         trace = os.path.join(outdir, case + ".jsonl")
-        done = subprocess.run(tracer + ["--json", "-o", trace, "--summary", "--"] + target_cmd,
-                              capture_output=True, text=True, timeout=900)
-        traced = json.load(open(os.path.join(outdir, case + ".json")))
-        table = done.stdout[done.stdout.find(" ** Kernel Launches"):]
+        done = _run(tracer + ["--json", "-o", trace, "--summary", "--"] + target_cmd,
+                    args.timeout)
+        decoded_table = gpucheck.kernel_rows(done.stdout)
+        traced = None
+        if os.path.exists(truth_path):
+            with open(truth_path) as f:
+                traced = json.load(f)
         emit({"run": case + " traced", "exit": done.returncode, "stderr": done.stderr[-3000:],
-              "kernel_table": table[:6000]})
-        emit({"same_results_traced_and_untraced": traced["checksum"] == untraced["checksum"],
-              "checksums": [untraced["checksum"], traced["checksum"]], "case": case})
-        emit(check_trace(trace, traced))
+              "kernel_table": done.stdout[done.stdout.find(" ** Kernel Launches"):][:6000]})
+        if untraced is None or traced is None or not os.path.exists(trace):
+            v.add("%s results" % case, False, "untraced run %s, traced run exited %d (%s)" % (
+                "done" if untraced else "failed", done.returncode, gpucheck.tail(done.stderr)))
+            continue
+        v.info(case, "torch %s, CUDA %s" % (traced["torch"], traced["cuda"]))
+        lost = gpucheck.lost_in(done.stderr)
+        v.add("%s results" % case, done.returncode == 0
+              and traced["checksum"] == untraced["checksum"],
+              "checksum traced %r, untraced %r; traced run exited %d"
+              % (traced["checksum"], untraced["checksum"], done.returncode))
+        found = check_trace(trace, traced)
+        emit(found)
+        v.add("%s kernels" % case, found["kernels_equal"] and found["unnamed_ours"] == 0
+              and found["nodes_unknown"] == 0 and not lost,
+              "tracer %d kernels (%d graph launches expanded, %d eager launches), CUPTI %d; "
+              "%d unnamed, %d graph launches with unknown nodes%s%s"
+              % (found["kernels_ours"], found["graph_launches_in_window"],
+                 found["eager_launches_in_window"], found["kernels_cupti"],
+                 found["unnamed_ours"], found["nodes_unknown"],
+                 "; lost %d events" % lost if lost else "",
+                 "; " + found["difference"] if found["difference"] else ""))
+        v.add("%s copies" % case, found["copies_equal"],
+              "tracer: nodes %s + eager %s; CUPTI %s" % (found["copy_nodes"],
+                                                         found["eager_copies"],
+                                                         found["cupti_copies"]))
         os.unlink(trace)  # (large; the checks above say what it held)
+        if case == "cudagraph":  # --summary alone: the kernel's counts, the same table
+            done = _run(tracer + ["--summary", "--"] + target_cmd, args.timeout)
+            alone = gpucheck.kernel_rows(done.stdout)
+            differ = {k: (decoded_table.get(k), alone.get(k))
+                      for k in set(decoded_table) | set(alone)
+                      if decoded_table.get(k) != alone.get(k)}
+            emit({"run": "cudagraph --summary alone", "exit": done.returncode,
+                  "rows": len(alone), "differ": differ})
+            v.add("cudagraph summary alone", done.returncode == 0 and bool(alone)
+                  and not differ,
+                  "%d kernel rows (launches, in graphs, captured: %s) alone, %d decoded%s"
+                  % (len(alone), [sum(r[i] for r in alone.values()) for i in range(3)],
+                     len(decoded_table), "; rows that differ (decoded, alone): %s"
+                     % dict(list(differ.items())[:4]) if differ else ""))
     pyz = next((p for p in tracer if p.endswith(".pyz")), None)
     if pyz is not None:
-        emit({"exports": exports(os.path.abspath(pyz), _libraries())})
-    with open(os.path.join(outdir, "graphs_check.jsonl"), "w") as f:
-        for obj in results:
-            f.write(json.dumps(obj) + "\n")
-    return 0
+        found = exports(os.path.abspath(pyz), _libraries())
+        emit({"exports": found})
+        v.info("exports", "; ".join("%s: %d graph rows missing%s" % (
+            os.path.basename(lib), len(row.get("missing", [])),
+            " (%s)" % ", ".join(row["missing"][:6]) if row.get("missing") else "")
+            for lib, row in found.items() if isinstance(row, dict)))
+    return v.status()
 
 
 if __name__ == "__main__":

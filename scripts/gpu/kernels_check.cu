@@ -1,5 +1,6 @@
 // kernels_check.cu: known kernel launches, copies and one leak, for checking ebpf-cuda's kernel
-// names, --summary and --leaks on a real GPU (scripts/gpu/check_kernels.sh builds and runs it).
+// names, --summary and --leaks on a real GPU (scripts/gpu/run.sh's `summary` check builds it
+// with static and shared cudart, traces it and compares with what follows).
 //
 // What it does (and prints, one "kernels_check:" line each):
 //   cudaMalloc 4 MiB x3 (a, b, c) and 1 MiB (never freed: the leak)

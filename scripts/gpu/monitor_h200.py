@@ -4,8 +4,9 @@ torch.compile loop and a CuPy loop, all started after the monitor.
     python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz        # (where the repository is)
     sudo OUT=/tmp/out python3 scripts/gpu/monitor_h200.py --pyz ebpf-cuda.pyz
 
-Needs root, CUDA, PyTorch (with CUPTI: torch.profiler) and CuPy; the tracer comes from the
-zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h200.jsonl
+(run.sh's `monitor` runs `--parts counts,parallel`.) Needs root, CUDA, PyTorch (with CUPTI:
+torch.profiler) and CuPy; the tracer comes from the zipapp only (no pyelftools or click
+needed). Writes JSON lines to $OUT/monitor_h200.jsonl
 (and prints them):
 
 - `{"part": "counts", "workload": ...}`: the monitor's per-process kernel launches (sum of
@@ -31,6 +32,14 @@ zipapp only (no pyelftools or click needed). Writes JSON lines to $OUT/monitor_h
 - `{"part": "monitor"}`: its scrape time and resident memory (VmRSS, and its anonymous,
   file and BPF-map shares); the same memory figures idle, after its start, in `"start"`.
 
+The counts and parallel parts also print PASS/FAIL lines (`monitor/...`): launches equal
+CUPTI's launch calls (torch.compile: at least CUPTI's, which saw the profiled part only;
+CuPy: the loop's own count), cudaMalloc calls and bytes equal PyTorch's allocator
+statistics (segments, reserved bytes allocated), and, for the children started at once,
+each one's launches equal its CUPTI count with no launch unnamed; a workload whose framework
+is missing is SKIPped. The exit status is 1 when one of those failed. Memory and scrape
+times are INFO lines (no bound is checked).
+
 `--modes` picks the overhead modes (default: untraced, bare-entry, monitor,
 monitor-every-return); `monitor-old` runs the monitor of `--old-pyz` (an A/B of two builds
 in one run).
@@ -51,7 +60,11 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpucheck  # noqa: E402
+
 HERE = os.path.abspath(__file__)
+V = gpucheck.Verdicts("monitor")  # (the counts' and parallel part's PASS/FAIL lines)
 OUT = os.environ.get("OUT", "/tmp/ebpf-cuda-monitor-h200")
 
 
@@ -375,8 +388,14 @@ def run_child(name: str, args, smoke) -> dict:
     return result
 
 
+NEEDS = {"mlp": "torch", "compile": "triton", "cupy": "cupy"}
+
+
 def counts_part(monitor: Monitor, args, smoke) -> None:
     for name in (["smoke"] if smoke else ["mlp", "compile", "cupy"]):
+        if not smoke and not (gpucheck.has_module("torch") and gpucheck.has_module(NEEDS[name])):
+            V.skip("counts %s" % name, "%s not installed here" % NEEDS[name])
+            continue
         before = monitor.scrape()
         result = run_child(name, args, smoke)
         time.sleep(2.0)  # three reader ticks: the exited process's launches are published
@@ -400,9 +419,24 @@ def counts_part(monitor: Monitor, args, smoke) -> None:
                   "lost": total(after, "ebpf_cuda_events_lost_total")}
         record.update({k: v for k, v in result.items() if k != "pid"})
         if "segments_allocated" in result:
-            record["allocator_match"] = (record["monitor_cudaMalloc_ok"]
-                                         >= result["segments_allocated"])
+            record["allocator_match"] = (
+                record["monitor_cudaMalloc_ok"] == result["segments_allocated"]
+                and record["monitor_cudaMalloc_bytes"] == result["reserved_bytes_allocated"])
         emit(record)
+        V.add("counts %s launches" % name, bool(record["launches_match"])
+              and "error" not in result,
+              "monitor %d launches of pid %d; %s %s%s; %d kernel names; lost %d (counted)"
+              % (launches, pid, "CUPTI's launch calls" if "cupti_launch_calls" in result
+                 else "the loop's own count", expected,
+                 " (CUPTI saw the profiled part only: at least that)"
+                 if "profiled_part_only" in result else "",
+                 len(record["monitor_kernel_names"]), record["lost"])
+              if "error" not in result else "the workload failed: %s" % result["error"])
+        if "allocator_match" in record:
+            V.add("counts %s allocator" % name, record["allocator_match"],
+                  "monitor cudaMalloc %d calls, %d bytes; PyTorch's allocator %d segments, %d "
+                  "bytes" % (record["monitor_cudaMalloc_ok"], record["monitor_cudaMalloc_bytes"],
+                             result["segments_allocated"], result["reserved_bytes_allocated"]))
 
 
 def parallel_part(monitor: Monitor, args) -> None:
@@ -431,9 +465,15 @@ def parallel_part(monitor: Monitor, args) -> None:
     for (n, labels), v in after.items():
         if n == "ebpf_cuda_events_lost_total":
             lost[labels] = v - before.get((n, labels), 0)
-    emit({"part": "parallel", "children": children, "lost": lost,
-          "all_match": all(c["launches_match"] for c in children),
-          "unnamed": sum(c["unnamed_launches"] for c in children)})
+    record = {"part": "parallel", "children": children, "lost": lost,
+              "all_match": all(c["launches_match"] for c in children),
+              "unnamed": sum(c["unnamed_launches"] for c in children)}
+    emit(record)
+    V.add("parallel", record["all_match"] and record["unnamed"] == 0,
+          "%d MLP children started at once: launches %s, CUPTI %s; %d unnamed; lost %s"
+          % (len(children), [c["monitor_launches"] for c in children],
+             [c["cupti_launch_calls"] for c in children], record["unnamed"],
+             {k: v for k, v in lost.items() if v}))
 
 
 def entry_sites(pyz: str, files) -> list:
@@ -445,12 +485,24 @@ def entry_sites(pyz: str, files) -> list:
         return sorted({(a.path, a.offset) for a in tracer.attachments if not a.retprobe})
 
 
+def probe_sites(pyz: str, files) -> tuple:
+    """(entry sites, return sites): (path, offset) of every probe the tracer's default set
+    attaches (its returns too)."""
+    sys.path.insert(0, pyz)
+    from ebpf_cuda.tracer import Tracer
+
+    with Tracer(library=list(files)) as tracer:
+        return (sorted({(a.path, a.offset) for a in tracer.attachments if not a.retprobe}),
+                sorted({(a.path, a.offset) for a in tracer.attachments if a.retprobe}))
+
+
 class BareProbes:
     """A counting program (one atomic add) at each entry site: the floor. `multi`: through
     one uprobe_multi link per file (as the monitor attaches), else a perf-event uprobe
-    each."""
+    each. `returns`: (path, offset) sites of counting return probes too (the floor of a
+    traced call, entry and return: trace_turns.py)."""
 
-    def __init__(self, sites, multi: bool = False) -> None:
+    def __init__(self, sites, multi: bool = False, returns=()) -> None:
         from ebpf_cuda import asm
         from ebpf_cuda.asm import DW, R0, R1, R2
         from ebpf_cuda.bpf.maps import ArrayMap
@@ -472,6 +524,8 @@ class BareProbes:
         else:
             self.links = [attach_uprobe(self.program, path, offset, what="bare")
                           for path, offset in sites]
+        self.links += [attach_uprobe(self.program, path, offset, retprobe=True,
+                                     what="bare-return") for path, offset in returns]
 
     def close(self) -> int:
         hits = int.from_bytes(self.counts[0][:8], "little")
@@ -685,12 +739,16 @@ def monitor_part(monitor: Monitor) -> None:
         t0 = time.perf_counter()
         monitor.scrape()
         parsed.append((time.perf_counter() - t0) * 1e3)
-    emit({"part": "monitor", "scrape_ms_median": statistics.median(times),
-          "scrape_ms_max": max(times), "page_bytes": len(page),
-          "scrape_and_parse_ms_median": statistics.median(parsed),
-          "rss_kib": monitor.rss_kib(),
-          "memory_kib": monitor.memory_kib(),
-          "stderr": monitor.lines[:4]})
+    record = {"part": "monitor", "scrape_ms_median": statistics.median(times),
+              "scrape_ms_max": max(times), "page_bytes": len(page),
+              "scrape_and_parse_ms_median": statistics.median(parsed),
+              "rss_kib": monitor.rss_kib(), "memory_kib": monitor.memory_kib(),
+              "stderr": monitor.lines[:4]}
+    emit(record)
+    V.info("memory", "monitor VmRSS %d KiB now, VmHWM %d KiB (issue 21's bound: 40 MB; not "
+           "checked); scrape of a %d-byte page: median %.2f ms, max %.2f"
+           % (record["memory_kib"]["VmRSS"], record["memory_kib"]["VmHWM"], len(page),
+              record["scrape_ms_median"], record["scrape_ms_max"]))
 
 
 def cpu_facts() -> dict:
@@ -737,6 +795,9 @@ def main() -> int:
     if args.child:
         print(json.dumps(CHILDREN[args.child](args)), flush=True)
         return 0
+    if not args.smoke and not gpucheck.has_module("torch"):
+        V.skip("all", "PyTorch not installed here (the workloads are PyTorch's)")
+        return gpucheck.SKIP_STATUS
     os.makedirs(OUT, exist_ok=True)
     pyz = os.path.abspath(args.pyz)
     monitor_args = (["--kernel-labels", "200"] + args.monitor_args.split()
@@ -744,8 +805,10 @@ def main() -> int:
     monitor = Monitor(pyz, monitor_args, args.memory_profile)
     files = re.search(r"monitoring \d+ functions in (.*)", "\n".join(monitor.lines)).group(1)
     time.sleep(2)  # (its start-up's garbage gone: the idle figure)
+    idle = monitor.memory_kib()
     emit({"part": "start", "files": files.split(", "), "stderr": monitor.lines,
-          "cpu": cpu_facts(), "idle_memory_kib": monitor.memory_kib()})
+          "cpu": cpu_facts(), "idle_memory_kib": idle})
+    V.info("start", "monitoring %s; VmRSS %d KiB idle" % (files, idle["VmRSS"]))
     monitor.profile_now("idle")
     try:
         if "counts" in args.parts:
@@ -764,7 +827,7 @@ def main() -> int:
         stats_part(pyz, files.split(", "), args, monitor_args)
     if "overhead" in args.parts and not args.smoke:
         overhead_part(pyz, files.split(", "), args, monitor_args)
-    return 0
+    return 1 if V.counts["FAIL"] else 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,11 @@ of its own, in the same turns (two builds compared on one host, its drift cancel
 
 `--smoke LIB` runs the same plumbing on a CPU machine: the children call cudaLaunchKernel
 of copies of LIB (the tests' stand-in runtime) through ctypes.
-Writes JSON lines to $OUT/monitor_turns.jsonl (and prints them).
+Writes JSON lines to $OUT/monitor_turns.jsonl (and prints them), and a PASS/FAIL line per
+workload for the probes' placement (the exit status is 1 when one failed). With
+`--check-bounds` (run.sh's `monitor-cost`), also issue 21's bounds as PASS/FAIL lines, which
+then count in the exit status: tiny ops, monitor / bare-entry <= 1.02; the MLP step,
+monitor / untraced <= 1.02 (each the geometric mean of the per-round ratios).
 """
 import argparse
 import itertools
@@ -52,6 +56,8 @@ HERE = os.path.abspath(__file__)
 OUT = os.environ.get("OUT", "/tmp/ebpf-cuda-monitor-turns")
 MODES = ("untraced", "bare-entry", "monitor")
 SECOND = "monitor-b"  # (--pyz-b: another build's monitor)
+# Issue 21's bounds: workload -> (the ratio bounded, its bound)
+BOUNDS = {"tiny": ("monitor/bare-entry", 1.02), "mlp": ("monitor/untraced", 1.02)}
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -322,6 +328,42 @@ def run(what: str, args, copies: dict, sites, cpu: int, per_turn=None) -> dict:
     return result
 
 
+def verdicts(workload: str, result: dict, bounds: bool) -> bool:
+    """PASS/FAIL lines of one workload's result: the probes' placement, and (with `bounds`)
+    issue 21's bound; False when a checked one failed."""
+    problems = result["problems"]
+    print("%s monitor-cost/%s placement: %s" % (
+        "FAIL" if problems else "PASS", workload, "; ".join(problems) or
+        "each child maps its own copies; the monitor counted %d launches of its child, which "
+        "made %d steps; the bare probes hit %d times" % (
+            result["monitor_counted_launches"], result["made"]["monitor"],
+            result["bare_hits"])), flush=True)
+    ok = not problems
+    what = workload.partition(":")[0]
+    if what in BOUNDS:
+        pair, bound = BOUNDS[what]
+        ratio = result[pair]
+        met = ratio["geomean"] <= bound
+        hits = result.get("per_hit", {})
+        line = ("%s %.4f (95 %% interval %.4f-%.4f, median %.4f, %d rounds) against %.2f; "
+                "us per step, means: %s; ns a probe hit adds: bare %s, monitor %s" % (
+                    pair, ratio["geomean"], ratio["ci95"][0], ratio["ci95"][1],
+                    ratio["median"], ratio["rounds"], bound,
+                    ", ".join("%s %.2f" % kv for kv in result["mean"].items()),
+                    _ns(hits.get("bare_ns")), _ns(hits.get("monitor_ns"))))
+        if bounds:
+            print("%s monitor-cost/%s bound: %s" % ("PASS" if met else "FAIL", workload, line),
+                  flush=True)
+            ok &= met
+        else:
+            print("INFO monitor-cost/%s bound: %s" % (workload, line), flush=True)
+    return ok
+
+
+def _ns(value) -> str:
+    return "-" if value is None else "%.0f" % value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pyz", default="ebpf-cuda.pyz")
@@ -337,6 +379,8 @@ def main() -> int:
     parser.add_argument("--cpu", type=int, help="the children's core (default: the last)")
     parser.add_argument("--copies", default="/dev/shm/ebpf-cuda-turns")
     parser.add_argument("--smoke", metavar="LIB")
+    parser.add_argument("--check-bounds", action="store_true",
+                        help="issue 21's bounds as PASS/FAIL lines, in the exit status")
     parser.add_argument("--pause-monitor", action="store_true",
                         help="SIGSTOP the monitor process while the turns run: its probes "
                              "and their in-kernel work stay, its reader and ticks stop (what "
@@ -346,6 +390,13 @@ def main() -> int:
     if args.child:
         child_turns(args.child, args.per_turn, args.smoke)
         return 0
+    if not args.smoke:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            print("SKIP monitor-cost/all: PyTorch not installed here (the workloads are "
+                  "PyTorch's)")
+            return 77
     os.makedirs(OUT, exist_ok=True)
     cpus = sorted(os.sched_getaffinity(0))
     cpu = args.cpu if args.cpu is not None else cpus[-1]
@@ -365,6 +416,7 @@ def main() -> int:
             result = run(what, args, copies, sites, cpu, int(per_turn) if per_turn else None)
             failed |= bool(result["problems"])
             emit(dict(record, **result))
+            failed |= not verdicts(workload, result, args.check_bounds)
     finally:
         shutil.rmtree(args.copies, ignore_errors=True)
     return 1 if failed else 0

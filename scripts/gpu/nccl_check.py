@@ -1,29 +1,40 @@
-"""Issue 20 on one GPU: NCCL calls of torch.distributed (NCCL backend, world_size=1) traced
-and checked against what the script issued.
+"""NCCL calls of torch.distributed traced and checked against what the script issued
+(issue 20; run.sh's `nccl`), on one GPU (NCCL backend, world_size=1).
 
-    python3 -m ebpf_cuda.bundle -o ebpf-cuda.pyz
-    python3 scripts/gpu/nccl_check.py "python3 ebpf-cuda.pyz" "$OUT"        (as root)
+    python3 scripts/gpu/nccl_check.py [--out DIR]        (as root)
+
+The tracer is $TRACER (run.sh: `python3 ebpf-cuda.pyz`), else `python3 -m ebpf_cuda`.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+NVSHMEM_DISABLE_NVLS=1 are set for the target unless given).
 
 The target (this file with --target) makes the process group (eager init on cuda:0), then
 issues all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor with known
 sizes and dtypes, then one DDP training step, each phase between two marker all_reduces of
 MARK int32 elements, and writes what it issued (issued.json). It is traced twice:
-1. `--api nccl --json`: every NCCL call; checked: each issued collective is there, in order,
-   with its count, datatype and bytes; every collective of the communicator has the
-   communicator's id, rank 0 of 1, and the sequence numbers run 1, 2, 3... without a gap;
-   the DDP step's all_reduce bytes add up to its gradients' bytes (DDP buckets them);
-2. `--save` with the default API set, then `report --summary` (the NCCL table) and
-   `report --collectives` (the merge, one rank).
-Also written: which of the table's NCCL functions the host's libnccl exports, and its version.
-Results: one JSON object per line in $OUT/nccl_check.jsonl (also printed).
+1. `--api nccl --json`: every NCCL call. Checks: the issued collectives are there, in
+   order, with their count, datatype and bytes (torch makes no ncclReduceScatter for a
+   one-rank reduce_scatter_tensor: it copies, as CUPTI showed in D21; so that one may be
+   absent, and if present must match); the DDP step's all_reduce bytes add up to its
+   gradients' bytes (DDP buckets them); every collective has the communicator's id, rank 0
+   of 1, and sequence numbers 1, 2, 3... without a gap;
+2. `--save` with the default API set, then `report --summary` (it has an NCCL table) and
+   `report --collectives` (the merge, one rank): both exit 0.
+Also (INFO): which of the table's NCCL functions the host's libnccl exports. Results: one
+JSON object per line in DIR/nccl_check.jsonl. Exit status 1 on any FAIL, 77 when torch has
+no NCCL here.
 """
+import argparse
 import json
 import os
-import shlex
 import socket
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpucheck  # noqa: E402
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
 MARK = 7777  # marker all_reduces: MARK int32 elements (no issued collective has that count)
 TORCH_DTYPES = {"float32": ("ncclFloat32", 4), "bfloat16": ("ncclBfloat16", 2),
                 "float16": ("ncclFloat16", 2), "int32": ("ncclInt32", 4),
@@ -72,6 +83,7 @@ def target(outdir: str) -> None:
     out = torch.empty(2048, dtype=d.dtype, device=device)
     dist.reduce_scatter_tensor(out, d)
     note("reduce_scatter", out.numel(), d.dtype, "explicit")  # per-rank (receive) count
+    issued[-1]["optional"] = dist.get_world_size() == 1  # (torch copies for one rank: D21)
     torch.cuda.synchronize()
     marker("explicit")
 
@@ -136,12 +148,17 @@ def check_trace(trace_path: str, issued: dict) -> dict:
     if len(marks) >= 4:
         window = collectives[marks[0] + 1:marks[1]]
         wanted = [i for i in issued["issued"] if i["phase"] == "explicit" and i["count"] != MARK]
-        seen = [(e["api"], _count(e), e["args"].get("datatype"), e["args"].get("bytes"))
+        seen = [[e["api"], _count(e), e["args"].get("datatype"), e["args"].get("bytes")]
                 for e in window]
-        expect = [(API[i["op"]], i["count"], TORCH_DTYPES[i["dtype"]][0],
-                   i["count"] * TORCH_DTYPES[i["dtype"]][1]) for i in wanted]
-        checks.append({"check": "explicit collectives, in order, exact", "ok": seen == expect,
-                       "seen": seen, "expected": expect})
+
+        def call(i):
+            return [API[i["op"]], i["count"], TORCH_DTYPES[i["dtype"]][0],
+                    i["count"] * TORCH_DTYPES[i["dtype"]][1]]
+        expect = [call(i) for i in wanted]
+        required = [call(i) for i in wanted if not i.get("optional")]
+        checks.append({"check": "explicit collectives, in order, exact",
+                       "ok": seen in (expect, required), "seen": seen, "expected": expect,
+                       "optional": [call(i) for i in wanted if i.get("optional")]})
         ddp = collectives[marks[2] + 1:marks[3]]
         reduce_bytes = sum(e["args"].get("bytes") or 0 for e in ddp
                            if e["api"] == "ncclAllReduce")
@@ -172,48 +189,97 @@ def exports(pyz: str, libs) -> dict:
     return json.loads(done.stdout) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
 
-def main() -> int:
-    if sys.argv[1] == "--target":
-        target(sys.argv[2])
+def _run(command, timeout: float, env=None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=env)
+    except subprocess.TimeoutExpired as late:
+        return subprocess.CompletedProcess(command, 124, str(late.stdout or ""),
+                                           str(late.stderr or "") + "\n(timed out)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/ebpf-cuda-nccl"))
+    parser.add_argument("--timeout", type=float, default=300, help="s, per run")
+    parser.add_argument("--target", metavar="DIR", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.target:
+        target(args.target)
         return 0
-    tracer, outdir = shlex.split(sys.argv[1]), sys.argv[2]
+    tracer, outdir = gpucheck.tracer_command(), args.out
     os.makedirs(outdir, exist_ok=True)
+    v = gpucheck.Verdicts("nccl")
+    probe = subprocess.run([sys.executable, "-c", "import torch.distributed as d; "
+                            "raise SystemExit(0 if d.is_nccl_available() else 3)"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        v.skip("all", "torch.distributed with NCCL not available here (%s)"
+               % gpucheck.tail(probe.stderr, 1))
+        return v.status()
+    env = dict(NO_MULTICAST, **os.environ)
     results = []
 
     def emit(obj):
         results.append(obj)
-        print(json.dumps(obj), flush=True)
+        with open(os.path.join(outdir, "nccl_check.jsonl"), "a") as f:
+            f.write(json.dumps(obj) + "\n")
 
     target_cmd = [sys.executable, os.path.abspath(__file__), "--target", outdir]
     trace = os.path.join(outdir, "nccl_trace.jsonl")
-    done = subprocess.run(tracer + ["--api", "nccl", "--json", "-o", trace, "--"] + target_cmd,
-                          capture_output=True, text=True, timeout=900)
+    issued_path = os.path.join(outdir, "issued.json")
+    if os.path.exists(issued_path):
+        os.unlink(issued_path)
+    done = _run(tracer + ["--api", "nccl", "--json", "-o", trace, "--"] + target_cmd,
+                args.timeout, env)
     emit({"run": "api nccl --json", "exit": done.returncode, "stderr": done.stderr[-3000:]})
-    issued = json.load(open(os.path.join(outdir, "issued.json")))
-    emit({"target": {k: v for k, v in issued.items() if k != "issued"},
+    if done.returncode != 0 or not os.path.exists(issued_path) or not os.path.exists(trace):
+        v.add("traced run", False, "exited %d (%s)" % (done.returncode,
+                                                       gpucheck.tail(done.stderr)))
+        return v.status()
+    with open(issued_path) as f:
+        issued = json.load(f)
+    emit({"target": {k: v_ for k, v_ in issued.items() if k != "issued"},
           "issued": len(issued["issued"])})
-    emit(check_trace(trace, issued))
+    v.info("target", "torch %s, NCCL %s (%s)" % (issued["torch"], issued["nccl_version"],
+                                                 ", ".join(issued["libnccl"])))
+    found = check_trace(trace, issued)
+    emit(found)
+    lost = gpucheck.lost_in(done.stderr)
+    v.add("markers", found["markers_seen"] >= 4 and not lost,
+          "%d of the 4 marker all_reduces seen; %d events lost; NCCL calls %s"
+          % (found["markers_seen"], lost, found["apis"]))
+    for item in found["checks"]:
+        detail = {k: item[k] for k in item if k not in ("check", "ok", "calls")}
+        v.add(item["check"], item["ok"], json.dumps(detail))
     pyz = next((p for p in tracer if p.endswith(".pyz")), None)
     if pyz is not None:
-        emit({"exports": exports(os.path.abspath(pyz), issued["libnccl"])})
+        rows = exports(os.path.abspath(pyz), issued["libnccl"])
+        emit({"exports": rows})
+        v.info("exports", json.dumps(rows)[:600])
     saved = os.path.join(outdir, "nccl_run.ebpfcuda")
-    done = subprocess.run(tracer + ["--save", saved, "--"] + target_cmd, capture_output=True,
-                          text=True, timeout=900)
+    done = _run(tracer + ["--save", saved, "--"] + target_cmd, args.timeout, env)
     emit({"run": "--save (default API set)", "exit": done.returncode,
           "stderr": done.stderr[-2000:]})
+    reports = {}
     for extra in (["--summary"], ["--collectives"]):
-        done = subprocess.run(tracer + ["report"] + extra + [saved], capture_output=True,
-                              text=True, timeout=600)
-        text = done.stdout
+        report = _run(tracer + ["report"] + extra + [saved], args.timeout)
+        text = report.stdout
         if extra == ["--summary"]:
             text = text[text.find(" ** NCCL Summary"):] if "NCCL Summary" in text else text[-3000:]
-        emit({"report": extra[0], "exit": done.returncode, "stdout": text[-6000:],
-              "stderr": done.stderr[-2000:]})
-    with open(os.path.join(outdir, "nccl_check.jsonl"), "w") as f:
-        for obj in results:
-            f.write(json.dumps(obj) + "\n")
-    os.unlink(saved)  # (large; the reports above say what it held)
-    return 0
+        reports[extra[0]] = (report.returncode, "NCCL Summary" in report.stdout)
+        emit({"report": extra[0], "exit": report.returncode, "stdout": text[-6000:],
+              "stderr": report.stderr[-2000:]})
+    v.add("saved trace and its reports", done.returncode == 0
+          and reports["--summary"] == (0, True) and reports["--collectives"][0] == 0,
+          "--save exited %d; report --summary exited %d, %s NCCL table; report --collectives "
+          "exited %d" % (done.returncode, reports["--summary"][0],
+                         "with its" if reports["--summary"][1] else "WITHOUT an",
+                         reports["--collectives"][0]))
+    if os.path.exists(saved):
+        os.unlink(saved)  # (large; the reports above say what it held)
+    os.unlink(trace)
+    return v.status()
 
 
 if __name__ == "__main__":

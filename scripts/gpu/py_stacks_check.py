@@ -1,13 +1,15 @@
 """Issue 18 on the GPU host: which line of a PyTorch training loop each CUDA call came from.
 
-    python3 scripts/gpu/py_stacks_check.py [--out DIR] [--tracer "python3 -m ebpf_cuda"]
+    python3 scripts/gpu/py_stacks_check.py [--out DIR] [--tracer "python3 ebpf-cuda.pyz"]
                                            [--steps 30] [--cost-steps 100] [--rounds 3]
     python3 scripts/gpu/py_stacks_check.py --dry-run [--out DIR]     (no GPU, no torch)
 
-As root, with the tracer importable (on the H200: `export PYTHONPATH=$PWD/ebpf-cuda.pyz`);
-only the standard library and torch are needed. Prints one PASS/FAIL line per check and
-writes DIR/py_stacks_check.json (DIR: --out, else $OUT, else a temporary folder); exit
-status 0 when every check passed.
+As root, with the tracer importable (on the GPU host: `export PYTHONPATH=$PWD/ebpf-cuda.pyz`;
+run.sh's `lines` does that); --tracer defaults to $TRACER, else `python3 -m ebpf_cuda`. Only
+the standard library and torch are needed. Prints one PASS/FAIL line per check (`SKIP` and
+exit status 77 without torch) and writes DIR/py_stacks_check.json (DIR: --out, else $OUT,
+else a temporary folder); exit status 0 when every check passed. `--rounds 0` leaves the
+cost runs out (run.sh does, to save device time).
 
 The loop (written by this script to DIR/loop/loop.py, so its line numbers are known by
 construction): an MLP (1024-2048-2048-1024, batch 1024) with MSE loss and Adam, fixed seed,
@@ -669,7 +671,8 @@ def same_results(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT"))
-    parser.add_argument("--tracer", default="%s -m ebpf_cuda" % shlex.quote(sys.executable))
+    parser.add_argument("--tracer", default=os.environ.get("TRACER")
+                        or "%s -m ebpf_cuda" % shlex.quote(sys.executable))
     parser.add_argument("--python", default=sys.executable, help="the loop's interpreter")
     parser.add_argument("--steps", type=int, default=30, help="steps of the traced loops")
     parser.add_argument("--cost-steps", type=int, default=100)
@@ -679,6 +682,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lib", help="--dry-run: the libcudart.so.12 to call (default: the "
                                       "nvidia-cuda-runtime-cu12 wheel's)")
     args = parser.parse_args(argv)
+    if not args.dry_run:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            print("SKIP lines/all: PyTorch not installed here (the loop is a PyTorch loop)")
+            return 77
     out = args.out or tempfile.mkdtemp(prefix="py-stacks-check-")
     os.makedirs(out, exist_ok=True)
     folder = os.path.join(out, "loop")
@@ -718,7 +727,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def check(name: str, ok: bool, detail: str) -> None:
         checks.append((name, ok, detail))
         report["checks"].append({"check": name, "ok": ok, "detail": detail})
-        print("%s %s: %s" % ("PASS" if ok else "FAIL", name, detail), flush=True)
+        print("%s lines/%s: %s" % ("PASS" if ok else "FAIL", name, detail), flush=True)
 
     trace_json = os.path.join(folder, "trace.jsonl")
     inline_json = os.path.join(folder, "trace-inline.jsonl")
@@ -846,7 +855,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     path = os.path.join(out, "py_stacks_check.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=1, default=str)
-    print("%s: %d of %d checks passed; details in %s"
+    print("%s lines: %d of %d checks passed; details in %s"
           % ("PASS" if report["passed"] else "FAIL", sum(ok for _, ok, _ in checks),
              len(checks), path))
     return 0 if report["passed"] else 1

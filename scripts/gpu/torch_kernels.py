@@ -1,7 +1,8 @@
-"""A few training steps of a small model on the GPU, to see how many of PyTorch's kernel
-launches ebpf-cuda names. Tracing is done by whoever runs it (check_kernels.sh):
+"""A few training steps of a small model on the GPU (a convolution, pooling, layer norm,
+AdamW), for tracing: run.sh's `zipapp` check traces it with `--trace-out` and `--json`
+together and compares the timeline's launch slices with the JSON's launches.
 
-    python3 -m ebpf_cuda --json -o torch.jsonl -- python3 torch_kernels.py --maps-out maps.txt
+    python3 ebpf-cuda.pyz --json -o torch.jsonl -- python3 torch_kernels.py --maps-out maps.txt
 
 --maps-out writes this process's /proc/self/maps at the end, so check_trace.py can say in
 which file each launch address it could not name lies.

@@ -1,5 +1,10 @@
 """CuPy's own runtime calls, known counts: N cudaMalloc, N cudaFree, N cudaDeviceSynchronize
-through cupy.cuda.runtime; prints which CUDA runtime files the process maps."""
+through cupy.cuda.runtime; prints which CUDA runtime files the process maps, then `ok N`.
+CuPy's runtime is linked into its own extension modules, loaded after the tracer started:
+run.sh's `late-load` check traces this and compares (gpucheck.py late-load).
+
+    python3 ebpf-cuda.pyz --json -o cupy.jsonl --api runtime -- python3 cupy_prog.py 50
+"""
 import sys
 import cupy
 n = int(sys.argv[1])
