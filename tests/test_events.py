@@ -1,7 +1,7 @@
 """The decoder (events.py): record bytes → events, and nothing else. It keeps no state
 between batches: names, graphs and NCCL communicators are added by whoever decodes for the
 outputs (stream.py, savefile.py), so decoding the same bytes twice gives the same events."""
-import struct
+import functools
 
 import pytest
 
@@ -9,19 +9,14 @@ from ebpf_cuda.spec import apis, record
 from ebpf_cuda.errors import DecodeError
 from ebpf_cuda.decode.events import ENTER, EXIT, Decoder
 from ebpf_cuda.decode.nccl import Communicators
+from records import pack_frame
 
 OFFSET = 1_700_000_000 * 10 ** 9
 COMM = 0x55AA00
 
 
-def frame(fn: str, ts: int, args=(), ret: int = 0, outs=(), phase: int = record.PHASE_CALL,
-          flags: int = 0, pid: int = 42, tid: int = 43) -> bytes:
-    cells = list(args) + [0] * (record.ARG_CELLS - len(args))
-    out_cells = list(outs) + [0] * (record.OUT_CELLS - len(outs))
-    fn_id = apis.FN_ID[fn] if isinstance(fn, str) else fn
-    payload = record.LAYOUT.pack(ts, ts + 700, tid, pid, fn_id, phase, flags, 0, b"app",
-                                 *cells, ret, *out_cells, 0)
-    return struct.pack("<II", len(payload), 0) + payload
+# (a thread other than the process's main one)
+frame = functools.partial(pack_frame, tid=43)
 
 
 def decoder() -> Decoder:

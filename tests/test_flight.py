@@ -8,7 +8,6 @@ import os
 import re
 import resource
 import signal
-import struct
 import time
 
 import pytest
@@ -21,6 +20,7 @@ from ebpf_cuda.errors import UsageError
 from ebpf_cuda.decode.events import EXIT
 from ebpf_cuda.output.savefile import load
 from helpers import run_cli
+from records import pack_frame
 from monitor_support import Held, MonitorCli, parse_metrics, scrape, value
 
 WINDOW_S = 1.5
@@ -108,11 +108,9 @@ def test_a_full_flight_dir_costs_the_calls_it_refuses_counted_not_the_monitor(
 
 # -- pure logic -----------------------------------------------------------------------------
 
-def frame(fn_id: int, enter_ns: int, exit_ns: int, ret: int = 0, pid: int = 7) -> bytes:
-    payload = record.LAYOUT.pack(enter_ns, exit_ns, pid, pid, fn_id, record.PHASE_CALL, 0, 0,
-                                 b"app", *[0] * record.ARG_CELLS, ret,
-                                 *[0] * record.OUT_CELLS, 0)
-    return struct.pack("<II", len(payload), 0) + payload
+def frame(fn_id: int, enter_ns: int, exit_ns: int, ret: int = 0) -> bytes:
+    """A complete call of process 7."""
+    return pack_frame(fn_id, enter_ns, ret=ret, exit_ts=exit_ns, pid=7)
 
 
 def test_the_ring_lets_old_batches_go_and_counts_young_ones_overwritten(tmp_path):

@@ -28,6 +28,7 @@ from ebpf_cuda.targets.elf import ElfFile
 from ebpf_cuda.errors import DecodeError, ElfError
 from ebpf_cuda.decode.events import Decoder
 from fakecuda import LIB_FLAGS
+import records
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 NAMES = ("cudaMemcpy", "cudaGetDevice", "cudaMalloc", "cudaFree", "robust_semaphore", "nope")
@@ -228,7 +229,7 @@ def test_elf_corpus_base_is_readable(base, scratch):
 
 # -- decoder ----------------------------------------------------------------------------------
 
-FRAME = 8 + record.SIZE
+FRAME = record.FRAME_SIZE
 
 
 def decode_all(frames: bytes = b"", payload: bytes = None) -> None:
@@ -244,17 +245,8 @@ def decode_all(frames: bytes = b"", payload: bytes = None) -> None:
 
 def make_record(fn_id: int, phase: int, fill: int, ret=None, flags=None, comm=None,
                 ts=None) -> bytes:
-    raw = bytearray([fill]) * record.SIZE
-    struct.pack_into("<HB", raw, record.FN_ID, fn_id, phase)
-    if ret is not None:
-        struct.pack_into("<Q", raw, record.RET, ret)
-    if flags is not None:
-        raw[record.FLAGS] = flags
-    if comm is not None:
-        raw[record.COMM:record.COMM + len(comm)] = comm
-    if ts is not None:
-        struct.pack_into("<QQ", raw, record.TS_ENTER, *ts)
-    return bytes(raw)
+    """A record of `fill` bytes but for the fields given."""
+    return records.with_fields(bytes([fill]) * record.SIZE, fn_id, phase, ret, flags, comm, ts)
 
 
 @FUZZ
@@ -279,10 +271,9 @@ def test_decoder_random_records(payload):
 @given(st.integers(0, len(apis.TABLE) + 2), st.sampled_from([0, 1, 2]),
        st.binary(min_size=record.SIZE, max_size=record.SIZE))
 def test_decoder_records_of_every_function(fn_id, phase, noise):
-    raw = bytearray(noise)
-    struct.pack_into("<HB", raw, record.FN_ID, fn_id, phase)
-    decode_all(payload=bytes(raw))
-    decode_all(frames=bytes(8) + bytes(raw))
+    raw = records.with_fields(noise, fn_id, phase)
+    decode_all(payload=raw)
+    decode_all(frames=records.frame_of(raw))
 
 
 DECODER_CASES = json.loads((CORPUS / "decoder_records.json").read_text())
@@ -311,7 +302,7 @@ def test_decoder_corpus(case):
     payload = make_record(fn_id, case["phase"], case["fill"], case.get("ret"),
                           case.get("flags"), comm, case.get("ts"))
     decode_all(payload=payload)
-    decode_all(frames=bytes(8) + payload)
+    decode_all(frames=records.frame_of(payload))
 
 
 def test_decoder_nan_out_parameter_is_json():
@@ -328,14 +319,6 @@ def test_decoder_nan_out_parameter_is_json():
 
 # -- saved traces (`ebpf-cuda report`) --------------------------------------------------------
 
-def _saved_frame(fn: str, ts: int, args=(), fn_id=None) -> bytes:
-    cells = list(args) + [0] * (record.ARG_CELLS - len(args))
-    payload = record.LAYOUT.pack(ts, ts + 700, 42, 42, apis.FN_ID[fn] if fn_id is None
-                                 else fn_id, record.PHASE_CALL, 0, 0, b"app", *cells, 0,
-                                 *[0] * record.OUT_CELLS, 0)
-    return struct.pack("<II", len(payload), 0) + payload
-
-
 def good_trace(path: Path, frames=None) -> bytes:
     """A small saved trace (three calls, a named kernel, a loss count) written by SaveWriter."""
     from ebpf_cuda.output import savefile
@@ -343,8 +326,9 @@ def good_trace(path: Path, frames=None) -> bytes:
 
     writer = savefile.open_save(str(path), apis.TABLE, 1_700_000_000 * 10 ** 9)
     writer.write_frames(frames if frames is not None else b"".join(
-        [_saved_frame("cudaMalloc", 1000, (0x10, 4000)), _saved_frame("cudaFree", 2000, (1,)),
-         _saved_frame("cudaLaunchKernel", 3000, (0x4010, 1, 1, 1, 1))]))
+        [records.pack_frame("cudaMalloc", 1000, (0x10, 4000)),
+         records.pack_frame("cudaFree", 2000, (1,)),
+         records.pack_frame("cudaLaunchKernel", 3000, (0x4010, 1, 1, 1, 1))]))
     writer.kernels[(42, 0x4010)] = "k"
     writer.note_losses(Losses(ring_full=3))
     writer.close()
@@ -503,8 +487,8 @@ def test_non_utf8_paths_comms_and_kernel_names(tmp_path_factory, folder, name, c
     maps = ProcessMaps.parse(42, "7f0000000000-7f0000001000 r-xp 00000000 08:01 1234 %s\n" % path)
     assert [p for _, p in maps.mappings] == [path]
     str(Frame("k\udcff", 4, path))
-    frame = _saved_frame("cuLaunchKernel", 1000, (0x99, 1, 1, 1, 1, 1, 1, 0, 0))
-    frame = frame[:8 + record.COMM] + comm + frame[8 + record.COMM + 16:]
+    frame = records.pack_frame("cuLaunchKernel", 1000, (0x99, 1, 1, 1, 1, 1, 1, 0, 0),
+                               comm=comm)
     events = list(Decoder(clock_offset_ns=0).decode_frames(frame))
 
     def names_lookup(key):  # the probes' `names` map: the name bytes as the probe copied them

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 
@@ -15,6 +14,7 @@ import pytest
 
 from fakecuda import device_ptr
 from helpers import REPO, cli_argv, cli_env, run_cli, slowdown
+from records import pack_frame
 from ebpf_cuda import late_loads
 from ebpf_cuda.decode import notices
 from ebpf_cuda.probes.loader import LOADER_MARK
@@ -271,10 +271,7 @@ def test_files_named_with_p_are_all_that_is_probed(root, late_prog, folder, lib,
 # -- pure logic ----------------------------------------------------------------------------
 
 def _frame(fn_id: int, phase: int, pid: int, first_cell: int, ts: int) -> bytes:
-    cells = [first_cell] + [0] * (record.ARG_CELLS - 1)
-    payload = record.LAYOUT.pack(ts, 0, pid, pid, fn_id, phase, 0, 0, b"x", *cells, 0,
-                                 *[0] * record.OUT_CELLS, 0)
-    return struct.pack("<II", len(payload), 0) + payload
+    return pack_frame(fn_id, ts, (first_cell,), exit_ts=0, phase=phase, pid=pid, comm=b"x")
 
 
 def test_loader_notices_are_told_from_hello_records_and_calls():

@@ -2,7 +2,6 @@
 writers write from decoded events, for every row of the table and every record shape."""
 import io
 import random
-import struct
 
 import pytest
 
@@ -12,6 +11,7 @@ from ebpf_cuda.decode.events import Decoder
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.lines import JsonLines, TextLines
 from ebpf_cuda.output.text import TextWriter
+from records import pack_frame
 
 COMMS = [b"basic02", b'we"ird\\name\xc3\xa9', b"x" * 16, b"python3\0garbage"]
 RETS = [0, 0, 0, 1, 35, 500, 999, -1]
@@ -41,11 +41,13 @@ def _frame(rng: random.Random, fn_id: int) -> bytes:
         return rng.choice([0, 1, 3, 2**31, 2**32 - 1, 2**63 + 5, rng.randrange(1 << 64),
                            rng.randrange(1 << 32), 0x7F0012345678])
 
-    body = record.LAYOUT.pack(
-        ts, ts + rng.randrange(0, 10**7), tid, pid, fn_id, phase, flags, 0, rng.choice(COMMS),
-        *[cell() for _ in range(record.ARG_CELLS)], rng.choice(RETS),
-        *[cell() for _ in range(record.OUT_CELLS)], 0)
-    return struct.pack("<II", record.SIZE, 0) + body
+    exit_ts = ts + rng.randrange(0, 10**7)
+    comm = rng.choice(COMMS)
+    args = [cell() for _ in range(record.ARG_CELLS)]
+    ret = rng.choice(RETS)
+    outs = [cell() for _ in range(record.OUT_CELLS)]
+    return pack_frame(fn_id, ts, args, ret, outs, exit_ts=exit_ts, phase=phase, flags=flags,
+                      pid=pid, tid=tid, comm=comm)
 
 
 def _frames(seed: int, per_row: int = 25) -> bytes:

@@ -5,13 +5,13 @@ from ebpf_cuda.spec import record
 from ebpf_cuda.decode.events import ENTER
 from ebpf_cuda.decode.names import KernelNamer
 from helpers import event
+from records import pack_frame
 
 
 def _frames_of(pids) -> bytes:
-    return b"".join(b"\0" * 8 + record.LAYOUT.pack(0, 0, pid, pid, record.HELLO_FN,
-                                                    record.PHASE_HELLO, 0, 0, b"p",
-                                                    *[0] * record.ARG_CELLS, 0,
-                                                    *[0] * record.OUT_CELLS, 0) for pid in pids)
+    """A hello record of each process."""
+    return b"".join(pack_frame(record.HELLO_FN, 0, exit_ts=0, phase=record.PHASE_HELLO, pid=pid,
+                               comm=b"p") for pid in pids)
 
 
 def test_a_teaching_call_names_its_handle_from_what_the_probe_stored():

@@ -4,7 +4,6 @@ line, the leak report, the timeline's arguments and the HTML report."""
 import io
 import json
 import random
-import struct
 from typing import Dict, List, Tuple
 
 import pytest
@@ -21,6 +20,7 @@ from ebpf_cuda.output.html_report import HtmlReport
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.text import TextWriter, format_event
 from helpers import event
+from records import pack_frame
 
 PID = 4242
 TRAIN = PyFrame("/home/me/train.py", 42, "Model.step")
@@ -106,7 +106,6 @@ def test_json_has_the_whole_stack_innermost_first():
 
 # ---- text and JSON from records: the fast path as the decoder's ----------------------------
 
-FN = {api.name: i for i, api in enumerate(TABLE)}
 STACKS: Dict[int, Tuple[PyFrame, ...]] = {7: STACK, 9: OTHER,
                                           11: (PyFrame("/b.py", None, "g"),)}
 
@@ -125,12 +124,10 @@ class FakePyStacks:
                 e.py_stack = STACKS[e.py_stack_id]
 
 
-def _record(api, cells, ret=0, outs=(0, 0), phase=record.PHASE_CALL, py=0, flags=0,
-            ts=5 * 10**9, took=12_345, pid=PID, tid=PID, comm=b"train") -> bytes:
-    args = list(cells) + [0] * (record.ARG_CELLS - len(cells))
-    body = record.LAYOUT.pack(ts, ts + took, tid, pid, FN[api], phase, flags, 0, comm, *args,
-                              ret, *outs, py)
-    return struct.pack("<II", record.SIZE, 0) + body
+def _frame(api, cells, ret=0, outs=(0, 0), phase=record.PHASE_CALL, py=0, flags=0,
+           ts=5 * 10**9, took=12_345, pid=PID, tid=PID, comm=b"train") -> bytes:
+    return pack_frame(api, ts, cells, ret, outs, exit_ts=ts + took, phase=phase, flags=flags,
+                      pid=pid, tid=tid, comm=comm, py_stack=py)
 
 
 def _both_ways(frames: bytes, as_json: bool) -> Tuple[List[str], List[str]]:
@@ -150,7 +147,7 @@ def _both_ways(frames: bytes, as_json: bool) -> Tuple[List[str], List[str]]:
 
 
 def test_a_record_with_a_python_stack_is_a_line_with_its_frame():
-    frames = _record("cudaMalloc", [0, 4000], outs=(0x7F0000000000, 0), py=7)
+    frames = _frame("cudaMalloc", [0, 4000], outs=(0x7F0000000000, 0), py=7)
     slow, fast = _both_ways(frames, as_json=False)
     assert fast == slow and len(fast) == 2
     suffix = " at %s:1500 (linear)" % TORCH.file
@@ -159,7 +156,7 @@ def test_a_record_with_a_python_stack_is_a_line_with_its_frame():
 
 
 def test_a_record_with_a_python_stack_is_json_with_it():
-    frames = _record("cudaMalloc", [0, 4000], outs=(0x7F0000000000, 0), py=9)
+    frames = _frame("cudaMalloc", [0, 4000], outs=(0x7F0000000000, 0), py=9)
     slow, fast = _both_ways(frames, as_json=True)
     assert fast == slow
     for line in fast:
@@ -167,8 +164,8 @@ def test_a_record_with_a_python_stack_is_json_with_it():
 
 
 def test_the_fast_path_asks_the_annotation_for_records_with_stacks_only():
-    frames = (_record("cudaMalloc", [0, 4000], outs=(16, 0))
-              + _record("cudaFree", [16], py=7))
+    frames = (_frame("cudaMalloc", [0, 4000], outs=(16, 0))
+              + _frame("cudaFree", [16], py=7))
     fast = TextWriter(io.StringIO())
     seen = FakePyStacks()
     fast.bind(DecodeContext(annotate=seen.annotate))
@@ -182,11 +179,11 @@ def test_fast_lines_equal_decoded_lines_with_and_without_stacks(as_json):
     names = ["cudaMalloc", "cudaFree", "cudaMemcpy", "cudaLaunchKernel",
              "cudaStreamSynchronize", "cuMemAlloc_v2", "cudaMemset"]
     frames = b"".join(
-        _record(rng.choice(names), [rng.randrange(1 << 40) for _ in range(record.ARG_CELLS)],
-                ret=rng.choice([0, 0, 2]), outs=(rng.randrange(1 << 40), 0),
-                phase=rng.choice([record.PHASE_CALL, record.PHASE_ENTER]),
-                py=rng.choice([0, 7, 9, 11, 13]), ts=rng.randrange(10**9, 10**12),
-                tid=rng.choice([PID, PID + 1]))
+        _frame(rng.choice(names), [rng.randrange(1 << 40) for _ in range(record.ARG_CELLS)],
+               ret=rng.choice([0, 0, 2]), outs=(rng.randrange(1 << 40), 0),
+               phase=rng.choice([record.PHASE_CALL, record.PHASE_ENTER]),
+               py=rng.choice([0, 7, 9, 11, 13]), ts=rng.randrange(10**9, 10**12),
+               tid=rng.choice([PID, PID + 1]))
         for _ in range(400))
     slow, fast = _both_ways(frames, as_json)
     assert len(fast) == len(slow) > 400

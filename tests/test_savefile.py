@@ -14,23 +14,16 @@ from ebpf_cuda.spec import apis, record
 from ebpf_cuda.output import savefile
 from ebpf_cuda.errors import DecodeError
 from ebpf_cuda.decode.events import Decoder
+from records import frame_of, pack_frame
 
 REPO = Path(__file__).resolve().parent.parent
 OFFSET = 1_700_000_000 * 10 ** 9
 
 
-def frame(fn: str, ts: int, args=(), ret: int = 0, outs=(), pid: int = 42) -> bytes:
-    """One ring frame (8-byte header + record) of a complete call."""
-    cells = list(args) + [0] * (record.ARG_CELLS - len(args))
-    out_cells = list(outs) + [0] * (record.OUT_CELLS - len(outs))
-    payload = record.LAYOUT.pack(ts, ts + 700, pid, pid, apis.FN_ID[fn], record.PHASE_CALL, 0,
-                                 0, b"app", *cells, ret, *out_cells, 0)
-    return struct.pack("<II", len(payload), 0) + payload
-
-
-FRAMES = [frame("cudaMalloc", 1000, (0x10, 4000), outs=(0x7F0000000000,)),
-          frame("cudaLaunchKernel", 2000, (0x4010, 2 | 1 << 32, 1, 64 | 1 << 32, 1, 0, 0, 0)),
-          frame("cudaFree", 3000, (0x7F0000000000,))]
+FRAMES = [pack_frame("cudaMalloc", 1000, (0x10, 4000), outs=(0x7F0000000000,)),
+          pack_frame("cudaLaunchKernel", 2000,
+                     (0x4010, 2 | 1 << 32, 1, 64 | 1 << 32, 1, 0, 0, 0)),
+          pack_frame("cudaFree", 3000, (0x7F0000000000,))]
 
 
 def write(path, frames, close=True, namer=None, events=()):
@@ -211,7 +204,8 @@ def test_files_saved_before_the_py_stack_field_read_the_same(tmp_path):
     magic, version, rsize, offset, fbytes, nlen = savefile._HEADER.unpack_from(data)
     start = savefile._HEADER.size + nlen
     step, old_size = record.FRAME_SIZE, record.SIZE - 8
-    old = b"".join(struct.pack("<II", old_size, 0) + data[start + at + 8:start + at + 8 + old_size]
+    head = record.FRAME_HEADER
+    old = b"".join(frame_of(data[start + at + head:start + at + head + old_size])
                    for at in range(0, fbytes, step))
     old_path = tmp_path / "old.ebpfcuda"
     old_path.write_bytes(savefile._HEADER.pack(magic, version, old_size, offset, len(old), nlen)
@@ -224,9 +218,7 @@ def test_the_trailer_keeps_python_stacks(tmp_path):
 
     path = tmp_path / "t.ebpfcuda"
     key = 0xABCDEF01
-    stacked = struct.pack("<II", record.SIZE, 0) + record.LAYOUT.pack(
-        5000, 5700, 42, 42, apis.FN_ID["cudaFree"], record.PHASE_CALL, 0, 0, b"app",
-        *[0] * record.ARG_CELLS, 0, *[0] * record.OUT_CELLS, key)
+    stacked = pack_frame("cudaFree", 5000, py_stack=key)
     writer = write(path, [stacked], close=False)
     writer.note_py_stacks({key: [["/app/train.py", 12, "step"], ["/app/train.py", 40, "<module>"]]})
     writer.close()

@@ -18,6 +18,7 @@ from ebpf_cuda.output.chrome_trace import write_chrome_trace
 from ebpf_cuda.output.jsonl import JsonWriter
 from ebpf_cuda.output.lines import JsonLines, TextLines
 from ebpf_cuda.output.text import TextWriter
+from records import pack_frame
 
 MANGLED = "_Z6vecAddPKfS0_Pfi"
 ONE_AND_A_HALF = 0x3FC00000  # 1.5f
@@ -137,9 +138,7 @@ def _cells(rng: random.Random, n: int) -> List[int]:
 
 
 def _frame(fn_id: int, cells: List[int], outs: List[int]) -> bytes:
-    body = record.LAYOUT.pack(10**12, 10**12 + 2500, 7, 7, fn_id, record.PHASE_CALL, 0, 0,
-                              b"app", *cells, 0, *outs, 0)
-    return struct.pack("<II", record.SIZE, 0) + body
+    return pack_frame(fn_id, 10**12, cells, 0, outs, exit_ts=10**12 + 2500, pid=7)
 
 
 def _decoder() -> Decoder:

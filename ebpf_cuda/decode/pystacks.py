@@ -152,9 +152,7 @@ class PyStacks:
     def prepare(self, program: str) -> None:
         """Read the interpreter of a program about to run (`program` as a command names
         it): a process that lives some milliseconds is told to the probes in time."""
-        import shutil  # (here: with bz2 and lzma, ~0.5 MB of every monitor otherwise)
-
-        path = program if "/" in program else shutil.which(program)
+        path = program if "/" in program else discovery.which(program)
         try:
             if path:
                 find_interpreter(os.path.realpath(path))

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 from ..errors import UsageError
 from .files import open_binary, open_output, trusted_symlink  # noqa: F401 (open_binary: the CLI)
 from ..decode.losses import Losses
+from ..targets.discovery import resolve_executable
 from . import Sink
 from .text import TextWriter
 from .outputs import Outputs, lines_only
@@ -351,9 +352,7 @@ def _refuse_pattern_matches(outputs: Sequence[Tuple[str, Optional[str]]]) -> Non
 
 def trace_inputs(paths: Sequence[str], command: Sequence[str]) -> List[Tuple[str, str]]:
     """The files a live trace reads: the probed libraries, the command's executable."""
-    import shutil  # (here: with bz2 and lzma, ~0.5 MB of every monitor otherwise)
-
     inputs = [("-p", path) for path in paths]
     if command:
-        inputs.append(("the command", shutil.which(command[0]) or command[0]))
+        inputs.append(("the command", resolve_executable(command[0]) or command[0]))
     return inputs

@@ -47,7 +47,7 @@ _in_namespace, _only_followed, _entry_head = in_namespace, only_followed, entry_
 def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> Hashable:
     """Everything the generated entry (or return) code of `api` for `arch` depends on besides
     its function id (`aggregate`: with in-kernel aggregates): rows of equal shape share that
-    program when the id comes from the attach cookie (tests/test_probes_shared.py checks
+    program when the id comes from the attach cookie (tests/test_probes_calls.py checks
     that equal shapes mean equal code)."""
     if not retprobe:
         args = "registers" if in_registers(api, arch) else tuple(

@@ -306,10 +306,8 @@ def ldconfig_entries() -> List[Tuple[str, str]]:
     entries = parse_ld_so_cache()
     if entries:
         return entries
-    import shutil  # (with bz2 and lzma: a few ms of every start otherwise)
-
-    program = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig")
-                                           else None)
+    program = which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig")
+                                    else None)
     if program is None:
         return []
     import subprocess  # only when the cache file cannot be read
@@ -394,13 +392,29 @@ def find_driver_library(extra_paths: Sequence[str] = ()) -> List[str]:
 
 # ---- what a command will load ------------------------------------------------------------
 
+def which(program: str) -> Optional[str]:
+    """The first executable file named `program` (a bare name) in PATH's folders, found as
+    shutil.which finds it. Not shutil's: shutil (with bz2 and lzma) would cost every start
+    if imported here, and imported late it may be unreadable by then (a root process that
+    drops its privileges and then runs the CLI, which must still say which are missing)."""
+    path = os.environ.get("PATH")
+    if path is None:  # (unset: the system's default; set but empty: no folder at all)
+        try:
+            path = os.confstr("CS_PATH")
+        except (AttributeError, ValueError):
+            path = os.defpath
+    for folder in path.split(os.pathsep) if path else ():  # ("" is the current folder)
+        candidate = os.path.join(folder, program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
 def resolve_executable(program: str) -> Optional[str]:
     """`program` as the shell would find it (PATH search unless it has a slash)."""
     if "/" in program:
         return program if os.path.isfile(program) else None
-    import shutil
-
-    return shutil.which(program)
+    return which(program)
 
 
 def _expand_origin(paths: Iterable[str], origin: str) -> List[str]:
