@@ -23,7 +23,7 @@ from ..spec.apis import BY_NAME, NCCL
 from ..decode.events import EXIT, Event
 from ..decode.nccl import COLLECTIVE
 from ._table import clock, decimal, integer, table
-from .stats import stats
+from .exact import stats
 
 NCCL_CALLS = (COLLECTIVE, "p2p")  # the categories the NCCL table counts
 CLOCK_SLACK_NS = 1_000_000  # offsets closer than this: one host's clock

@@ -26,7 +26,7 @@ from ..decode.operations import (MB, Geometry, copy_bytes, copy_operation, is_la
                                  is_synchronous_copy, launch_geometry)
 from ..decode.operations import operation_of  # noqa: F401 (importable from here, as before)
 from .python_lines import PythonLines
-from .stats import Stats, percentile, stats  # noqa: F401 (importable from here, as before)
+from .exact import Stats, percentile, stats  # noqa: F401 (importable from here, as before)
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
 KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)
