@@ -42,14 +42,14 @@ __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:  # for type checkers and IDEs only
     from .analysis import KernelNamer, LeakTracker, Summary
+    from .decode.events import ENTER, EXIT, Decoder, Event
     from .errors import (AttachError, DecodeError, KernelError, PrivilegeError, TracerError,
                          UsageError)
-    from .decode.events import ENTER, EXIT, Decoder, Event
     from .output.chrome_trace import ChromeTraceWriter, write_chrome_trace
     from .output.html_report import HtmlReport, write_html_report
     from .output.jsonl import JsonWriter
-    from .output.text import TextWriter
     from .output.savefile import SavedTrace, load, open_save
+    from .output.text import TextWriter
     from .spec.config import TraceConfig
     from .tracer import Tracer
 

@@ -14,26 +14,25 @@ import threading
 from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Set, Tuple)
 
-from .decode import aggregates as sums
-from . import late_loads
-from .probes import calls, plan, pystack
-from .spec import apis, layout, record
-from .targets import discovery
-from .bpf import features, kernel_btf, maps
-from . import syscalls
-from .spec.apis import Api
-from .spec.config import TraceConfig
+from . import late_loads, syscalls
 from .arch import current as current_arch
-from .targets.command import HeldCommand, alive
-from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
-from .probes.execs import ExecWatcher
-from .probes.follow import GROUP_DEAD, ProcessFollower
+from .bpf import features, kernel_btf, maps
 from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from .bpf.ringbuf import RingBuffer
-from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
 from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                          attach_uprobe_multi)
 from .bpf.workers import Workers, close_all
+from .decode import aggregates as sums
+from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
+from .probes import calls, plan, pystack
+from .probes.execs import ExecWatcher
+from .probes.follow import GROUP_DEAD, ProcessFollower
+from .spec import apis, layout, record
+from .spec.apis import Api
+from .spec.config import TraceConfig
+from .targets import discovery
+from .targets.command import HeldCommand, alive
+from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
 
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
 _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)

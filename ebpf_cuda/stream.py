@@ -17,12 +17,8 @@ import os
 import select
 import threading
 import time
-from typing import (TYPE_CHECKING, Callable, Iterator, List, NamedTuple, Optional, Sequence,
-                    Tuple)
+from typing import TYPE_CHECKING, Callable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from .spec import layout, record
-from .targets.command import alive
-from .targets.containers import Containers
 from .decode.devices import DeviceTracker
 from .decode.events import Decoder, Event
 from .decode.graphs import GraphTracker
@@ -34,6 +30,9 @@ from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
 from .output.plan import format_size
 from .session import Session
+from .spec import layout, record
+from .targets.command import alive
+from .targets.containers import Containers
 
 if TYPE_CHECKING:
     from .decode.pystacks import PyStacks

@@ -21,21 +21,24 @@ from .descriptors import NR_OPEN, Fd, raise_fd_limit  # noqa: F401 (re-exported)
 from .errors import KernelError, PrivilegeError, VerifierError
 # The kernel's ABI as data (numbers, attribute layouts, info structs, the uprobe PMU) is
 # kernel_abi.py's; every name of it is importable from here too, as `syscalls.X`.
-from .kernel_abi import (  # noqa: F401 (re-exported)
-    BPF_ANY, BPF_BTF_LOAD, BPF_EXIST, BPF_F_MMAPABLE, BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE,
-    BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_UPROBE_MULTI, BPF_LOG_LEVEL1, BPF_MAP_CREATE,
-    BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY, BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY,
-    BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
-    BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_RINGBUF,
-    BPF_MAP_TYPE_STACK_TRACE, BPF_MAP_TYPE_TASK_STORAGE, BPF_MAP_UPDATE_ELEM, BPF_NOEXIST,
-    BPF_OBJ_GET_INFO_BY_FD, BPF_OBJ_NAME_LEN, BPF_PERF_EVENT, BPF_PERF_EVENT_UPROBE,
-    BPF_PERF_EVENT_URETPROBE, BPF_PROG_GET_FD_BY_ID, BPF_PROG_GET_NEXT_ID, BPF_PROG_LOAD,
-    BPF_PROG_TYPE_KPROBE, BPF_PROG_TYPE_TRACEPOINT, BPF_TRACE_UPROBE_MULTI,
-    BPF_TRACE_UPROBE_SESSION, LINK_INFO_SIZE, PERF_ATTR_SIZE, PERF_EVENT_IOC_DISABLE,
-    PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF, PERF_FLAG_FD_CLOEXEC, PERF_TYPE_TRACEPOINT,
-    PROG_LOAD_ATTR_SIZE, UPROBE_PMU_DIR, UPROBE_PMU_ENV, LinkInfo, MapInfo, ProgInfo, UprobePmu,
-    address, check_name, elem_attr, map_info_from, prog_info_from, prog_load_attr, uprobe_attr,
-    uprobe_pmu, verifier_reason)
+from .kernel_abi import (BPF_ANY, BPF_BTF_LOAD, BPF_EXIST,  # noqa: F401 (re-exported)
+                         BPF_F_MMAPABLE, BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE,
+                         BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_UPROBE_MULTI, BPF_LOG_LEVEL1,
+                         BPF_MAP_CREATE, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY,
+                         BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH,
+                         BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+                         BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_RINGBUF,
+                         BPF_MAP_TYPE_STACK_TRACE, BPF_MAP_TYPE_TASK_STORAGE, BPF_MAP_UPDATE_ELEM,
+                         BPF_NOEXIST, BPF_OBJ_GET_INFO_BY_FD, BPF_OBJ_NAME_LEN, BPF_PERF_EVENT,
+                         BPF_PERF_EVENT_UPROBE, BPF_PERF_EVENT_URETPROBE, BPF_PROG_GET_FD_BY_ID,
+                         BPF_PROG_GET_NEXT_ID, BPF_PROG_LOAD, BPF_PROG_TYPE_KPROBE,
+                         BPF_PROG_TYPE_TRACEPOINT, BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION,
+                         LINK_INFO_SIZE, PERF_ATTR_SIZE, PERF_EVENT_IOC_DISABLE,
+                         PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_SET_BPF, PERF_FLAG_FD_CLOEXEC,
+                         PERF_TYPE_TRACEPOINT, PROG_LOAD_ATTR_SIZE, UPROBE_PMU_DIR, UPROBE_PMU_ENV,
+                         LinkInfo, MapInfo, ProgInfo, UprobePmu, address, check_name, elem_attr,
+                         map_info_from, prog_info_from, prog_load_attr, uprobe_attr, uprobe_pmu,
+                         verifier_reason)
 
 _LOAD_RETRIES = 5  # EAGAIN retries, as libbpf
 _LOG_START = 1 << 20

@@ -12,11 +12,11 @@ It never prints, exits or installs signal handlers; progress notes go to `log` i
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from .decode import aggregates
-from .spec import apis, layout
-from .spec.config import TraceConfig
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
 from .session import Attachment, Session
+from .spec import apis, layout
+from .spec.config import TraceConfig
 from .stream import Closing, Notice, Stream
 from .targets.selection import Target
 

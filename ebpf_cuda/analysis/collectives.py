@@ -19,9 +19,9 @@ are aligned by their wall clocks, as good as those hosts' clock synchronisation.
 from collections import Counter, defaultdict
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..spec.apis import BY_NAME, NCCL
 from ..decode.events import EXIT, Event
 from ..decode.nccl import COLLECTIVE
+from ..spec.apis import BY_NAME, NCCL
 from ._table import clock, decimal, integer, table
 from .exact import stats
 

@@ -16,11 +16,11 @@ from collections import defaultdict
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..decode.aggregates import Aggregates, FunctionStats
+from ..decode.events import decode_launch_config, decode_value
+from ..decode.operations import LABELS, MB, MEMSET, Geometry, launch_geometry, operation_of
 from ..spec.apis import BY_NAME, Api, Direction, Kind, Role, arg_cells
 from ..spec.cuda_enums import error_name, memcpy_kind_name
-from ..decode.events import decode_launch_config, decode_value
 from ._table import decimal, integer, table
-from ..decode.operations import LABELS, MB, MEMSET, Geometry, launch_geometry, operation_of
 
 
 def aggregate_tables(agg: Aggregates) -> List[str]:

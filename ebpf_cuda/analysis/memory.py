@@ -15,10 +15,10 @@ a driver call inside a runtime call (cudaMalloc's cuMemAlloc_v2) is the same all
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..spec.apis import TABLE, Api, Role
 from ..decode.events import EXIT, Event, PyFrame
-from ._table import clock, integer, table
+from ..spec.apis import TABLE, Api, Role
 from ..targets.symbols import AddressResolver
+from ._table import clock, integer, table
 from .layers import LayerFilter
 from .python_lines import stack_lines
 

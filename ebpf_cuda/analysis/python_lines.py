@@ -20,11 +20,11 @@ call: layers.LayerFilter.outer, as the memory tables count):
 import re
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..spec.apis import Role
 from ..decode.events import EXIT, Event, PyFrame
+from ..decode.operations import blocks, copy_bytes, event_bytes, is_launch, row
+from ..spec.apis import Role
 from ._table import integer, table
 from .layers import LayerFilter
-from ..decode.operations import blocks, copy_bytes, event_bytes, is_launch, row
 
 PyStack = Sequence[PyFrame]
 # Files that are not the user's code: the interpreter's own library (lib/pythonX.Y, its

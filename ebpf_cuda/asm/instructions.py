@@ -7,8 +7,8 @@ int the immediate form. Jumps name a label (`asm.jeq(R0, 0, "out")` ... `asm.Lab
 from typing import NamedTuple, Optional, Union
 
 from .helpers import Helper
-from .opcodes import (FETCH, PSEUDO_KFUNC_CALL, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, AluOp,
-                      Atomic, Class, JumpOp, Mode, Size, Source)
+from .opcodes import (FETCH, PSEUDO_KFUNC_CALL, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, AluOp, Atomic,
+                      Class, JumpOp, Mode, Size, Source)
 from .registers import Reg, check_register
 
 Operand = Union[Reg, int]

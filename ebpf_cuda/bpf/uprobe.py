@@ -14,10 +14,10 @@ import os
 from typing import List, Optional, Sequence, Union
 
 from .. import syscalls
-from . import features
 from ..errors import AttachError, KernelError, UnsupportedKernelError
-from .programs import EXPECTED_UPROBE_MULTI, Program
 from ..syscalls import Fd, LinkInfo
+from . import features
+from .programs import EXPECTED_UPROBE_MULTI, Program
 
 ProgramRef = Union[Program, int]
 

@@ -5,8 +5,8 @@ from typing import List, Optional, Tuple
 
 import click
 
-from ..spec import apis
 from ..output import plan
+from ..spec import apis
 from ..spec.config import TraceConfig
 from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
 from .common import check_split, echo, print_report, say, split_functions, stdout_closed_at_start

@@ -9,9 +9,9 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tu
 
 from .. import syscalls
 from ..bpf.maps import possible_cpus
-from ..probes.aggregates import (AGG_VALUE, BYTES, COUNT, ERRORS, ERROR_KEY, HIST,
-                                 HIST_BUCKETS, KIND_SLOTS, LAUNCH_KEY, LAUNCH_VALUE, SUMSQ,
-                                 SUMSQ_EXP_AT, TOTAL, func_cell)
+from ..probes.aggregates import (AGG_VALUE, BYTES, COUNT, ERROR_KEY, ERRORS, HIST, HIST_BUCKETS,
+                                 KIND_SLOTS, LAUNCH_KEY, LAUNCH_VALUE, SUMSQ, SUMSQ_EXP_AT, TOTAL,
+                                 func_cell)
 from ..spec import layout, record
 from ..spec.apis import TABLE, Api, Kind, Role
 

@@ -8,17 +8,18 @@ Field names are the JSON keys (see `Event.to_json`).
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set,
-                    Tuple)
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from ..errors import DecodeError
 from ..spec import record
 from ..spec.apis import TABLE, Api, Kind, arg_cells
 from ..spec.cuda_enums import error_name
-from ..errors import DecodeError
 # How values are decoded and shown lives in values.py; these names stay importable from here.
-from .values import (ARGS_AT as _ARGS_AT, LAUNCH_CONFIG_FIELDS, RET_AT as _RET_AT, arg_fields,
-                     compile_dict, compile_tuple, decode_launch_config, decode_value, field_kinds,
-                     jsonable, out_fields)
+from .values import ARGS_AT as _ARGS_AT
+from .values import LAUNCH_CONFIG_FIELDS
+from .values import RET_AT as _RET_AT
+from .values import (arg_fields, compile_dict, compile_tuple, decode_launch_config, decode_value,
+                     field_kinds, jsonable, out_fields)
 
 ENTER = "enter"
 EXIT = "exit"

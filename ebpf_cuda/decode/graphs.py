@@ -39,9 +39,9 @@ node, as eager launches are named. Pure user-space logic: no kernel objects.
 """
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from .operations import byte_count, direction_of
 from ..spec.apis import CAPTURED_ROLES, TABLE, Api, Role
 from .events import EXIT, Event
+from .operations import byte_count, direction_of
 
 KERNEL, MEMCPY, MEMSET, GRAPH = "kernel", "memcpy", "memset", "graph"
 

@@ -24,12 +24,12 @@ from bisect import bisect_right
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..spec import record
-from ..targets.symbols import AddressResolver, Frame
 from ..spec.apis import BY_NAME, Api, Kind
 from ..targets.elf import demangle
+from ..targets.registrations import launch_site_kernel
+from ..targets.symbols import AddressResolver, Frame
 from .events import EXIT, Event
 from .name_store import PID_MASK, HandleNames
-from ..targets.registrations import launch_site_kernel
 
 # fn_id, pid, tid, entry and exit time, func, caller (the return address, or 0)
 Launch = Tuple[int, int, int, int, int, int, int]

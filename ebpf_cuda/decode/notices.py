@@ -4,9 +4,9 @@ exec notices, the monitor's). Both are hello records: every other reader skips t
 """
 from typing import Dict, Sequence, Tuple
 
-from ..spec import record
 from ..probes.execs import EXEC_MARK
 from ..probes.loader import LOADER_MARK
+from ..spec import record
 
 NOTICE_LOADER, NOTICE_EXEC = 1, 2  # what a process's notices in a batch were
 _KIND_OF = {LOADER_MARK: NOTICE_LOADER, EXEC_MARK: NOTICE_EXEC}

@@ -18,17 +18,17 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
-from ..targets import discovery
-from ..spec import layout, record
-from ..errors import TracerError
-from .events import Event, PyFrame
 from ..bpf.maps import Map
+from ..bpf.ringbuf import RingBuffer
+from ..errors import TracerError
 from ..probes.pystack import (CODE_FILENAME_AT, CODE_HEAD, CODE_LINETABLE_AT, CODE_NAME_AT,
                               CODE_RECORD, FRAME, FRAME_COPY, MAX_FRAMES, NONE, PROC, PROC_FIELDS,
                               STACK_HEAD, STACK_RECORD, STACK_TRUNCATED, seen_slot)
+from ..spec import layout, record
+from ..targets import discovery
 from ..targets.python_layouts import (Interpreter, Layout, UnknownInterpreter, decode_unicode,
                                       find_interpreter, line_number, unicode_kind)
-from ..bpf.ringbuf import RingBuffer
+from .events import Event, PyFrame
 
 Log = Callable[[str], None]
 WATCH_AFTER_EXEC_S = 5.0  # how long a process is looked at for its interpreter after exec

@@ -45,7 +45,8 @@ from ..spec.apis import TABLE
 from ..spec.config import TraceConfig
 from ..targets import elf
 from ..tracer import Tracer
-from . import families as fam, heap
+from . import families as fam
+from . import heap
 from .files import cuda_files
 from .memory import DeviceMemory
 from .metrics import Family, Labels

@@ -28,12 +28,12 @@ import threading
 import time
 from typing import Deque, Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..spec import record
-from ..output import savefile
 from ..decode.losses import Losses
-from ..output.spool import write_all_at
-from ..spec.cuda_enums import CU_RESULTS, CUDA_ERRORS
 from ..errors import DecodeError, UsageError
+from ..output import savefile
+from ..output.spool import write_all_at
+from ..spec import record
+from ..spec.cuda_enums import CU_RESULTS, CUDA_ERRORS
 from .metrics import Family
 
 DEFAULT_SIZE = 1 << 30  # bytes of frames the disk ring holds: ~4.8M calls

@@ -5,7 +5,7 @@ the maps by process hold, those of processes dropped since, those a stream captu
 """
 from typing import Dict, NamedTuple, Sequence, Set, Tuple
 
-from ..decode.aggregates import FunctionTotals, Forgotten
+from ..decode.aggregates import Forgotten, FunctionTotals
 from ..spec import apis, record
 from ..spec.apis import TABLE, Role
 from .metrics import Labels

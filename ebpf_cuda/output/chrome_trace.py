@@ -33,13 +33,12 @@ from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Sequence, 
 
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import ALLOCATORS, DOUBLE_FREE, FREES, LeakTracker, MemoryWarning
-from ..decode.operations import copy_bytes, copy_label, copy_operation
 from ..analysis.python_lines import frame_text, user_line
-from ..spec.apis import BY_NAME, DEVICE, Role
-from ..targets.elf import demangle
-from ..spec.apis import NCCL
 from ..decode.events import ENTER, EXIT, Event, PyFrame
+from ..decode.operations import copy_bytes, copy_label, copy_operation
 from ..decode.values import field_kinds, trace_value
+from ..spec.apis import BY_NAME, DEVICE, NCCL, Role
+from ..targets.elf import demangle
 from . import finish
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name

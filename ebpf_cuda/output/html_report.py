@@ -15,10 +15,11 @@ from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import LeakTracker
-from ..decode.operations import copy_bytes, copy_label, copy_operation, is_launch
-from ..analysis.python_lines import HEADERS as PY_HEADERS, PythonLines, frame_text
-from ..spec.apis import BY_NAME, Role
+from ..analysis.python_lines import HEADERS as PY_HEADERS
+from ..analysis.python_lines import PythonLines, frame_text
 from ..decode.events import EXIT, Event
+from ..decode.operations import copy_bytes, copy_label, copy_operation, is_launch
+from ..spec.apis import BY_NAME, Role
 from . import finish
 
 Namer = Callable[[Event, int], Optional[str]]  # (event, function address) -> kernel name

@@ -23,12 +23,14 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..decode.events import Decoder, Event
+from ..decode.values import ARGS_AT as _ARGS_AT
+from ..decode.values import NAMESPACE
+from ..decode.values import RET_AT as _RET_AT
+from ..decode.values import SHAPES, Field, arg_fields, out_fields
 from ..spec import record
 from ..spec.apis import Api, Kind, arg_cells
 from ..spec.cuda_enums import error_name
-from ..decode.events import Decoder, Event
-from ..decode.values import ARGS_AT as _ARGS_AT, RET_AT as _RET_AT
-from ..decode.values import NAMESPACE, SHAPES, Field, arg_fields, out_fields
 
 if TYPE_CHECKING:
     from . import DecodeContext

@@ -14,13 +14,13 @@ import stat
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
-from ..errors import UsageError
-from .files import open_binary, open_output, trusted_symlink  # noqa: F401 (open_binary: the CLI)
 from ..decode.losses import Losses
+from ..errors import UsageError
 from ..targets.discovery import resolve_executable
 from . import Sink
-from .text import TextWriter
+from .files import open_binary, open_output, trusted_symlink  # noqa: F401 (open_binary: the CLI)
 from .outputs import Outputs, lines_only
+from .text import TextWriter
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 MAX_RING_SIZE = 1 << 31  # the kernel's ring buffer sizes are 32-bit; 2G is the largest here

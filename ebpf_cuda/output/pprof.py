@@ -23,8 +23,8 @@ import os
 import time
 from typing import BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..spec.apis import BY_NAME, Role
 from ..decode.events import ENTER, EXIT, Event
+from ..spec.apis import BY_NAME, Role
 
 SAMPLE_TYPES = (("calls", "count"), ("api_time", "nanoseconds"), ("launches", "count"),
                 ("alloc_space", "bytes"), ("copy_space", "bytes"))

@@ -21,12 +21,12 @@ import os
 from itertools import groupby
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..spec import record
-from ..spec.apis import Api
-from ..errors import DecodeError, UsageError
 from ..decode.events import EXIT, Decoder, Event
 from ..decode.losses import Losses
 from ..decode.nccl import INIT_RANK
+from ..errors import DecodeError, UsageError
+from ..spec import record
+from ..spec.apis import Api
 from .savefile import Namer, SaveWriter, open_save
 
 # Where launchers put a process's rank: torchrun (and most), Open MPI, MPICH/Hydra, Slurm.

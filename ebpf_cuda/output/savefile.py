@@ -34,13 +34,13 @@ import struct
 import time
 from typing import BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from ..spec import apis, record
-from ..spec.apis import Api
 from ..decode.devices import DeviceTracker
-from ..errors import DecodeError, UsageError
 from ..decode.events import Decoder, Event, PyFrame
 from ..decode.losses import Losses
 from ..decode.nccl import Communicators
+from ..errors import DecodeError, UsageError
+from ..spec import apis, record
+from ..spec.apis import Api
 
 MAGIC = b"EBPFCUDA"
 FORMAT_VERSION = 2  # 2: frames may hold hello records (record.PHASE_HELLO)

@@ -11,10 +11,10 @@ import time
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
 from ..analysis.python_lines import line_suffix
-from ..spec.apis import BY_NAME
 from ..decode.events import ENTER, Decoder, Event
 from ..decode.values import field_kinds
 from ..decode.values import text as value_text
+from ..spec.apis import BY_NAME
 from . import LineWriter
 
 HEADER_WITH_TIME = "%-15s %-16s %-7s %-20s %8s %s" % ("TIME", "PROCESS", "PID", "EVENT", "TYPE",

@@ -20,10 +20,10 @@ import struct
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import asm
+from ..arch import Arch
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, Atomic, Helper, W
 from ..spec import layout, record
 from ..spec.apis import CAPTURED_ROLES, TABLE, Api, Kind, Role, arg_cells
-from ..arch import Arch
-from ..asm import DW, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, W, Atomic, Helper
 
 AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
 PROCESS_MAP = layout.PROCESS_CALLS

@@ -4,10 +4,10 @@ row says."""
 from typing import List, NamedTuple, Tuple
 
 from .. import asm
+from ..arch import Arch
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R7, R8, R9, B, Helper, W
 from ..spec import layout, record
 from ..spec.apis import Api, Kind, arg_cells
-from ..arch import Arch
-from ..asm import B, DW, FP, R0, R1, R2, R3, R4, R7, R8, R9, W, Helper
 
 Items = List[object]
 

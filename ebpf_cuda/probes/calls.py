@@ -18,16 +18,16 @@ callers used from here is importable from here still.
 """
 from typing import Hashable, List
 
-from . import aggregates, pystack
 from .. import asm
+from ..arch import Arch
+from ..asm import DW, FP, R0, R1, R2, R6, R7, R8, Helper, W
 from ..spec import layout, record
 from ..spec.apis import Api
-from ..arch import Arch
-from ..asm import DW, FP, R0, R1, R2, R6, R7, R8, W, Helper
+from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
 from .inflight import (  # noqa: F401 (BPF_LOCAL_STORAGE_GET_F_CREATE: importable from here)
-    BPF_LOCAL_STORAGE_GET_F_CREATE, dropped_return, find_in_map, find_in_task, inflight_key, stash_entry,
-    stash_in_task, task_storage)
+    BPF_LOCAL_STORAGE_GET_F_CREATE, dropped_return, find_in_map, find_in_task, inflight_key,
+    stash_entry, stash_in_task, task_storage)
 from .options import ProbeOptions
 from .records import (  # noqa: F401 (the constants: importable from here, as before)
     BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, comm, count, entry_head, py_stack_into, reserve, stack_id,

@@ -26,13 +26,13 @@ import struct
 from typing import Dict, List, Optional, Tuple
 
 from .. import asm, syscalls
-from ..spec import layout, record
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R6, R8, RB_FORCE_WAKEUP, Helper, W
 from ..bpf import tracepoints
-from ..asm import DW, FP, R0, R1, R2, R3, R4, R6, R8, RB_FORCE_WAKEUP, W, Helper
-from ..errors import KernelError
 from ..bpf.maps import LruHashMap, Map
 from ..bpf.programs import Program
 from ..bpf.workers import close_all
+from ..errors import KernelError
+from ..spec import layout, record
 
 EXECS_MAP = "execs"
 MAX_EXECS = 16384  # entries (a count and a time per exec); the least recent go first

@@ -26,13 +26,13 @@ helper only answers for the tracer's own namespace).
 from typing import Dict, List, Optional, Tuple
 
 from .. import asm, syscalls
-from ..spec import layout
+from ..asm import FP, R0, R1, R2, R3, R4, R6, Helper, W
 from ..bpf import tracepoints
-from ..asm import FP, R0, R1, R2, R3, R4, R6, W, Helper
-from ..errors import KernelError
 from ..bpf.maps import HashMap
 from ..bpf.programs import Program
 from ..bpf.workers import close_all
+from ..errors import KernelError
+from ..spec import layout
 
 FOLLOWED_MAP = layout.FOLLOWED
 FORKED_MAP = layout.FORKED

@@ -5,10 +5,10 @@ per-thread stack in task-local storage (`tasks`), or the `inflight` LRU hash key
 from typing import List
 
 from .. import asm
-from ..spec import layout, record
-from ..spec.apis import Api
 from ..arch import Arch
 from ..asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, Helper
+from ..spec import layout, record
+from ..spec.apis import Api
 from .arguments import load_args
 from .options import ProbeOptions
 from .records import count, entry_head, py_stack_into, reserve

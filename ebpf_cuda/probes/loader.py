@@ -16,12 +16,13 @@ monitor/loads.py (the whole machine's); decode/notices.py reads them from the ri
 from typing import Optional, Tuple
 
 from .. import asm
+from ..arch import Arch
+from ..arch import current as current_arch
+from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, Helper, W
+from ..bpf.maps import PerCpuArrayMap
 from ..spec import layout, record
 from . import calls
-from ..arch import Arch, current as current_arch
-from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, W, Helper
 from .execs import NOTICES_LOST
-from ..bpf.maps import PerCpuArrayMap
 
 HOOK = "_dl_debug_state"  # glibc's r_brk: called after every change of the link map
 LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice

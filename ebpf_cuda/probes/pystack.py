@@ -20,8 +20,8 @@ import struct
 from typing import List
 
 from .. import asm
+from ..asm import DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, B, Helper, W
 from ..spec import layout, record
-from ..asm import B, DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, W, Helper
 
 MAX_FRAMES = 64  # frames kept per stack, innermost first
 MAX_THREADS = 32  # thread states looked at to find a thread's own

@@ -3,8 +3,8 @@ counting in the per-CPU `stats` array: the pieces every generated program shares
 from typing import List
 
 from .. import asm
+from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, RB_NO_WAKEUP, Helper, W
 from ..spec import layout, record
-from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, RB_NO_WAKEUP, W, Helper
 from .options import ProbeOptions
 from .scope import pid_tgid
 

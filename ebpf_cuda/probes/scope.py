@@ -4,8 +4,8 @@ children adopted in a namespace: follow.py)."""
 from typing import List
 
 from .. import asm
+from ..asm import DW, FP, R0, R1, R2, R3, R4, Helper, W
 from ..spec import layout
-from ..asm import DW, FP, R0, R1, R2, R3, R4, W, Helper
 from .options import ProbeOptions
 
 Items = List[object]

@@ -10,8 +10,8 @@ import sys
 from collections import deque
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from .elf import ElfFile, is_elf_for_this_machine, open_elf
 from ..errors import ElfError, ProcessError
+from .elf import ElfFile, is_elf_for_this_machine, open_elf
 
 # A function only the CUDA runtime defines; an executable defining one carries cudart.
 STATIC_CUDART_MARKERS = ("cudaMalloc", "cudaLaunchKernel", "cudaGetDevice")

@@ -19,13 +19,14 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from ..errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 from .cxx_demangle import demangle  # noqa: F401 (importable from here, as before)
-from .elf_headers import (  # noqa: F401 (importable from here, as before)
-    ELF_MAGIC, ELFCLASS64, ELFDATA2LSB, ET_DYN, ET_EXEC, MACHINES, ElfHeaders, Segment,
-    describe_error, is_elf_for_this_machine, running_machine)
+from .elf_headers import (ELF_MAGIC, ELFCLASS64,  # noqa: F401 (importable from here, as before)
+                          ELFDATA2LSB, ET_DYN, ET_EXEC, MACHINES, ElfHeaders, Segment,
+                          describe_error, is_elf_for_this_machine)
 from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probes/loader uses)
-from .elf_symbols import (  # noqa: F401 (importable from here, as before)
-    SYM_FORMAT, SYM_SIZE, FunctionSymbol, Sym, SymbolSection, address_index, base_name,
-    find_functions, merge_preferring_global, read_function_symbols, suggest)
+from .elf_headers import running_machine
+from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
+                          FunctionSymbol, Sym, SymbolSection, address_index, base_name,
+                          find_functions, merge_preferring_global, read_function_symbols, suggest)
 
 
 class ElfFile(ElfHeaders):

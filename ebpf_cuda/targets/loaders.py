@@ -6,9 +6,9 @@ import os
 import struct
 from typing import List, Optional, Sequence
 
+from ..errors import ProcessError
 from . import discovery, procfs
 from .elf import _pyelftools
-from ..errors import ProcessError
 
 PT_INTERP = 3
 

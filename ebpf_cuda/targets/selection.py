@@ -2,12 +2,12 @@
 import os
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ..spec import apis
-from . import discovery
 from ..bpf import features
-from ..spec.apis import Api
-from .elf import open_elf
 from ..errors import NoCudaSymbolsError, TracerError, UsageError
+from ..spec import apis
+from ..spec.apis import Api
+from . import discovery
+from .elf import open_elf
 
 Log = Callable[[str], None]
 

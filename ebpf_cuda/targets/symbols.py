@@ -12,9 +12,9 @@ and per address; names are resolved in user space, after the event was read.
 import os
 from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
+from ..errors import TracerError
 from .discovery import Mapping, parse_maps_line, process_file_path, process_mappings
 from .elf import ElfFile, demangle, open_elf
-from ..errors import TracerError
 from .registrations import registered_kernels
 
 
