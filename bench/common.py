@@ -166,11 +166,12 @@ class CliRun:
 
 
 def run_cli(options: Sequence[str], command: Sequence[str], cpu: Optional[int] = None,
-            timeout: float = 600) -> CliRun:
-    """Run the CLI (pinned to `cpu` when given) on `command`; raise when it fails."""
+            timeout: float = 600, tree: Optional[Path] = None) -> CliRun:
+    """Run the CLI (pinned to `cpu` when given) on `command`; raise when it fails. `tree`:
+    another checkout's CLI (its folder comes first on sys.path), else this one's."""
     start = time.monotonic()
     done = subprocess.run(cli_command(options, command), capture_output=True, text=True,
-                          cwd=str(REPO), timeout=timeout, preexec_fn=_pin(cpu))
+                          cwd=str(tree or REPO), timeout=timeout, preexec_fn=_pin(cpu))
     run = CliRun(done.stdout, done.stderr, done.returncode, time.monotonic() - start)
     if done.returncode != 0:
         raise RuntimeError("ebpf-cuda %s failed (%d): %s" % (" ".join(options),

@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +70,7 @@ class Bench:
         self.function = FUNCTIONS[args.op]
         self.target_cpu = -1 if args.no_pin else 1
         self.tracer_cpu: Optional[int] = None if args.no_pin else 0
+        self.baseline = Path(args.baseline).resolve() if args.baseline else None
 
     def command(self) -> List[str]:
         return common.loop_args(self.built, self.args.op, self.args.calls, self.args.reps,
@@ -123,9 +125,9 @@ class Bench:
         _check(what, result.made, seen, lost)
         return result
 
-    def cli(self, *options: str) -> LoopResult:
+    def cli(self, *options: str, tree: Optional[Path] = None) -> LoopResult:
         run = common.run_cli(["-p", str(self.built.lib), "--functions", self.function,
-                              *options], self.command(), cpu=self.tracer_cpu)
+                              *options], self.command(), cpu=self.tracer_cpu, tree=tree)
         return common.parse_loop(run.stdout)
 
 
@@ -309,6 +311,13 @@ def modes(bench: Bench, summary: bool,
         table["cli summary"] = lambda: bench.cli("--summary")
     if components:
         table.update(Components(bench).variants())
+    if bench.baseline is not None:  # another checkout's CLI in the same rounds (--baseline)
+        tree = bench.baseline
+        table.update({
+            "baseline cli text": lambda: bench.cli("-o", os.devnull, tree=tree),
+            "baseline cli json": lambda: bench.cli("--json", "-o", os.devnull, tree=tree),
+            "baseline cli summary": lambda: bench.cli("--summary", tree=tree),
+        })
     return table
 
 
@@ -366,6 +375,9 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--no-components", action="store_true",
                         help="skip the breakdown variants (c:*)")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="another checkout (git worktree add DIR COMMIT) whose CLI runs as "
+                             "'baseline cli text/json/summary' in the same rounds")
     parser.add_argument("--wall", action="store_true",
                         help="rank by wall-clock ns/call (default: the calling thread's CPU "
                              "time, which a busy machine's preemptions do not inflate)")
