@@ -27,7 +27,7 @@ from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
 from .inflight import (  # noqa: F401 (BPF_LOCAL_STORAGE_GET_F_CREATE: importable from here)
     BPF_LOCAL_STORAGE_GET_F_CREATE, dropped_return, find_in_map, find_in_task, inflight_key,
-    stash_entry, stash_in_task, task_storage)
+    launch_layer, stash_entry, stash_in_task, task_storage, twin_return)
 from .options import ProbeOptions
 from .records import (  # noqa: F401 (the constants: importable from here, as before)
     BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, comm, count, entry_head, py_stack_into, reserve, stack_id,
@@ -49,15 +49,16 @@ def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> H
     its function id (`aggregate`: with in-kernel aggregates): rows of equal shape share that
     program when the id comes from the attach cookie (tests/test_probes_calls.py checks
     that equal shapes mean equal code)."""
+    layer = launch_layer(api)  # (launch rows merge nested twins: probes/inflight.py)
     if not retprobe:
         args = "registers" if in_registers(api, arch) else tuple(
             (arg.slot, arg.cells, arg.deref, arg.deref_at) for arg in api.args)
-        return args, tuple(out.slot for out in api.outs)
+        return args, tuple(out.slot for out in api.outs), layer
     learn = tuple(field_offset(api, f) for f in api.learn_name) if api.learn_name else ()
     learn += ((),) if not api.returns_value else ()  # (a void function: its return is 0)
     if not aggregate:
-        return tuple(out.size for out in api.outs), learn
-    return tuple(out.size for out in api.outs), learn, aggregates.shape_of(api)
+        return tuple(out.size for out in api.outs), learn, layer
+    return tuple(out.size for out in api.outs), learn, layer, aggregates.shape_of(api)
 
 
 def _read_cookie() -> Items:
@@ -109,7 +110,8 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
     prog: Items = only_followed(options) if followed_check else []
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += inflight_key(arch, arch.stack_args_start, options)
-    prog += find_in_task() if options.task_storage else find_in_map()
+    layer = launch_layer(api)
+    prog += find_in_task(bool(layer)) if options.task_storage else find_in_map()
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
@@ -123,6 +125,7 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
                  asm.add(R2, layout.INFLIGHT_KEY_AT),
                  asm.call(Helper.MAP_DELETE_ELEM)]
     prog += [asm.ja("done"), asm.Label("no_entry")]
+    prog += twin_return() if options.task_storage and layer else []
     prog += dropped_return() if options.task_storage else []
     prog += count(record.STAT_NO_ENTRY)
     return prog + [asm.Label("done"), asm.mov(R0, 0), asm.exit()]

@@ -8,7 +8,7 @@ from .. import asm
 from ..arch import Arch
 from ..asm import DW, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9, RB_FORCE_WAKEUP, Helper
 from ..spec import layout, record
-from ..spec.apis import Api
+from ..spec.apis import DRIVER, RUNTIME, Api, Role
 from .arguments import load_args
 from .options import ProbeOptions
 from .records import count, entry_head, py_stack_into, reserve
@@ -39,6 +39,49 @@ def task_storage(create: bool) -> Items:
     ]
 
 
+def launch_layer(api: Api) -> int:
+    """A launch row's layer as its slot keeps it (record.SLOT_LAUNCH): 1 the driver's, 2 the
+    runtime's; 0 for every other row. A launch entered inside a launch of its own layer on
+    the same thread is that launch reaching a second probed entry point (`_ptsz` exports
+    forwarding to the plain ones, interposers): it is recorded once, as the outer one. A
+    driver launch inside a runtime launch stays a call of its own (analysis/layers.py)."""
+    if api.role != Role.LAUNCH or api.library not in (DRIVER, RUNTIME):
+        return 0
+    return 1 if api.library == DRIVER else 2
+
+
+def _top_slot(into, depth) -> Items:
+    """into = the thread's innermost slot in flight (R9: its task storage; `depth` >= 1,
+    bounded by TASK_DEPTH, so the verifier knows the offset)."""
+    return [asm.mov(into, depth), asm.sub(into, 1), asm.mul(into, record.TASK_SLOT),
+            asm.add(into, R9), asm.add(into, 8)]
+
+
+def _twin_entry(layer: int) -> Items:
+    """At entry with R1 = depth (< TASK_DEPTH): inside a launch of this layer, count a twin on
+    its slot and stash nothing (the return below knows it by that count)."""
+    return [asm.jle(R1, 0, "not_twin")] + _top_slot(R2, R1) + [
+        asm.ldx(DW, R3, R2, record.SLOT_LAUNCH), asm.jne(R3, layer, "not_twin"),
+        asm.ldx(DW, R3, R2, record.SLOT_TWINS), asm.add(R3, 1),
+        asm.stx(DW, R2, record.SLOT_TWINS, R3),
+        asm.ja("stashed"), asm.Label("not_twin"),
+    ]
+
+
+def twin_return() -> Items:
+    """At no_entry (R9: task storage) of a launch row: a twin entered by a direct call (its
+    stack pointer not the outer launch's) returns first; the innermost slot's twin count
+    says so: one fewer, and nothing is recorded."""
+    return [
+        asm.ldx(DW, R1, R9, 0), asm.jle(R1, 0, "not_twin"),
+        asm.jgt(R1, record.TASK_DEPTH, "not_twin"),
+    ] + _top_slot(R2, R1) + [
+        asm.ldx(DW, R3, R2, record.SLOT_TWINS), asm.jeq(R3, 0, "not_twin"),
+        asm.sub(R3, 1), asm.stx(DW, R2, record.SLOT_TWINS, R3),
+        asm.ja("done"), asm.Label("not_twin"),
+    ]
+
+
 def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
     """Push entry time, argument cells, out-parameter pointers and the entry stack pointer
     on this thread's stack of calls in flight (R0: its task storage, or NULL). A full stack
@@ -56,6 +99,7 @@ def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
         asm.stx(DW, R9, record.TASK_DROPPED, R2),
         asm.mov(R1, 0),
         asm.Label("depth_ok"),
+    ] + (_twin_entry(launch_layer(api)) if launch_layer(api) else []) + [
         asm.mov(R8, R1), asm.mul(R8, slot), asm.add(R8, R9), asm.add(R8, 8),
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.INFLIGHT_TS, R0),
     ]
@@ -69,6 +113,7 @@ def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
     prog += py_stack_into(R8, record.INFLIGHT_PY, options)
     return prog + [
         asm.ldx(DW, R1, R6, arch.sp), asm.stx(DW, R8, record.INFLIGHT_SP, R1),
+        asm.st(DW, R8, record.SLOT_LAUNCH, launch_layer(api)), asm.st(DW, R8, record.SLOT_TWINS, 0),
         asm.ldx(DW, R1, R9, 0), asm.add(R1, 1), asm.stx(DW, R9, 0, R1),
     ] + _hello_once(options) + [
         asm.ja("stashed"), asm.Label("stash_lost"),
@@ -101,14 +146,25 @@ def dropped_return() -> Items:
     ]
 
 
-def find_in_task() -> Items:
+def find_in_task(twins: bool = False) -> Items:
     """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
     the one at fp-8), popping it and anything above; else jump to no_entry (or, for a thread
-    without storage, one whose entries were never stashed, to done)."""
-    return list(_FIND_IN_TASK)
+    without storage, one whose entries were never stashed, to done). `twins` (launch rows):
+    a slot with twins is kept, one twin fewer, and the return ends (a twin entered by a
+    jump, whose stack pointer is the outer launch's, returns first)."""
+    return list(_FIND_IN_TASK_TWINS if twins else _FIND_IN_TASK)
 
 
-def _build_find_in_task() -> Items:
+def _twin_found(level: int) -> Items:
+    return [
+        asm.ldx(DW, R4, R7, record.SLOT_TWINS), asm.jeq(R4, 0, "pop_%d" % level),
+        asm.sub(R4, 1), asm.stx(DW, R7, record.SLOT_TWINS, R4),
+        asm.st(DW, R9, 0, level + 1), asm.ja("done"),
+        asm.Label("pop_%d" % level),
+    ]
+
+
+def _build_find_in_task(twins: bool) -> Items:
     prog = task_storage(create=False) + [
         asm.jeq(R0, 0, "done"),
         asm.mov(R9, R0),
@@ -120,7 +176,9 @@ def _build_find_in_task() -> Items:
             asm.jle(R2, level, "below_%d" % level),
             asm.ldx(DW, R3, R9, at + record.INFLIGHT_SP),
             asm.jne(R3, R1, "below_%d" % level),
-            asm.mov(R7, R9), asm.add(R7, at), asm.st(DW, R9, 0, level),
+            asm.mov(R7, R9), asm.add(R7, at),
+        ] + (_twin_found(level) if twins else []) + [
+            asm.st(DW, R9, 0, level),
             asm.ja("found"),
             asm.Label("below_%d" % level),
         ]
@@ -128,7 +186,8 @@ def _build_find_in_task() -> Items:
 
 
 # The same in every return program (instructions are immutable values): built once.
-_FIND_IN_TASK = tuple(_build_find_in_task())
+_FIND_IN_TASK = tuple(_build_find_in_task(twins=False))
+_FIND_IN_TASK_TWINS = tuple(_build_find_in_task(twins=True))
 
 
 def inflight_key(arch: Arch, sp_adjust: int, options: ProbeOptions) -> Items:

@@ -56,7 +56,13 @@ INFLIGHT_VALUE_SIZE = INFLIGHT_PY + 8
 # u64 greeted (the thread's hello record was sent), u64 dropped (entries let go when the
 # stack was full: a return that finds no entry while some are left was lost to the depth)}.
 INFLIGHT_SP = INFLIGHT_VALUE_SIZE
-TASK_SLOT = INFLIGHT_SP + 8
+# A launch's slot keeps its layer (SLOT_LAUNCH: 1 a driver launch, 2 a runtime one, 0 another
+# call) and how many launches of that layer were entered inside it (SLOT_TWINS): one launch
+# reaching a second probed entry point of its library (a `_ptsz` export forwarding to the
+# plain one, an interposer) is one launch, recorded once (probes/inflight.py).
+SLOT_LAUNCH = INFLIGHT_SP + 8
+SLOT_TWINS = SLOT_LAUNCH + 8
+TASK_SLOT = SLOT_TWINS + 8
 TASK_DEPTH = 8  # calls in flight on one thread at once (runtime → driver nests 2 deep; a
 # deeper stack costs a return probe one skipped comparison per level, ~1 ns)
 TASK_GREETED = 8 + TASK_DEPTH * TASK_SLOT

@@ -1,0 +1,80 @@
+"""Every launch once (issue 40): a launch that reaches a second probed entry point of its
+library on the same thread (a `_ptsz` export calling the plain one, or jumping to it) is one
+launch, in the records and in the in-kernel sums. tests/native/forwarding_driver.c has both
+shapes; the checks below confirm it does (its machine code), then trace it with real probes."""
+import subprocess
+from collections import Counter
+
+import pytest
+
+from fakecuda_driver import LIB_FLAGS, SONAME
+from helpers import run_cli, trace_command
+
+pytestmark = pytest.mark.kernel
+N = 50
+
+
+@pytest.fixture(scope="module")
+def forwarding(cc):
+    folder = cc.outdir / "forwarding"
+    folder.mkdir(exist_ok=True)
+    lib = cc.shared("forwarding_driver.c", "forwarding/" + SONAME, extra=list(LIB_FLAGS))
+    prog = cc.executable("forwarding_prog.c", "forwarding/forwarding_prog",
+                         extra=["-L", str(folder), "-l:" + SONAME, "-Wl,-rpath," + str(folder)])
+    return lib, prog
+
+
+def _body(lib, function: str) -> str:
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)],
+                             capture_output=True, text=True, check=True).stdout
+    start = listing.index("<%s>:" % function)
+    return listing[start:listing.index("\n\n", start)]
+
+
+def test_the_stand_in_has_both_shapes(forwarding):
+    lib, _ = forwarding
+    called = _body(lib, "cuLaunchKernelEx_ptsz")
+    assert "call" in called and "<cuLaunchKernelEx@plt>" in called
+    jumped = _body(lib, "cuLaunchKernel_ptsz")
+    assert "call" not in jumped and "jmp" in jumped and "<cuLaunchKernel@plt>" in jumped
+
+
+def test_each_launch_is_recorded_once(root, forwarding):
+    lib, prog = forwarding
+    events, _, tracer = trace_command([prog, N], library=[str(lib)],
+                                      functions=["cuLaunchKernelEx", "cuLaunchKernel"])
+    exits = [e for e in events if e.phase == "exit"]
+    assert Counter(e.api for e in exits) == {"cuLaunchKernelEx": 2 * N, "cuLaunchKernel": 2 * N}
+    assert Counter(e.args["func"] for e in exits) == {0x1000: N, 0x2000: N, 0x3000: N,
+                                                      0x4000: N}
+    assert all(e.ret == 0 for e in exits)
+    assert tracer.stats_at_end == {"lost": 0, "unpaired": 0, "too_deep": 0, "entries_lost": 0}
+
+
+def test_the_in_kernel_sums_count_each_launch_once(root, forwarding):
+    from ebpf_cuda import TraceConfig, Tracer
+
+    lib, prog = forwarding
+    config = TraceConfig(command=[str(prog), str(N)], library=[str(lib)], aggregate=True,
+                         emit=False, functions=["cuLaunchKernelEx", "cuLaunchKernel"])
+    with Tracer(config) as tracer:
+        for _ in tracer.events(timeout=30):
+            pass
+        counts = Counter()
+        for function in tracer.aggregates().functions:
+            counts[function.api] += function.count
+    assert counts == {"cuLaunchKernelEx": 2 * N, "cuLaunchKernel": 2 * N}
+
+
+def test_the_summary_counts_each_launch_once(root, forwarding):
+    lib, prog = forwarding
+    done = run_cli("-p", lib, "--functions", "cuLaunchKernelEx,cuLaunchKernel", "--summary",
+                   "--", prog, N)
+    assert done.returncode == 0, done.stderr
+    api_sum = done.stdout[:done.stdout.index("Duration Percentiles")].splitlines()
+    rows = {line.split()[-1]: line.split() for line in api_sum
+            if line.rstrip().endswith(("cuLaunchKernelEx", "cuLaunchKernel"))}
+    assert rows["cuLaunchKernelEx"][2] == str(2 * N) and rows["cuLaunchKernel"][2] == str(2 * N)
+    launches = done.stdout[done.stdout.index("Kernel Launches"):].splitlines()
+    by_kernel = {line.split()[-1]: line.split()[0] for line in launches if "0x" in line}
+    assert by_kernel == {"0x1000": str(N), "0x2000": str(N), "0x3000": str(N), "0x4000": str(N)}
