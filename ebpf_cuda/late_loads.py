@@ -64,7 +64,7 @@ class LoaderWatch:
         self.pid = pid  # the links' pid filter (-d PID, a command not followed)
         self.log = log or (lambda message: None)
         self.lost = lost_map()
-        # The session's maps by name (the ring, the followed processes and what probes.py's
+        # The session's maps by name (the ring, the followed processes and what probes/calls.py's
         # pieces of code use with them), and its own count.
         maps = dict(session_maps, **{LOST: self.lost})
         self.program = Program(loader_program(layout.FOLLOWED in maps, pid_ns), maps,

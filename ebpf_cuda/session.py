@@ -361,7 +361,7 @@ class Session:
     def _probe_late(self, target: Target, pid: Optional[int]) -> bool:
         """The session's probes on a file mapped after the start (programs loaded for the
         functions that no file of the start defined); False once closed, or when the file
-        has none of the functions left. From the reader or loader_watch's checker thread."""
+        has none of the functions left. From the reader or late_loads' checker thread."""
         with self._lock:
             if self._closed:
                 return False

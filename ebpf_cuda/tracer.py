@@ -76,7 +76,7 @@ class Tracer:
     @property
     def late_loads(self) -> List[Tuple[str, int, float]]:
         """Files probed after the start because a traced process mapped them (see
-        loader_watch.py): (path, pid, milliseconds from its loader's notice to the probes
+        late_loads.py): (path, pid, milliseconds from its loader's notice to the probes
         being on)."""
         return list(self.session.late_probed)
 

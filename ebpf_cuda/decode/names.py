@@ -2,7 +2,7 @@
 
 A launch's `func` is either a code address (a runtime launch: the kernel's host stub) or a
 handle (a driver launch's CUfunction, a CUDA 13 runtime launch's cudaKernel_t). Addresses are
-named from the symbols of the file mapped there (analysis/kernels.py's AddressResolver, from
+named from the symbols of the file mapped there (targets/symbols.py's AddressResolver, from
 a snapshot of /proc/PID/maps taken while the process lives); handles from what the calls that
 create them taught (`learn`): cuModuleGetFunction & co. store the name string in the probes'
 `names` map, __cudaGetKernel ties a cudaKernel_t to its stub, cuKernelGetFunction gives a

@@ -1,7 +1,7 @@
 """Python stacks (--py-stacks), user side: each process's interpreter told to the probes,
 the `pystacks` ring read, and each event's stack key turned into file:line (function) frames.
 
-The probes (pystack_probe.py) walk a process's frames only once this module has put its
+The probes (probes/pystack.py) walk a process's frames only once this module has put its
 interpreter in `pyprocs`: the `_PyRuntime` address and the offsets of its version
 (python_layouts.py, read from the file as data). A process is looked at when it is first
 seen (a record, a hello at its first call or at an exec) and, for a while after an exec,
@@ -342,7 +342,7 @@ DATASTACK_CHUNK = {(3, 11): 296, (3, 12): 232, (3, 13): 232}
 
 
 def proc_value(lay: Layout, runtime: int, generation: int) -> bytes:
-    """The `pyprocs` value of a process (pystack_probe.PROC); ValueError when its thread
+    """The `pyprocs` value of a process (probes/pystack.PROC); ValueError when its thread
     state's fields do not fit one window."""
     values = {name: getattr(lay, name) for name in PROC_FIELDS if hasattr(lay, name)}
     chunk = DATASTACK_CHUNK.get(lay.version) if lay.frame_window <= FRAME_COPY else None

@@ -11,9 +11,9 @@ mount namespace). A uprobe on a file applies to every process that maps it, also
 start later, so new processes are covered without doing anything. Files that appear later
 (a new virtualenv's runtime dlopen'ed, a container's own copy, a program carrying the runtime
 statically) are probed as they come, unless files were named (`MonitorOptions.late`):
-loader_watch.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
+monitor/loads.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
 their own; that thread also detaches the probes of those files once no process maps them
-(every loader_watch.DETACH_CHECK_S: the pids seen mapping each, then the processes known
+(every monitor/loads.DETACH_CHECK_S: the pids seen mapping each, then the processes known
 here), and a file mapped again is probed again. Calls are summed up in the
 kernel (`Tracer(aggregate=True, emit=False)`: per-CPU counters and log2 histograms per
 function, errors by code, successful launches by process and kernel); only the hello record
@@ -113,7 +113,7 @@ class Monitor:
         self._agg_for = 0  # the attachments `_agg` reads the functions of
         self._agg_fns: Set[int] = set()  # every function probed so far (files detached too)
         self._probed_files = 0  # attachments when ELF files were last forgotten
-        self.watch = None  # a loader_watch.SystemWatch: CUDA files that appear later
+        self.watch = None  # a monitor/loads.SystemWatch: CUDA files that appear later
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self.memory = DeviceMemory()  # (the reader's; published with the series)
@@ -156,7 +156,7 @@ class Monitor:
         return self
 
     def _watch_late(self):
-        """Probe the CUDA files that appear after the start (loader_watch.SystemWatch), or
+        """Probe the CUDA files that appear after the start (monitor/loads.SystemWatch), or
         say why not."""
         from .loads import SystemWatch
 

@@ -7,7 +7,7 @@ For each traced function, with return probes on (the default):
 - the return program finds that entry, reserves one record in the `events` ring buffer,
   fills it (times, ids, comm, arguments, return value, out-parameters read with
   probe_read_user when the call succeeded) and submits it, and/or adds the call to the
-  in-kernel aggregates (aggregates.py).
+  in-kernel aggregates (probes/aggregates.py).
 With return probes off, or `emit_entry=True`, the entry program writes a record itself.
 Lost records and unpaired returns are counted in the per-CPU `stats` array.
 

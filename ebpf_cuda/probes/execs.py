@@ -12,13 +12,13 @@ The tracepoint runs in the exec'ing task after the new program is in place, befo
 a single instruction of it: every record of the old program is timed before it, every
 record of the new one after. A thread that made traced calls before (it has the probes'
 task storage) also sends a hello record then, waking the reader, which reads the new
-program's mappings while it runs (as a thread's first call does, probes.py). The pids are
+program's mappings while it runs (as a thread's first call does, probes/calls.py). The pids are
 those the records carry: the initial PID
 namespace's (bpf_get_current_pid_tgid), or, when the tracer runs in a PID namespace of its
 own, that namespace's (bpf_get_ns_current_pid_tgid; a process outside it is not counted).
 
 `ExecNotices` (the monitor's) tells of every exec, whatever the process: an *exec notice*
-(a hello record whose first argument cell is EXEC_MARK) into a ring of loader_watch.py's, so
+(a hello record whose first argument cell is EXEC_MARK) into a ring of monitor/loads.py's, so
 that a program started after the monitor is checked for CUDA files and its dynamic loader
 watched.
 """
@@ -135,14 +135,14 @@ def _hello_record(pid_ns: Optional[Tuple[int, int]], full: str, mark: int = 0) -
 # -- every exec, told of (the monitor: programs started after it that may be CUDA's) -------
 
 EXEC_MARK = 0x45584543  # "EXEC": the first argument cell of an exec notice
-NOTICES_LOST = "loader_lost"  # (loader_watch.LOST: the per-CPU count of notices lost)
+NOTICES_LOST = "loader_lost"  # (probes/loader.LOST: the per-CPU count of notices lost)
 _LOST_KEY_AT = -40
 
 
 def on_exec_notice(pid_ns: Optional[Tuple[int, int]] = None) -> list:
     """sched_process_exec: an *exec notice* of every exec (a hello record whose first
     argument cell is EXEC_MARK) into the `events` ring the program is given (not the
-    session's: loader_watch.SystemWatch's), the reader woken; one the full ring cannot take
+    session's: monitor/loads.SystemWatch's), the reader woken; one the full ring cannot take
     is counted in NOTICES_LOST[0]. With `pid_ns`, execs outside that PID namespace are not
     told of (their pids mean nothing here)."""
     prog: list = []

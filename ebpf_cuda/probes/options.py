@@ -26,7 +26,7 @@ class ProbeOptions(NamedTuple):
     # `forked` map (follow.py). None: the kernel's pids (bpf_get_current_pid_tgid).
     pid_ns: Optional[Tuple[int, int]] = None
     # --py-stacks: where task_struct keeps the thread pointer (kernel_btf.py); the entry
-    # walks the thread's Python frames (pystack_probe.py). None: no Python stacks.
+    # walks the thread's Python frames (probes/pystack.py). None: no Python stacks.
     py_stacks: Optional[int] = None
     # Uprobe sessions (the monitor's launch rows, kernels with them): one program on entry and
     # return, the return taken by 1 call in `sample_returns` (a power of two) and by every

@@ -38,7 +38,7 @@ def entry_head(fn_id: FnId, phase: int, options: ProbeOptions) -> Items:
 
 
 def py_stack_into(base, offset: int, options: ProbeOptions) -> Items:
-    """base+offset = the key of the call's Python stack (pystack_probe.walk left it), or 0."""
+    """base+offset = the key of the call's Python stack (pystack.walk left it), or 0."""
     if options.py_stacks is None:
         return [asm.st(DW, base, offset, 0)]
     return [asm.ldx(DW, R1, FP, layout.PY_STACK_AT), asm.stx(DW, base, offset, R1)]

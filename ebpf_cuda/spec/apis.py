@@ -2,7 +2,7 @@
 
 One row per CUDA (or NCCL) function: where its arguments are at entry (ABI integer slot: 0-5 are
 registers, 6 and up are stack slots), what they are, which out-parameters to read at return,
-and how to show them. The probe generator (probes.py) and the decoder (events.py) are both
+and how to show them. The probe generator (probes/calls.py) and the decoder (events.py) are both
 driven by these rows: adding a function is adding a row.
 
 What a row is, and the vocabularies of its fields, is row.py's; the rows are in rows_runtime.py,

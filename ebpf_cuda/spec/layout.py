@@ -1,7 +1,7 @@
 """The kernel-side contract besides the record (record.py): the maps every program shares,
 by name and size, and the stack slots of the generated programs.
 
-probes.py, aggregates.py and follow.py generate code against these names and slots, and
+probes/calls.py, probes/aggregates.py and probes/follow.py generate code against these names and slots, and
 session.py creates the maps from `map_specs`: none of them reads another's constants.
 """
 import struct
@@ -21,8 +21,8 @@ SCRATCH = "scratch"  # per-CPU room to build a names entry (too big for the stac
 AGG = "agg"  # in-kernel aggregates per (function, memcpy kind)
 ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
-LAUNCH_SLOTS = "launch_slots"  # the sampled launch rows' counts at entry (aggregates.py)
-SAMPLING = "sampling"  # per-CPU xorshift state: which launches take their return (probes.py)
+LAUNCH_SLOTS = "launch_slots"  # the sampled launch rows' counts at entry (probes/aggregates.py)
+SAMPLING = "sampling"  # per-CPU xorshift state: which launches take their return (probes/calls.py)
 PROCESS_CALLS = "proc_calls"  # the monitor's (pid, agg index) -> calls, errors, total ns
 # With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
 # per process (tgid -> captures begun and not ended), and their sum over all processes in a
@@ -35,7 +35,7 @@ FOLLOWED = "followed"  # tgids traced with a command and its children (follow.py
 # In a PID namespace: children of followed processes by their kernel pid, until they are
 # known by their pid in the namespace (follow.py)
 FORKED = "forked"
-# With --py-stacks (pystack_probe.py): the processes whose interpreter is known, each
+# With --py-stacks (probes/pystack.py): the processes whose interpreter is known, each
 # thread's PyThreadState, the stacks and code objects already sent, per-CPU room, and the
 # ring of stack and code object records.
 PY_PROCS = "pyprocs"
@@ -57,7 +57,7 @@ NAME_CHUNK = NAME_SIZE - 1  # characters per chunk: chunk k holds characters 255
 NAME_CHUNKS = 32  # chunks of one name at most: 8,160 characters
 NAME_KEY = struct.Struct("<QQQ")  # (pid | chunk << 32, handle, exit time)
 
-# In-kernel aggregates (aggregates.py writes them, reads them back).
+# In-kernel aggregates (probes/aggregates.py writes them, decode/aggregates.py reads them back).
 KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
 HIST_BUCKETS = 40  # log2(ns) buckets: 2^39 ns is about 9 minutes
 AGG_VALUE = struct.Struct("<7Q%dQ" % HIST_BUCKETS)  # count, total, min, max, errors, bytes,
@@ -167,7 +167,7 @@ NAME_LEN_AT = FN_ID_AT - 8  # the length of the name chunk just read: fp-288
 # bpf_get_ns_current_pid_tgid at the start of every program (its struct bpf_pidns_info
 # {u32 pid; u32 tgid} read as one u64 is pid_tgid's layout): fp-296.
 NS_PID_TGID_AT = NAME_LEN_AT - 8
-# Entry programs with --py-stacks (pystack_probe.py): the stack's key for the record
+# Entry programs with --py-stacks (probes/pystack.py): the stack's key for the record
 # (fp-304), the thread's pid_tgid and its tgid as a u32 map key (fp-320), the key of a
 # code object (tgid, address) (fp-336).
 PY_STACK_AT = NS_PID_TGID_AT - 8
