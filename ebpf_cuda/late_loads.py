@@ -9,7 +9,7 @@ inode) of a path that reaches the file the process maps: its own path, /proc/PID
 named as CUDA libraries; other new executable mappings go to a checker thread, which probes
 those that carry the runtime statically (CuPy's extension modules, libnccl).
 
-System-wide (the monitor, monitor/loads.py's `SystemWatch`), the loader program has no pid
+System-wide (the monitor, monitor/system_watch.py's `SystemWatch`), the loader program has no pid
 filter, goes on every distinct loader file the machine's processes use, and writes into a ring
 of its own with exec notices (execs.ExecNotices): an exec has the new program's loader
 watched when no loader of that file is, then its executable and what it maps checked (by

@@ -344,7 +344,7 @@ class Session:
     def late_loads_everywhere(self, notices: maps.Map,
                               traced: Callable[[], Iterable[int]]) -> late_loads.LateLoads:
         """The CUDA files any process maps from now on, probed (the monitor,
-        late_loads.SystemWatch): no pid filter, and the notices go to the ring `notices`,
+        monitor/system_watch.SystemWatch): no pid filter, and the notices go to the ring `notices`,
         read by the caller, not by this session's reader. The caller closes it first."""
         late = late_loads.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
                                       self.selected, self.targets, self._probe_late, traced,

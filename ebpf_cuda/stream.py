@@ -371,7 +371,9 @@ class Stream:
         stops spooling and counts the records instead."""
         self._spool = spool
         behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
-        writer.prepare(behind)  # (its namer: the names found, see `_bind`)  # (before the command runs: no write error, if it fails)
+        # (its namer: the names found, see `_bind`; before the command runs: no write error,
+        # if it fails)
+        writer.prepare(behind)
         failed: List[BaseException] = []  # the lines thread's error, for this thread
         outputs.header()  # before the command runs: the header comes first
         thread = threading.Thread(target=_write_spooled,

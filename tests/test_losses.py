@@ -32,3 +32,32 @@ def test_records_a_stage_dropped_before_every_output_are_said_saved_and_read():
     assert (again.ring_full, again.dropped) == (2, lost.dropped)
     with pytest.raises(ValueError):
         Losses.from_json({"dropped": {"x": [-1, "why"]}})
+
+
+def test_a_trace_saved_before_losses_were_counted_in_calls_keeps_its_wording():
+    """Before 2026-12-07 a --entries trace counted entry and call records alike (its trailer
+    says "entries": true); its loss line still says records, as it did then."""
+    old = Losses.from_json({"ring_full": 7, "spool_past": 0, "spool_refused": 0,
+                            "interrupted": 0, "too_deep": 0, "entries": True,
+                            "names_lost": 0, "dropped": {}})
+    assert old.sentence().startswith("7 records (entries and calls) lost: 7 with the ring")
+    new = Losses.from_json(Losses(ring_full=7, entries_lost=3).to_json())
+    assert new.sentence() == ("7 events lost: 7 with the ring buffer full (try --ring-size); "
+                              "3 entry records lost with the ring buffer full (try "
+                              "--ring-size; their calls are counted apart)")
+
+
+def test_losses_count_calls_not_the_entry_records_of_entries():
+    """record.call_count, the unit of every loss (spool drops, outputs that fail, the flight
+    recorder): a complete call is one, -r's enter record is one, --entries' enter record
+    (flagged: its complete record follows) and a thread's hello are none."""
+    from ebpf_cuda.spec import record
+    from records import pack_frame
+
+    frames = b"".join([
+        pack_frame("cudaMalloc"), pack_frame("cudaFree"),
+        pack_frame("cudaMalloc", phase=record.PHASE_ENTER, flags=record.FLAG_RETURN_FOLLOWS),
+        pack_frame("cudaMalloc", phase=record.PHASE_ENTER),
+        pack_frame(record.HELLO_FN, phase=record.PHASE_HELLO),
+    ])
+    assert record.call_count(frames) == 3

@@ -17,7 +17,7 @@ from ebpf_cuda.spec import layout
 from ebpf_cuda.monitor import prometheus
 from ebpf_cuda.spec.apis import BY_NAME, FN_ID
 from ebpf_cuda.monitor.agent import DEFAULT_SAMPLE_RETURNS, TICK_S, Monitor, MonitorOptions
-from ebpf_cuda.monitor.files import cuda_files
+from ebpf_cuda.monitor.cuda_files import cuda_files
 from ebpf_cuda.monitor.metrics import histogram
 from ebpf_cuda.monitor.processes import OTHER_KERNEL, Process
 from helpers import run_cli

@@ -1,4 +1,4 @@
-"""`ebpf-cuda monitor` and the CUDA files that appear after it started (monitor/loads.py's
+"""`ebpf-cuda monitor` and the CUDA files that appear after it started (monitor/system_watch.py's
 SystemWatch): a runtime dlopen'ed from a fresh folder, a program exec'd from a fresh file
 with its folder's libcudart as DT_NEEDED, a program carrying the runtime statically, a
 dynamic loader met only when a new program execs, and one file reached by two paths: each
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ebpf_cuda import late_loads
-from ebpf_cuda.monitor import loads as monitor_loads
+from ebpf_cuda.monitor import system_watch
 from ebpf_cuda.targets import late_files, loaders
 from ebpf_cuda.monitor import prometheus
 from monitor_support import parse_metrics, settle, value
@@ -265,7 +265,7 @@ def test_notices_the_full_ring_could_not_take_are_counted_and_the_watch_goes_on(
 
     monitor.watch.late.note = held_up
     try:
-        room = monitor_loads.NOTICE_RING_SIZE // 160  # (a notice: 8-byte header, 152 bytes)
+        room = system_watch.NOTICE_RING_SIZE // 160  # (a notice: 8-byte header, 152 bytes)
         for _ in range(room // 2 + 200):  # (two notices each: its exec's and its loader's)
             subprocess.run(["/bin/true"], check=True)
     finally:
@@ -340,7 +340,7 @@ def test_a_renamed_runtime_a_process_mapped_before_the_start_is_probed(root, dlo
     copy, libcudart-1a2b3c4d.so.12), mapped by a process running when the monitor starts:
     found in its mappings at the start, and its later calls counted."""
     from ebpf_cuda.monitor.agent import Monitor, MonitorOptions
-    from ebpf_cuda.monitor.files import cuda_files
+    from ebpf_cuda.monitor.cuda_files import cuda_files
 
     copy = fresh_copy(lib, tmp_path / "torch" / "lib", "libcudart-1a2b3c4d.so.12")
     proc = subprocess.Popen([str(dlopen_prog), str(copy), str(CALLS), "-1"],

@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from ebpf_cuda.probes import calls as probes
+from ebpf_cuda.probes import inflight
 from ebpf_cuda.spec.apis import TABLE
 from ebpf_cuda.arch import current as current_arch
 
@@ -56,7 +57,7 @@ def test_entry_checks_the_followed_process_before_writing_anything(emit_entry):
     code = [i for i in probes.entry_program(TABLE[0], 0, current_arch(), options)
             if hasattr(i, "opcode")]
     followed = min(k for k, i in enumerate(code) if i.map_name == "followed")
-    create = probes.BPF_LOCAL_STORAGE_GET_F_CREATE
+    create = inflight.BPF_LOCAL_STORAGE_GET_F_CREATE
     creates = [k for k, i in enumerate(code)  # mov r4, BPF_LOCAL_STORAGE_GET_F_CREATE
                if i.opcode == 0xB7 and i.dst == 4 and i.imm == create]
     reserves = [k for k, i in enumerate(code)

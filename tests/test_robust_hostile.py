@@ -619,6 +619,23 @@ def test_with_entries_losses_are_counted_in_calls(root, robust, tmp_path):
     assert re.search(r"\d+ entry records lost with the ring buffer full", line), line
 
 
+def test_entry_probes_alone_count_each_lost_call(root, robust, tmp_path):
+    """With -r a call's enter record is its only record: one the full ring refused is a
+    call lost, counted with the ring full, so every call is traced or counted once."""
+    lib, prog = robust
+    out = tmp_path / "calls.jsonl"
+    done = run_cli(["-p", lib, "-r", "--json", "-o", str(out), "--ring-size", "4096",
+                    "--", prog, "threads", 4, 20000], timeout=120)
+    assert done.returncode == 0
+    made = int(re.search(r"made=(\d+)", done.stdout).group(1))
+    seen = sum(1 for line in out.read_text().splitlines() if json.loads(line)["phase"] == "enter")
+    line = _lost_line(done.stderr)
+    lost = re.search(r"(\d+) events lost: (\d+) with the ring buffer full", line)
+    assert lost and lost.group(1) == lost.group(2), line
+    assert seen + int(lost.group(1)) == made, (seen, line)
+    assert "entry records" not in line
+
+
 def test_a_background_child_left_running_is_named(root, robust):
     lib, _ = robust
     done = run_cli(["-p", lib, "-o", os.devnull, "--", "sh", "-c", "sleep 3 & exit 3"])

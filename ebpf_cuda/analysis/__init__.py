@@ -14,7 +14,7 @@ _HOMES = {
                "format_leaks", "format_stack"),
     "python_lines": ("PythonLines", "frame_text", "user_frame", "user_line"),
     "summary": ("Summary", "copy_operation"),
-    "exact": ("Stats", "percentile", "stats"),
+    "statistics": ("Stats", "percentile", "stats"),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_MODULE_OF)

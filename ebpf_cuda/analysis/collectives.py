@@ -1,6 +1,6 @@
 """NCCL collectives: the NCCL table of the summary, and the ranks of one job merged offline.
 
-Both read what the decoder added to NCCL calls (ebpf_cuda/nccl.py): each call's `comm_id`
+Both read what the decoder added to NCCL calls (decode/nccl.py): each call's `comm_id`
 (the same on every rank of a communicator), `rank`, `nranks` and, on collectives, `seq`.
 
 `merge(paths)` reads saved traces (one per rank, or several ranks in one) and aligns the
@@ -23,7 +23,7 @@ from ..decode.events import EXIT, Event
 from ..decode.nccl import COLLECTIVE
 from ..spec.apis import BY_NAME, NCCL
 from ._table import clock, decimal, integer, table
-from .exact import stats
+from .statistics import stats
 
 NCCL_CALLS = (COLLECTIVE, "p2p")  # the categories the NCCL table counts
 CLOCK_SLACK_NS = 1_000_000  # offsets closer than this: one host's clock

@@ -19,18 +19,16 @@ from collections import Counter, defaultdict
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..decode.events import EXIT, Event
-from ..decode.operations import operation_of  # noqa: F401 (importable from here, as before)
 from ..decode.operations import (MB, Geometry, copy_bytes, copy_operation, is_launch,
                                  is_synchronous_copy, launch_geometry)
 from ..spec.apis import BY_NAME, Role
 from ._table import decimal, integer, table
-from .exact import Stats, percentile, stats  # noqa: F401 (importable from here, as before)
+from .statistics import percentile, stats
 from .layers import LayerFilter
 from .python_lines import PythonLines
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
 KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)
-
 
 
 class Summary:

@@ -1,1 +1,2 @@
-"""The kernel's BPF objects: maps, programs, the ring buffer, uprobes, tracepoints, BTF and feature probes."""
+"""The kernel's BPF objects: maps, programs, the ring buffer, uprobes, tracepoints, BTF and
+feature probes."""

@@ -150,7 +150,7 @@ def task_storage() -> bool:
 
 def uprobe_sessions() -> bool:
     """uprobe_multi links of the session kind (Linux 6.13): the monitor's launch rows
-    (probes.session_program)."""
+    (probes/calls.session_program)."""
     def probe() -> bool:
         try:
             fd, _ = syscalls.prog_load(_EXIT0, syscalls.BPF_PROG_TYPE_KPROBE, "GPL",

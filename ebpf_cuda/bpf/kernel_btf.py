@@ -1,6 +1,6 @@
 """Offsets of kernel struct members, read from the kernel's own BTF (/sys/kernel/btf/vmlinux).
 
-The Python stack walker (pystacks_probe.py) needs one: where `task_struct.thread.fsbase`
+The Python stack walker (probes/pystack.py) needs one: where `task_struct.thread.fsbase`
 lies, the thread pointer that glibc and musl hand out as pthread_self() and CPython keeps
 in each thread state. BTF is the UAPI `linux/btf.h` format: a header, a type section of
 variable-size entries (type ids count from 1) and a string section.

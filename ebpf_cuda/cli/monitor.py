@@ -28,7 +28,7 @@ from .signals import MonitorSignals
               help="Serve /metrics (Prometheus text format) there; HOST defaults to "
                    "127.0.0.1. Anyone who can reach it reads process and kernel names.")
 @click.option("--kernel-labels", type=click.IntRange(min=0),
-              default=20,  # (monitor.DEFAULT_KERNEL_LABELS)
+              default=20,  # (monitor/agent.DEFAULT_KERNEL_LABELS)
               show_default=True,
               help="Kernel names per process given a label of their own (the first ones "
                    "it launches); the rest count as kernel=\"other\". 0: none.")
@@ -58,7 +58,7 @@ from .signals import MonitorSignals
 @click.option("--ring-size", metavar="SIZE",
               help="Ring buffer size (default 4M, 16M with --flight-recorder).")
 @click.option("--return-sampling", type=click.IntRange(min=1), metavar="N",
-              default=64,  # (monitor.DEFAULT_SAMPLE_RETURNS)
+              default=64,  # (monitor/agent.DEFAULT_SAMPLE_RETURNS)
               show_default=True,
               help="Kernel launches: take the return of 1 call in N (a power of two; "
                    "kernels with uprobe sessions, 6.13+): durations and errors of launches "

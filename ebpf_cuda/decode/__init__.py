@@ -1,1 +1,2 @@
-"""Ring records into meaning: events, values, kernel names, graphs, communicators, devices, stacks."""
+"""Ring records into meaning: events, values, kernel names, graphs, communicators, devices,
+stacks."""

@@ -27,6 +27,8 @@ class Losses:
     `too_deep`: calls lost because their entry could not be kept (nested deeper than
     record.TASK_DEPTH on one thread, or no per-thread storage): the monitor's cause label too;
     `entries_lost`: --entries' entry records lost with the ring full (not in `total`);
+    `records_mixed`: a trace saved before 2026-12-07 with --entries, whose counts mixed entry
+    and call records (its loss line says so, as it did);
     `names_lost`: kernel names lost, not events: teaching calls (registrations, module
     lookups) whose name the probes' map had let go before the reader read their record;
     `dropped`: stage -> (records it dropped before every output, why in words): a flight
@@ -37,7 +39,8 @@ class Losses:
                  interrupted: int = 0,
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
                  entries_lost: int = 0, too_deep: int = 0, names_lost: int = 0,
-                 dropped: Optional[Dict[str, Tuple[int, str]]] = None) -> None:
+                 dropped: Optional[Dict[str, Tuple[int, str]]] = None,
+                 records_mixed: bool = False) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
         self.spool_limit = spool_limit
@@ -49,6 +52,7 @@ class Losses:
         self.too_deep = too_deep
         self.names_lost = names_lost
         self.dropped: Dict[str, Tuple[int, str]] = dict(dropped or {})
+        self.records_mixed = records_mixed
 
     @property
     def total(self) -> int:
@@ -88,14 +92,15 @@ class Losses:
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
                       self.spool_error, self.interrupted, entries_lost=self.entries_lost,
                       too_deep=self.too_deep, names_lost=self.names_lost,
-                      dropped=self.dropped)
+                      dropped=self.dropped, records_mixed=self.records_mixed)
 
     def sentence(self) -> str:
         """The "events lost" line (without the `ebpf-cuda: ` prefix), with the kernel names
         lost; "" when none."""
         said = []
         if self.total:
-            said.append("%d events lost: %s" % (self.total, ", ".join(self.causes())))
+            what = "records (entries and calls)" if self.records_mixed else "events"
+            said.append("%d %s lost: %s" % (self.total, what, ", ".join(self.causes())))
         if self.entries_lost:
             said.append("%d entry records lost with the ring buffer full (try --ring-size; "
                         "their calls are counted apart)" % self.entries_lost)
@@ -110,6 +115,7 @@ class Losses:
         return {"ring_full": self.ring_full, "spool_past": self.spool_past,
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
                 "too_deep": self.too_deep, "entries_lost": self.entries_lost,
+                "entries": self.records_mixed,
                 "names_lost": self.names_lost,
                 "dropped": {stage: list(value) for stage, value in self.dropped.items()}}
 
@@ -131,4 +137,5 @@ class Losses:
                 and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], str)
                 for v in dropped.values()):
             raise ValueError("its dropped records are not (count, reason) by stage")
-        return cls(dropped={stage: (v[0], v[1]) for stage, v in dropped.items()}, **counts)
+        return cls(records_mixed=obj.get("entries") is True,
+                   dropped={stage: (v[0], v[1]) for stage, v in dropped.items()}, **counts)

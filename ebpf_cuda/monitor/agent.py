@@ -11,9 +11,9 @@ mount namespace). A uprobe on a file applies to every process that maps it, also
 start later, so new processes are covered without doing anything. Files that appear later
 (a new virtualenv's runtime dlopen'ed, a container's own copy, a program carrying the runtime
 statically) are probed as they come, unless files were named (`MonitorOptions.late`):
-monitor/loads.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
+monitor/system_watch.SystemWatch, whose notices of dlopens and execs go to a ring and a thread of
 their own; that thread also detaches the probes of those files once no process maps them
-(every monitor/loads.DETACH_CHECK_S: the pids seen mapping each, then the processes known
+(every monitor/system_watch.DETACH_CHECK_S: the pids seen mapping each, then the processes known
 here), and a file mapped again is probed again. Calls are summed up in the
 kernel (`Tracer(aggregate=True, emit=False)`: per-CPU counters and log2 histograms per
 function, errors by code, successful launches by process and kernel); only the hello record
@@ -47,7 +47,7 @@ from ..targets import elf
 from ..tracer import Tracer
 from . import families as fam
 from . import heap
-from .files import cuda_files
+from .cuda_files import cuda_files
 from .memory import DeviceMemory
 from .metrics import Family, Labels
 from .processes import Process, Processes
@@ -113,7 +113,7 @@ class Monitor:
         self._agg_for = 0  # the attachments `_agg` reads the functions of
         self._agg_fns: Set[int] = set()  # every function probed so far (files detached too)
         self._probed_files = 0  # attachments when ELF files were last forgotten
-        self.watch = None  # a monitor/loads.SystemWatch: CUDA files that appear later
+        self.watch = None  # a monitor/system_watch.SystemWatch: CUDA files that appear later
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self.memory = DeviceMemory()  # (the reader's; published with the series)
@@ -156,9 +156,9 @@ class Monitor:
         return self
 
     def _watch_late(self):
-        """Probe the CUDA files that appear after the start (monitor/loads.SystemWatch), or
+        """Probe the CUDA files that appear after the start (monitor/system_watch.SystemWatch), or
         say why not."""
-        from .loads import SystemWatch
+        from .system_watch import SystemWatch
 
         session = self.tracer.session
         try:

@@ -11,8 +11,8 @@ the output is the same line for line (tests/test_lines.py checks this on every r
 A `detour` (graphs.GraphTracker, in the writer's DecodeContext) takes more records that
 way: those of graph calls always (a graph launch's line shows the nodes it ran), and while
 some stream captures, those of launches, copies, memsets and event calls (what a capture
-records is marked `captured`). Only records on the slow path change whether a stream captures, so the
-rows in use are chosen again after each of them.
+records is marked `captured`). Only records on the slow path change whether a stream
+captures, so the rows in use are chosen again after each of them.
 
 Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0) take the
 slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the

@@ -77,7 +77,7 @@ def _size_cells(api: Api) -> Tuple[int, ...]:
 
 def shape_of(api: Api) -> tuple:
     """What `aggregate_call`, `capture_count` and `capturing_gate` read of `api` (see
-    probes.shape_of)."""
+    calls.shape_of)."""
     launch = _shown_cells(api) if api.role == Role.LAUNCH else None
     return (_size_cells(api), api.elem_size,
             _cell_of(api, lambda a: a.kind == Kind.MEMCPY_KIND), launch, capture_role(api))
@@ -98,7 +98,7 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
     `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
     made while its process captures is not counted in the `launches` map (its record
-    counts it). `sampled` (a gated launch row of probes.session_program): the entry counted
+    counts it). `sampled` (a gated launch row of calls.session_program): the entry counted
     the call and its launch (`count_call`) unless its process captures; the return adds
     its duration and outcome, and its count only while capturing. `per_process`: the call
     also goes to its process's entry in `proc_calls` (not a sampled row's: `count_call`
@@ -139,7 +139,7 @@ def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
 
 
 def count_call(api: Api, fn_id, arch: Arch) -> list:
-    """Entry code of a call whose return is not taken (probes.session_program; R6 ctx,
+    """Entry code of a call whose return is not taken (calls.session_program; R6 ctx,
     fp-16 pid_tgid): its count, and for a launch its count by process and kernel (func)
     alone (the monitor's series have no geometry: no stack argument is read), counting
     the attempt (whether it succeeded is not known here): in its `launch_slots` slot

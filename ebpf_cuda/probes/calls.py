@@ -25,12 +25,12 @@ from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
-from .inflight import (  # noqa: F401 (BPF_LOCAL_STORAGE_GET_F_CREATE: importable from here)
-    BPF_LOCAL_STORAGE_GET_F_CREATE, dropped_return, find_in_map, find_in_task, inflight_key,
+from .inflight import (
+    dropped_return, find_in_map, find_in_task, inflight_key,
     launch_layer, stash_entry, stash_in_task, task_storage, twin_return)
 from .options import ProbeOptions
-from .records import (  # noqa: F401 (the constants: importable from here, as before)
-    BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, comm, count, entry_head, py_stack_into, reserve, stack_id,
+from .records import (
+    comm, count, entry_head, py_stack_into, reserve, stack_id,
     store_fn_and_phase, submit)
 from .scope import in_namespace, only_followed, pid_tgid
 
@@ -38,10 +38,6 @@ Items = List[object]
 
 FnId = layout.FnId
 FROM_COOKIE = layout.FROM_COOKIE
-fn_id_into = layout.fn_id_into
-
-# The names probes/loader.py's hello program uses, from when they were defined here.
-_in_namespace, _only_followed, _entry_head = in_namespace, only_followed, entry_head
 
 
 def shape_of(api: Api, retprobe: bool, arch: Arch, aggregate: bool = False) -> Hashable:
@@ -222,15 +218,19 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
 
 
 def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
-    """Write an enter record straight into the ring buffer."""
-    prog = reserve("enter_lost") + entry_head(fn_id, record.PHASE_ENTER, options)
+    """Write an enter record straight into the ring buffer: with return probes (--entries) an
+    extra record of a call whose complete record follows (flagged so, and its loss counted
+    apart: decode/losses.py), else (-r) the call's only record."""
+    follows = options.stash  # (the entry is stashed: its return writes the complete record)
+    flags = record.FLAG_RETURN_FOLLOWS if follows else 0
+    prog = reserve("enter_lost") + entry_head(fn_id, record.PHASE_ENTER, options, flags)
     prog += load_args(api, arch, R6, R8, record.ARGS)
     prog += [asm.st(DW, R8, record.RET, 0)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]
     prog += py_stack_into(R8, record.PY_STACK, options)
     prog += submit(options)
     prog += [asm.ja("enter_done"), asm.Label("enter_lost")]
-    prog += count(record.STAT_ENTRY_LOST)  # (its call is not lost: see decode/losses.py)
+    prog += count(record.STAT_ENTRY_LOST if follows else record.STAT_RING_FULL)
     return prog + [asm.Label("enter_done")]
 
 

@@ -18,7 +18,7 @@ namespace's (bpf_get_current_pid_tgid), or, when the tracer runs in a PID namesp
 own, that namespace's (bpf_get_ns_current_pid_tgid; a process outside it is not counted).
 
 `ExecNotices` (the monitor's) tells of every exec, whatever the process: an *exec notice*
-(a hello record whose first argument cell is EXEC_MARK) into a ring of monitor/loads.py's, so
+(a hello record whose first argument cell is EXEC_MARK) into a ring of monitor/system_watch.py's, so
 that a program started after the monitor is checked for CUDA files and its dynamic loader
 watched.
 """
@@ -142,7 +142,7 @@ _LOST_KEY_AT = -40
 def on_exec_notice(pid_ns: Optional[Tuple[int, int]] = None) -> list:
     """sched_process_exec: an *exec notice* of every exec (a hello record whose first
     argument cell is EXEC_MARK) into the `events` ring the program is given (not the
-    session's: monitor/loads.SystemWatch's), the reader woken; one the full ring cannot take
+    session's: monitor/system_watch.SystemWatch's), the reader woken; one the full ring cannot take
     is counted in NOTICES_LOST[0]. With `pid_ns`, execs outside that PID namespace are not
     told of (their pids mean nothing here)."""
     prog: list = []

@@ -7,7 +7,7 @@ exits); one on sched:sched_process_exit removes a process when its last thread e
 tracepoint's `group_dead` field where the kernel has it (6.16+), else (6.1, 6.12) when its
 leader thread exits (pid == tgid; a process whose leader ends before its other threads is
 then forgotten early). Which one is read from the tracepoint's format. The uprobe
-programs return at once in any process not in the map (see probes.ProbeOptions.follow), so
+programs return at once in any process not in the map (see calls.ProbeOptions.follow), so
 children are traced from their first call, however short they live, and other processes
 using the same library cost only the uprobe trap.
 
@@ -17,7 +17,7 @@ probes read with bpf_get_ns_current_pid_tgid), but the fork tracepoint's `child_
 kernel's (global) pid, and the parent cannot learn its child's pid in the namespace. So the
 fork program puts the child's kernel pid in the `forked` map (when the parent is followed by
 its namespace pid, or is itself still in `forked`); the child's first probe hit finds its
-kernel pid there and moves it to `followed` under its namespace pid (probes._adopt_forked).
+kernel pid there and moves it to `followed` under its namespace pid (scope.adopt_forked).
 The exit program removes the exiting thread's kernel id from `forked` (threads are forked
 too; a child may exit before any call) and, at the process's end, its namespace pid from
 `followed`. A process outside the namespace, or in one nested in it, is not traced (the

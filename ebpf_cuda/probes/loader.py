@@ -11,7 +11,7 @@ too) and wakes the reader at once. A notice the full ring could not take is coun
 LOST map (`lost_map`).
 
 What reads the notices and probes what they announce: late_loads.py (a session's),
-monitor/loads.py (the whole machine's); decode/notices.py reads them from the ring's frames.
+monitor/system_watch.py (the whole machine's); decode/notices.py reads them from the ring's frames.
 """
 from typing import Optional, Tuple
 
@@ -21,7 +21,9 @@ from ..arch import current as current_arch
 from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, Helper, W
 from ..bpf.maps import PerCpuArrayMap
 from ..spec import layout, record
-from . import calls
+from .options import ProbeOptions
+from .records import entry_head
+from .scope import in_namespace, only_followed
 from .execs import NOTICES_LOST
 
 HOOK = "_dl_debug_state"  # glibc's r_brk: called after every change of the link map
@@ -30,7 +32,7 @@ LOST = NOTICES_LOST  # "loader_lost": per-CPU count of notices the full ring cou
 # struct r_debug (glibc, 64-bit): r_version, r_map, r_brk, then r_state, an int.
 R_STATE = 24
 RT_CONSISTENT = 0
-STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (calls.py's are lower)
+STATE_AT, LOST_KEY_AT = -8, -16  # the program's stack slots (probes/calls.py's are lower)
 
 
 def lost_map() -> PerCpuArrayMap:
@@ -47,10 +49,10 @@ def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
     a consistent link map (r_state RT_CONSISTENT: objects mapped, or unmapped) is told of:
     half the notices, and none before the mapping."""
     arch = arch or current_arch()
-    options = calls.ProbeOptions(follow=follow, pid_ns=pid_ns)
-    prog = [asm.mov(R6, R1)] + calls._in_namespace(options)
+    options = ProbeOptions(follow=follow, pid_ns=pid_ns)
+    prog = [asm.mov(R6, R1)] + in_namespace(options)
     if follow:
-        prog += calls._only_followed(options)
+        prog += only_followed(options)
     prog += [
         asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE),
         asm.jeq(R0, 0, "tell"),  # (no cookie: every call is told of)
@@ -65,7 +67,7 @@ def loader_program(follow: bool, pid_ns: Optional[Tuple[int, int]] = None,
         asm.call(Helper.RINGBUF_RESERVE),
         asm.jeq(R0, 0, "lost"),
         asm.mov(R8, R0),
-    ] + calls._entry_head(record.HELLO_FN, record.PHASE_HELLO, options) + [
+    ] + entry_head(record.HELLO_FN, record.PHASE_HELLO, options) + [
         asm.st(DW, R8, record.ARGS, LOADER_MARK),
     ]
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS + 8, record.SIZE, 8)]

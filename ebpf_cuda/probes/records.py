@@ -18,23 +18,23 @@ FROM_COOKIE = layout.FROM_COOKIE
 fn_id_into = layout.fn_id_into
 
 
-def store_fn_and_phase(fn_id: FnId, phase: int) -> Items:
-    """The record's u16 function id and u8 phase (flags zeroed), at R8."""
+def store_fn_and_phase(fn_id: FnId, phase: int, flags: int = 0) -> Items:
+    """The record's u16 function id, u8 phase and u8 flags, at R8."""
     if fn_id is FROM_COOKIE:
-        return fn_id_into(R1, fn_id) + [asm.or_(R1, phase << 16),
+        return fn_id_into(R1, fn_id) + [asm.or_(R1, phase << 16 | flags << 24),
                                        asm.stx(W, R8, record.FN_ID, R1)]
-    return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16)]
+    return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16 | flags << 24)]
 
 
-def entry_head(fn_id: FnId, phase: int, options: ProbeOptions) -> Items:
+def entry_head(fn_id: FnId, phase: int, options: ProbeOptions, flags: int = 0) -> Items:
     """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
-    function id and phase, no stack, comm."""
+    function id, phase and flags, no stack, comm."""
     return [
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),
     ] + pid_tgid(options) + [
         asm.stx(DW, R8, record.PID_TGID, R0),
-    ] + store_fn_and_phase(fn_id, phase) + [asm.st(W, R8, record.STACK_ID, 0)] + comm()
+    ] + store_fn_and_phase(fn_id, phase, flags) + [asm.st(W, R8, record.STACK_ID, 0)] + comm()
 
 
 def py_stack_into(base, offset: int, options: ProbeOptions) -> Items:

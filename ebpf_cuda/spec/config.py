@@ -26,7 +26,7 @@ class TraceConfig:
     neither (every process using the probed files). `library`: the files to probe (default:
     found from the pid, the command or the usual places). With a pid or a command (and no
     `library`), the CUDA libraries its processes map later are probed as their dynamic
-    loader maps them (loader.py); calls made before their probes are on are not seen.
+    loader maps them (late_loads.py); calls made before their probes are on are not seen.
     """
 
     # -- which functions -------------------------------------------------------------------

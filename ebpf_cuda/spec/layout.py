@@ -1,8 +1,9 @@
 """The kernel-side contract besides the record (record.py): the maps every program shares,
 by name and size, and the stack slots of the generated programs.
 
-probes/calls.py, probes/aggregates.py and probes/follow.py generate code against these names and slots, and
-session.py creates the maps from `map_specs`: none of them reads another's constants.
+probes/calls.py, probes/aggregates.py and probes/follow.py generate code against these names
+and slots, and session.py creates the maps from `map_specs`: none of them reads another's
+constants.
 """
 import struct
 from typing import List, NamedTuple, Optional
@@ -193,7 +194,7 @@ assert FN_ID_AT == -280 and PROCESS_VALUE_AT >= -512  # the eBPF stack is 512 by
 
 # The function id of a program is either a constant (one program per function) or, with
 # FROM_COOKIE, the attach cookie of the probe that fired, saved at FN_ID_AT: then one program
-# serves every function of the same shape (probes.shape_of), attached with each function's
+# serves every function of the same shape (probes/calls.shape_of), attached with each function's
 # id as cookie.
 FnId = Optional[int]
 FROM_COOKIE: FnId = None

@@ -41,6 +41,9 @@ FLAG_OUT0_FAULT = 1 << 0  # probe_read_user of out-parameter 0 failed
 FLAG_OUT1_FAULT = 1 << 1
 FLAG_ARG_FAULT = 1 << 2  # probe_read_user of a stack or pointed-to argument failed
 FLAG_ENTRY_SENT = 1 << 3  # the entry probe already wrote this call's enter record
+# On an enter record of --entries: its call's complete record follows, so this one is no call
+# of its own in the accounting of losses (call_count); -r's enter records are the calls.
+FLAG_RETURN_FOLLOWS = 1 << 4
 
 # The inflight map: key (pid_tgid, entry stack pointer), value (entry time, argument cells,
 # out-parameter pointers). Keying on the stack pointer pairs nested and recursive calls.
@@ -106,6 +109,12 @@ def frame_pids(frames: bytes) -> Set[int]:
 
 
 def call_count(frames: bytes) -> int:
-    """Records of calls in a batch of frames (hello records left out)."""
+    """Calls in a batch of frames: its records but hellos and the enter records of --entries
+    (FLAG_RETURN_FOLLOWS: their calls are counted by their complete records), the unit every
+    loss is counted in (decode/losses.py)."""
     ids = frame_column(frames, FN_ID, "H")
-    return len(ids) - ids.count(HELLO_FN)
+    flags = bytes(memoryview(frames)[FRAME_HEADER + FLAGS::FRAME_SIZE])
+    return len(ids) - ids.count(HELLO_FN) - flags.translate(_FOLLOWS).count(1)
+
+
+_FOLLOWS = bytes(1 if value & FLAG_RETURN_FOLLOWS else 0 for value in range(256))

@@ -1,6 +1,6 @@
 """Which CUDA files a whole host has: every copy of the runtime and the driver the usual search
 finds, and those running processes map, whatever their mount namespace (the monitor probes
-them all at its start; monitor/loads.SystemWatch those that appear later).
+them all at its start; monitor/system_watch.SystemWatch those that appear later).
 """
 import fnmatch
 import os
@@ -20,7 +20,7 @@ def cuda_files(log: Optional[Log] = None) -> List[str]:
     namespace (a container) has it at a path we do not see. Deduplicated by inode.
 
     Renamed copies (libcudart-1a2b3c4d.so.12) and files that carry the runtime statically
-    are not looked for here: the late-load watch (monitor/loads.SystemWatch) finds those the
+    are not looked for here: the late-load watch (monitor/system_watch.SystemWatch) finds those the
     running processes map, at its start, on a side thread."""
     found: List[str] = []
     seen: Set[Tuple[int, int]] = set()
