@@ -23,9 +23,9 @@ from ..decode.operations import (MB, Geometry, copy_bytes, copy_operation, is_la
                                  is_synchronous_copy, launch_geometry)
 from ..spec.apis import BY_NAME, Role
 from ._table import decimal, integer, table
-from .statistics import percentile, stats
 from .layers import LayerFilter
 from .python_lines import PythonLines
+from .statistics import percentile, stats
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) → kernel name
 KERNEL_NAME_WIDTH = 100  # longer kernel names are cut in the table (JSON keeps them whole)

@@ -9,20 +9,20 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tu
 
 from .. import syscalls
 from ..bpf.maps import possible_cpus
-from ..probes.aggregates import (AGG_VALUE, BYTES, COUNT, ERROR_KEY, ERRORS, HIST, HIST_BUCKETS,
-                                 KIND_SLOTS, LAUNCH_KEY, LAUNCH_VALUE, SUMSQ, SUMSQ_EXP_AT, TOTAL,
-                                 func_cell)
+from ..probes.aggregates import func_cell
 from ..spec import layout, record
 from ..spec.apis import TABLE, Api, Kind, Role
+from ..spec.layout import (AGG_BYTES, AGG_COUNT, AGG_ERRORS, AGG_HIST, AGG_SUMSQ, AGG_TOTAL,
+                           AGG_VALUE, ERROR_KEY, HIST_BUCKETS, KIND_SLOTS, LAUNCH_KEY, LAUNCH_VALUE,
+                           SUMSQ_EXP_AT, SUMSQ_MANTISSA)
 
-_MANTISSA = (1 << SUMSQ_EXP_AT) - 1
 _INDEX = struct.Struct("<I")  # (an `agg` key)
 _U64 = struct.Struct("<Q")
 
 
 def sum_of_squares(cell: int) -> int:
     """The sum of squared durations (ns²) a SUMSQ cell holds."""
-    return (cell & _MANTISSA) << (2 * (cell >> SUMSQ_EXP_AT))
+    return (cell & SUMSQ_MANTISSA) << (2 * (cell >> SUMSQ_EXP_AT))
 
 
 @dataclass
@@ -125,7 +125,7 @@ def read_aggregates(agg_map, errors_map, launches_map,
         stats = FunctionStats(api.name, kind)
         for raw in agg_map[index]:
             values = list(AGG_VALUE.unpack(raw) if isinstance(raw, bytes) else raw)
-            values[SUMSQ // 8] = sum_of_squares(values[SUMSQ // 8])  # in ns², exact int
+            values[AGG_SUMSQ // 8] = sum_of_squares(values[AGG_SUMSQ // 8])  # in ns², exact int
             stats.add_cpu(tuple(values))
         if stats.count:
             functions.append(stats)
@@ -163,7 +163,8 @@ class FunctionTotals(NamedTuple):
     histogram: Tuple[int, ...]
 
 
-_COUNT, _TOTAL, _ERRORS, _BYTES, _HIST = (at // 8 for at in (COUNT, TOTAL, ERRORS, BYTES, HIST))
+_COUNT, _TOTAL, _ERRORS, _BYTES, _HIST = (
+    at // 8 for at in (AGG_COUNT, AGG_TOTAL, AGG_ERRORS, AGG_BYTES, AGG_HIST))
 
 
 def per_cpu_total(raw: bytes) -> List[int]:

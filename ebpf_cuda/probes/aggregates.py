@@ -29,13 +29,10 @@ AGG_MAP, ERRORS_MAP, LAUNCHES_MAP = layout.AGG, layout.ERRORS, layout.LAUNCHES
 PROCESS_MAP = layout.PROCESS_CALLS
 CAPTURING_MAP, CAPTURING_ANY_MAP = layout.CAPTURING, layout.CAPTURING_ANY
 KIND_SLOTS, HIST_BUCKETS = layout.KIND_SLOTS, layout.HIST_BUCKETS
-COUNT, TOTAL, MIN, MAX, ERRORS, BYTES, SUMSQ, HIST = (0, 8, 16, 24, 32, 40, 48, 56)
-# The SUMSQ cell is a small float: the sum of squares is MANTISSA * 4**EXPONENT (ns²), the
-# exponent in the top 6 bits. It stays 0, and the sum exact, until a duration reaches 2^29 ns
-# (0.54 s) or the sum 2^58 ns² (e.g. 290,000 calls of 1 ms); each step up halves the
-# durations squared from then on (d >> exponent), so no call and no sum ever overflows.
-SUMSQ_EXP_AT = 58
-_MANTISSA = (1 << SUMSQ_EXP_AT) - 1
+COUNT, TOTAL, MIN, MAX = layout.AGG_COUNT, layout.AGG_TOTAL, layout.AGG_MIN, layout.AGG_MAX
+ERRORS, BYTES, SUMSQ, HIST = layout.AGG_ERRORS, layout.AGG_BYTES, layout.AGG_SUMSQ, layout.AGG_HIST
+SUMSQ_EXP_AT = layout.SUMSQ_EXP_AT
+_MANTISSA = layout.SUMSQ_MANTISSA
 _ROOT_BITS = SUMSQ_EXP_AT // 2  # (d >> exponent) < 2^29: its square fits the mantissa
 AGG_VALUE, ERROR_KEY = layout.AGG_VALUE, layout.ERROR_KEY
 LAUNCH_KEY, LAUNCH_VALUE = layout.LAUNCH_KEY, layout.LAUNCH_VALUE

@@ -25,13 +25,11 @@ from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
-from .inflight import (
-    dropped_return, find_in_map, find_in_task, inflight_key,
-    launch_layer, stash_entry, stash_in_task, task_storage, twin_return)
+from .inflight import (dropped_return, find_in_map, find_in_task, inflight_key, launch_layer,
+                       stash_entry, stash_in_task, task_storage, twin_return)
 from .options import ProbeOptions
-from .records import (
-    comm, count, entry_head, py_stack_into, reserve, stack_id,
-    store_fn_and_phase, submit)
+from .records import (comm, count, entry_head, py_stack_into, reserve, stack_id, store_fn_and_phase,
+                      submit)
 from .scope import in_namespace, only_followed, pid_tgid
 
 Items = List[object]

@@ -21,10 +21,10 @@ from ..arch import current as current_arch
 from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, Helper, W
 from ..bpf.maps import PerCpuArrayMap
 from ..spec import layout, record
+from .execs import NOTICES_LOST
 from .options import ProbeOptions
 from .records import entry_head
 from .scope import in_namespace, only_followed
-from .execs import NOTICES_LOST
 
 HOOK = "_dl_debug_state"  # glibc's r_brk: called after every change of the link map
 LOADER_MARK = 0x4C4F4144  # "LOAD": the first argument cell of a loader notice

@@ -63,6 +63,15 @@ KIND_SLOTS = 5  # cudaMemcpyKind 0-4; rows without a kind use slot 0
 HIST_BUCKETS = 40  # log2(ns) buckets: 2^39 ns is about 9 minutes
 AGG_VALUE = struct.Struct("<7Q%dQ" % HIST_BUCKETS)  # count, total, min, max, errors, bytes,
 #                                                     sum of squares, histogram
+# The offsets of those cells in an AGG_VALUE:
+AGG_COUNT, AGG_TOTAL, AGG_MIN, AGG_MAX, AGG_ERRORS, AGG_BYTES, AGG_SUMSQ, AGG_HIST = (
+    0, 8, 16, 24, 32, 40, 48, 56)
+# The SUMSQ cell is a small float: the sum of squares is MANTISSA * 4**EXPONENT (ns²), the
+# exponent in the top 6 bits. It stays 0, and the sum exact, until a duration reaches 2^29 ns
+# (0.54 s) or the sum 2^58 ns² (e.g. 290,000 calls of 1 ms); each step up halves the
+# durations squared from then on (d >> exponent), so no call and no sum ever overflows.
+SUMSQ_EXP_AT = 58
+SUMSQ_MANTISSA = (1 << SUMSQ_EXP_AT) - 1
 ERROR_KEY = struct.Struct("<II")  # fn_id, code
 ERROR_ENTRIES = 4096
 LAUNCH_KEY = struct.Struct("<II%dQ" % record.ARG_CELLS)  # pid, fn_id, argument cells

@@ -18,8 +18,8 @@ import struct
 import threading
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from .python_offsets import (DEBUG_COOKIE,  # noqa: F401 (importable from here, as before)
-                             SUPPORTED, Layout, UnknownInterpreter, layout_for,
+from .python_offsets import DEBUG_COOKIE  # noqa: F401 (importable from here, as before)
+from .python_offsets import (SUPPORTED, Layout, UnknownInterpreter, layout_for,
                              layout_from_debug_offsets, supported_range)
 
 DEBUG_OFFSETS_READ = 1024  # bytes read at `_PyRuntime`: more than any _Py_DebugOffsets so far
