@@ -465,6 +465,7 @@ def _keeps(raw: bytes) -> bool:
 
 
 ODD_BYTES = st.binary(min_size=1, max_size=40).filter(_keeps)
+NO_PID = 0x7FFFFFFF  # above any pid_max
 
 
 @FUZZ
@@ -484,7 +485,10 @@ def test_non_utf8_paths_comms_and_kernel_names(tmp_path_factory, folder, name, c
     from ebpf_cuda.session import Session
 
     path = os.fsdecode(b"/" + folder.replace(b"/", b"_") + b"/" + name.replace(b"/", b"_"))
-    maps = ProcessMaps.parse(42, "7f0000000000-7f0000001000 r-xp 00000000 08:01 1234 %s\n" % path)
+    # (a pid no process has: pid 42 is a kernel thread here, and a generated path such as
+    # "/./." exists, so the snapshot would rightly reach it through /proc/42/root)
+    maps = ProcessMaps.parse(NO_PID, "7f0000000000-7f0000001000 r-xp 00000000 08:01 1234 %s\n"
+                             % path)
     assert [p for _, p in maps.mappings] == [path]
     str(Frame("k\udcff", 4, path))
     frame = records.pack_frame("cuLaunchKernel", 1000, (0x99, 1, 1, 1, 1, 1, 1, 0, 0),
