@@ -59,6 +59,8 @@ def _need(module: str, why: str):
         return importlib.import_module(module)
     except ImportError as error:
         raise Skip("%s not installed (%s)" % (why, error))
+    except Exception as error:  # (numba 0.6x under NumPy 2.x: AttributeError at import)
+        raise Skip("%s does not import here (%s: %s)" % (why, type(error).__name__, error))
 
 
 def case_eager() -> Work:
