@@ -601,39 +601,27 @@ def test_the_spool_of_o_dev_stdout_is_not_in_dev(root, robust, tmp_path):
     assert tracer.returncode == 0
 
 
-def test_with_entries_losses_are_counted_in_calls(root, robust, tmp_path):
-    """--entries writes two records a call: the losses are still counted in calls (a call is
-    lost with its exit record), and the entry records lost are said apart, so every call is
-    either traced or counted once."""
+@pytest.mark.parametrize("option, phase, entries_said", [
+    ("--entries", "exit", True),  # two records a call: a call is lost with its exit record,
+                                  # the entry records lost are said apart
+    ("-r", "enter", False),       # the enter record is the call's only record
+])
+def test_losses_are_counted_in_calls(root, robust, tmp_path, option, phase, entries_said):
+    """Every call is traced or counted lost once, whatever records a call writes: the
+    losses are counted in calls, through a 4 KiB ring that refuses most of them."""
     lib, prog = robust
     out = tmp_path / "calls.jsonl"
-    done = run_cli(["-p", lib, "--entries", "--json", "-o", str(out), "--ring-size", "4096",
+    done = run_cli(["-p", lib, option, "--json", "-o", str(out), "--ring-size", "4096",
                     "--", prog, "threads", 4, 20000], timeout=120)
     assert done.returncode == 0
     made = int(re.search(r"made=(\d+)", done.stdout).group(1))
-    exits = sum(1 for line in out.read_text().splitlines() if json.loads(line)["phase"] == "exit")
-    line = _lost_line(done.stderr)
-    lost = re.search(r"(\d+) events lost: (\d+) with the ring buffer full", line)
-    assert lost and lost.group(1) == lost.group(2), line
-    assert exits + int(lost.group(1)) == made, (exits, line)
-    assert re.search(r"\d+ entry records lost with the ring buffer full", line), line
-
-
-def test_entry_probes_alone_count_each_lost_call(root, robust, tmp_path):
-    """With -r a call's enter record is its only record: one the full ring refused is a
-    call lost, counted with the ring full, so every call is traced or counted once."""
-    lib, prog = robust
-    out = tmp_path / "calls.jsonl"
-    done = run_cli(["-p", lib, "-r", "--json", "-o", str(out), "--ring-size", "4096",
-                    "--", prog, "threads", 4, 20000], timeout=120)
-    assert done.returncode == 0
-    made = int(re.search(r"made=(\d+)", done.stdout).group(1))
-    seen = sum(1 for line in out.read_text().splitlines() if json.loads(line)["phase"] == "enter")
+    seen = sum(1 for line in out.read_text().splitlines() if json.loads(line)["phase"] == phase)
     line = _lost_line(done.stderr)
     lost = re.search(r"(\d+) events lost: (\d+) with the ring buffer full", line)
     assert lost and lost.group(1) == lost.group(2), line
     assert seen + int(lost.group(1)) == made, (seen, line)
-    assert "entry records" not in line
+    said = re.search(r"\d+ entry records lost with the ring buffer full", line)
+    assert bool(said) == entries_said, line
 
 
 def test_a_background_child_left_running_is_named(root, robust):
