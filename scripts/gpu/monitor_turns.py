@@ -209,7 +209,10 @@ def bootstrap(ratios, draws: int = 2000) -> dict:
             "median": statistics.median(ratios), "rounds": len(ratios)}
 
 
-def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke) -> dict:
+def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke,
+            pairs=None) -> dict:
+    """The modes' children in turns, each round's times, and the bootstrapped ratio of each
+    pair of modes (`pairs`; by default the monitor's against its floors)."""
     modes = tuple(copies)
     children = {m: TurnChild(what, per_turn, copies[m], cpu, smoke) for m in modes}
     hellos = {m: c.ready() for m, c in children.items()}
@@ -227,9 +230,10 @@ def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke
               "mean": {m: statistics.fmean(v) for m, v in times.items()},
               "times": times,  # (each round's, in round order: the raw data)
               "p10": {m: sorted(v)[len(v) // 10] for m, v in times.items()}}
-    pairs = [("monitor", "bare-entry"), ("monitor", "untraced"), ("bare-entry", "untraced")]
-    if SECOND in modes:
-        pairs += [(SECOND, "bare-entry"), (SECOND, "untraced"), ("monitor", SECOND)]
+    if pairs is None:
+        pairs = [("monitor", "bare-entry"), ("monitor", "untraced"), ("bare-entry", "untraced")]
+        if SECOND in modes:
+            pairs += [(SECOND, "bare-entry"), (SECOND, "untraced"), ("monitor", SECOND)]
     for a, b in pairs:
         result["%s/%s" % (a, b)] = bootstrap([x / y for x, y in zip(times[a], times[b])])
     return result

@@ -31,12 +31,10 @@ children call its cudaLaunchKernel through ctypes (tiny workload only).
 Writes JSON lines to $OUT/trace_turns.jsonl (and prints them).
 """
 import argparse
-import itertools
 import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -45,7 +43,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpucheck  # noqa: E402
 import monitor_h200 as h200  # noqa: E402  (BareProbes, probe_sites, cpu_facts)
-import monitor_turns as turns  # noqa: E402  (TurnChild, cuda_files, make_copies, bootstrap)
+import monitor_turns as turns  # noqa: E402  (measure, cuda_files, make_copies)
 
 OUT = os.environ.get("OUT", "/tmp/ebpf-cuda-trace-turns")
 MODES = ("untraced", "bare-pair", "trace", "summary")
@@ -84,25 +82,8 @@ class Cli:
         return self.proc.returncode, out
 
 
-def measure(what: str, per_turn: int, rounds: int, copies: dict, cpu: int, smoke) -> dict:
-    children = {m: turns.TurnChild(what, per_turn, copies[m], cpu, smoke) for m in copies}
-    hellos = {m: c.ready() for m, c in children.items()}
-    orders = list(itertools.permutations(copies))
-    times = {m: [] for m in copies}
-    t0 = time.monotonic()
-    for r in range(rounds):
-        for mode in orders[r % len(orders)]:
-            times[mode].append(children[mode].turn())
-    took = time.monotonic() - t0
-    made = {m: c.finish() for m, c in children.items()}
-    result = {"workload": what, "per_turn": per_turn, "rounds": rounds, "seconds": took,
-              "unit": "us per step", "children": hellos, "made": made,
-              "median": {m: statistics.median(v) for m, v in times.items()},
-              "mean": {m: statistics.fmean(v) for m, v in times.items()}, "times": times}
-    for a, b in (("trace", "bare-pair"), ("summary", "bare-pair"), ("trace", "untraced"),
-                 ("summary", "untraced"), ("bare-pair", "untraced")):
-        result["%s/%s" % (a, b)] = turns.bootstrap([x / y for x, y in zip(times[a], times[b])])
-    return result
+PAIRS = (("trace", "bare-pair"), ("summary", "bare-pair"), ("trace", "untraced"),
+         ("summary", "untraced"), ("bare-pair", "untraced"))
 
 
 def check_placement(result: dict, copies: dict, bare_hits: int, summary_out: str,
@@ -147,7 +128,7 @@ def run(what: str, args, copies: dict, sites, cpu: int) -> dict:
     summary = Cli(pyz, on("summary"), ["--summary"])
     try:
         per_turn = args.ops if what == "tiny" else args.steps
-        result = measure(what, per_turn, args.rounds, copies, cpu, args.smoke)
+        result = turns.measure(what, per_turn, args.rounds, copies, cpu, args.smoke, PAIRS)
         time.sleep(1.0)  # (the readers catch up)
     finally:
         hits = bare.close()
