@@ -78,3 +78,22 @@ def test_the_summary_counts_each_launch_once(root, forwarding):
     launches = done.stdout[done.stdout.index("Kernel Launches"):].splitlines()
     by_kernel = {line.split()[-1]: line.split()[0] for line in launches if "0x" in line}
     assert by_kernel == {"0x1000": str(N), "0x2000": str(N), "0x3000": str(N), "0x4000": str(N)}
+
+
+def test_the_monitor_counts_each_launch_once_when_it_takes_every_return(root, forwarding):
+    """The monitor taking every return (--return-sampling 1, or a kernel without uprobe
+    sessions) counts launches at return, after the twin is known: once each. (With sampled
+    returns it counts them at entry, where it cannot tell: docs/limitations.md.)"""
+    import subprocess as sp
+
+    from monitor_support import running_monitor, settle
+
+    lib, prog = forwarding
+    with running_monitor(paths=(str(lib),), sample_returns=1) as monitor:
+        sp.run([str(prog), str(N)], check=True, capture_output=True)
+        settle(monitor)
+        totals = Counter()
+        for (comm, api, _), count in monitor.launch_totals().items():
+            if comm == "forwarding_prog":
+                totals[api] += count
+    assert totals == {"cuLaunchKernelEx": 2 * N, "cuLaunchKernel": 2 * N}
