@@ -24,6 +24,11 @@ BPF_MAP_GET_NEXT_KEY = 4
 BPF_PROG_LOAD = 5
 BPF_PROG_GET_NEXT_ID = 11
 BPF_PROG_GET_FD_BY_ID = 13
+BPF_MAP_LOOKUP_BATCH = 24  # (Linux 5.6+)
+# Its attr: in_batch, out_batch, keys, values, count, map_fd, elem_flags, flags; the kernel
+# writes back at MAP_BATCH_COUNT_AT how many entries it gave.
+MAP_BATCH_ATTR = struct.Struct("<QQQQIIQQ")
+MAP_BATCH_COUNT_AT = 32
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_BTF_LOAD = 18
 BPF_LINK_CREATE = 28

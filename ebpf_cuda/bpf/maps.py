@@ -12,7 +12,7 @@ import os
 import struct
 from typing import Any, Iterator, List, Optional, Tuple
 
-from .. import syscalls
+from .. import kernel_abi, syscalls
 from ..syscalls import MapInfo
 
 POSSIBLE_CPUS = "/sys/devices/system/cpu/possible"
@@ -185,11 +185,8 @@ class _ElementMap(Map):
         return BatchReader(self)
 
 
-BPF_MAP_LOOKUP_BATCH = 24  # (Linux 5.6+)
 _ENOTSUPP = 524  # the kernel's own "not supported" (not in errno)
-_BATCH_ATTR = struct.Struct("<QQQQIIQQ")  # in_batch, out_batch, keys, values, count, map_fd,
-#                                           elem_flags, flags
-_BATCH_COUNT_AT = 32  # (the kernel writes back how many it gave)
+_BATCH_ATTR, _BATCH_COUNT_AT = kernel_abi.MAP_BATCH_ATTR, kernel_abi.MAP_BATCH_COUNT_AT
 
 
 class BatchReader:
@@ -243,7 +240,7 @@ class BatchReader:
                 attr, 0, 0 if first else ctypes.addressof(self.tokens[0]),
                 ctypes.addressof(self.tokens[1]), ctypes.addressof(self.keys),
                 ctypes.addressof(self.values), self.count, self.map.fd, 0, 0)
-            res, err = syscalls.bpf_raw(BPF_MAP_LOOKUP_BATCH, attr)
+            res, err = syscalls.bpf_raw(kernel_abi.BPF_MAP_LOOKUP_BATCH, attr)
             if res < 0 and err == errno.ENOSPC and self.count < self.map.max_entries:
                 self._room(self.count * 2)  # (the same batch again, with more room)
                 continue
