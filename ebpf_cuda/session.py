@@ -71,6 +71,8 @@ class Attachment(NamedTuple):
     retprobe: bool
 
 
+
+
 class Session:
     """The kernel objects of one trace (see the module's docstring)."""
 
@@ -293,7 +295,8 @@ class Session:
                 try:
                     self._links.append(attach_uprobe_multi(
                         program, through, [off for _, _, off in sites],
-                        cookies=[apis.FN_ID[api_name] for api_name, _, _ in sites],
+                        cookies=[plan.site_cookie(api_name, symbol, session)
+                                 for api_name, symbol, _ in sites],
                         retprobe=retprobe, pid=pid, what=", ".join(names), session=session))
                 except AttachError as err:
                     if err.errno in _NOT_THE_LINK or session:  # (sessions: no fallback)

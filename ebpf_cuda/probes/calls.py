@@ -20,7 +20,7 @@ from typing import Hashable, List
 
 from .. import asm
 from ..arch import Arch
-from ..asm import DW, FP, R0, R1, R2, R6, R7, R8, Helper, W
+from ..asm import DW, FP, R0, R1, R2, R3, R6, R7, R8, Helper, W
 from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
@@ -139,8 +139,9 @@ def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) ->
     if options.follow:  # (not followed: counted nowhere, no return)
         prog += asm.relabel(only_followed(options, outside=1), "f_")
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
-    prog += _draw(options.sample_returns)
     prog += pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
+    prog += _twin_gate(api, arch)
+    prog += _draw(options.sample_returns)
     prog += aggregates.capturing_gate([asm.ja("timed")])  # (all its return counts)
     prog += aggregates.count_call(api, fn_id, arch)
     prog += [asm.ldx(DW, R1, FP, layout.SAMPLE_AT), asm.jeq(R1, 0, "timed"),
@@ -148,6 +149,37 @@ def session_program(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) ->
     prog += _entry_body(api, fn_id, arch, options)  # (ends returning 0)
     return prog + [asm.Label("r_return")] + asm.relabel(
         _return_body(api, fn_id, arch, options), "r_")
+
+
+TWIN_REACH = 4096  # how far below a `_ptsz` launch's stack pointer its twin may be entered
+
+
+def _twin_gate(api: Api, arch: Arch) -> Items:
+    """Entry code of a sampled launch row with `_ptsz` aliases (R6 ctx, fp-16 pid_tgid),
+    before it is counted. Its entries counted here have no return to tell a twin by
+    (inflight.py's task-storage test), so the alias sites (cookie | ALIAS_COOKIE) mark this
+    CPU's slot of their layer with (pid_tgid, stack pointer); a plain entry by the same thread
+    at or within TWIN_REACH below that mark is the alias reaching it (a call or a jump), and
+    takes the mark and returns 1: not counted, no return. A mark an alias that does not
+    forward leaves is taken by the next such plain entry of that thread on that CPU."""
+    layer = launch_layer(api)
+    if not (layer and api.aliases):
+        return []
+    mark = 16 * (layer - 1)
+    return [
+        asm.st(DW, FP, layout.SAMPLE_AT, 0),  # (the key; the draw after it uses the slot)
+        asm.ld_map(R1, layout.TWIN_MARKS), asm.mov(R2, FP), asm.add(R2, layout.SAMPLE_AT),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "twin_checked"), asm.mov(R7, R0),
+        asm.mov(R1, R6), asm.call(Helper.GET_ATTACH_COOKIE), asm.rsh(R0, 32),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.ldx(DW, R2, R6, arch.sp),
+        asm.jeq(R0, 0, "plain_site"),
+        asm.stx(DW, R7, mark, R1), asm.stx(DW, R7, mark + 8, R2), asm.ja("twin_checked"),
+        asm.Label("plain_site"),
+        asm.ldx(DW, R3, R7, mark), asm.jne(R3, R1, "twin_checked"),
+        asm.ldx(DW, R3, R7, mark + 8), asm.sub(R3, R2), asm.jgt(R3, TWIN_REACH, "twin_checked"),
+        asm.st(DW, R7, mark, 0), asm.mov(R0, 1), asm.exit(),
+        asm.Label("twin_checked"),
+    ]
 
 
 _XORSHIFT_SEED = 0x9E3779B97F4A7C15  # (any non-zero state)

@@ -14,7 +14,7 @@ from typing import Dict, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 from ..arch import Arch
 from ..bpf.features import BPF_TRACE_UPROBE_SESSION
 from ..bpf.programs import EXPECTED_UPROBE_MULTI
-from ..spec import apis
+from ..spec import apis, layout
 from ..spec.apis import Api
 from ..spec.config import TraceConfig
 from . import calls
@@ -94,6 +94,13 @@ def programs_for(rows: Sequence[Api], config: TraceConfig,
                     EXPECTED_UPROBE_MULTI if features.uprobe_multi else 0, [])
             specs[key].functions.append(api.name)
     return list(specs.values())
+
+
+def site_cookie(api_name: str, symbol: str, session: bool) -> int:
+    """An attach site's cookie: its function id; a session program's `_ptsz` site also
+    says it is one (probes/calls.py, _twin_gate)."""
+    alias = session and symbol in apis.BY_NAME[api_name].aliases
+    return apis.FN_ID[api_name] | (layout.ALIAS_COOKIE if alias else 0)
 
 
 def probe_options(api: Api, config: TraceConfig, features: Features) -> ProbeOptions:

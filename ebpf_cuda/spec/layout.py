@@ -24,6 +24,13 @@ ERRORS = "errors"  # (function, error code) -> count
 LAUNCHES = "launches"  # (pid, function, shown argument cells) -> count, total ns
 LAUNCH_SLOTS = "launch_slots"  # the sampled launch rows' counts at entry (probes/aggregates.py)
 SAMPLING = "sampling"  # per-CPU xorshift state: which launches take their return (probes/calls.py)
+# Per CPU, per launch layer, the last `_ptsz` launch entered there (pid_tgid, entry stack
+# pointer): a plain launch entered next by that thread at or below it is its twin
+# (probes/calls.py, _twin_gate).
+TWIN_MARKS = "twin_marks"
+TWIN_MARK = struct.Struct("<QQQQ")  # layer 1 (driver): pid_tgid, sp; layer 2 (runtime): the same
+# An alias site's cookie (a `_ptsz` export of a sampled launch row): its function id | this.
+ALIAS_COOKIE = 1 << 32
 PROCESS_CALLS = "proc_calls"  # the monitor's (pid, agg index) -> calls, errors, total ns
 # With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
 # per process (tgid -> captures begun and not ended), and their sum over all processes in a
@@ -141,7 +148,8 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
         if launch_slots:
             specs += [MapSpec(LAUNCH_SLOTS, "MappedArray", 4, LAUNCH_SLOT.size,
                               LAUNCH_SLOT_ENTRIES, LAUNCH_SLOT),
-                      MapSpec(SAMPLING, "PerCpuArray", 4, 8, 1, U64)]
+                      MapSpec(SAMPLING, "PerCpuArray", 4, 8, 1, U64),
+                      MapSpec(TWIN_MARKS, "PerCpuArray", 4, TWIN_MARK.size, 1, TWIN_MARK)]
         if per_process:
             specs.append(MapSpec(PROCESS_CALLS, "Hash", PROCESS_KEY.size, PROCESS_VALUE.size,
                                  PROCESS_ENTRIES))
