@@ -313,7 +313,28 @@ def check_case(case: str, outdir: str, timeout: float, v: gpucheck.Verdicts) -> 
     v.add("%s device" % case, set(devices) == {str(truth["device"])},
           "launches and graph launches by device %s; the target ran on device %d"
           % (devices, truth["device"]))
+    if "None" in devices:
+        _why_no_device(events, work, os.path.join(outdir, case + ".devices.json"))
     os.unlink(trace)  # (large; kept in DIR/CASE.json: the ground truth)
+
+
+def _why_no_device(events, work, path: str) -> None:
+    """For each thread with a launch that carries no device: the context and device calls
+    it made before its first such launch (the last 12), to DIR/CASE.devices.json."""
+    firsts = {}
+    for e in work["launches"] + work["graph_events"]:
+        if e.get("device") is None:
+            thread = (e.get("pid"), e.get("tid"))
+            firsts[thread] = min(firsts.get(thread, e["ts"]), e["ts"])
+    found = {}
+    for e in events:
+        thread = (e.get("pid"), e.get("tid"))
+        if thread in firsts and e.get("ts", 0) < firsts[thread] and (
+                "Ctx" in e.get("api", "") or "Device" in e.get("api", "")):
+            found.setdefault("%s/%s" % thread, []).append(
+                {k: e.get(k) for k in ("api", "phase", "args", "outs", "ret", "device")})
+    with open(path, "w") as f:
+        json.dump({t: calls[-12:] for t, calls in found.items()}, f, indent=1)
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,8 @@ needed). Writes JSON lines to $OUT/monitor_h200.jsonl
 
 - `{"part": "counts", "workload": ...}`: the monitor's per-process kernel launches (sum of
   ebpf_cuda_kernel_launches_total{pid}) against CUPTI's launch API calls (torch.profiler) or
-  the loop's known count (CuPy); the cudaMalloc calls and bytes the monitor counted while the
+  the loop's known count (CuPy); a JAX jit loop (XLA launches through `_ptsz` exports that
+  reach the plain ones: each counted once, issue 40) against CUPTI's; the cudaMalloc calls and bytes the monitor counted while the
   workload ran against PyTorch's allocator statistics (segments and reserved bytes
   allocated); the kernel names of both.
 - `{"part": "overhead", ...}`: MLP training step (ms) and tiny-op loop (us per op) untraced,
@@ -152,6 +153,31 @@ def child_cupy(steps: int) -> dict:
     return {"loop_launches": steps + 1, "value": float(x[0])}
 
 
+def child_jax(steps: int) -> dict:
+    """XLA launches through the driver's `_ptsz` exports, which reach the plain ones (issue
+    40): with sampled returns the monitor must count each launch once. Everything JAX does
+    runs under the profiler, so CUPTI's launch calls are the whole process's."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import torch  # noqa: F401  (torch.profiler: CUPTI records JAX's launches too)
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.zeros(1, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        import jax
+        import jax.numpy as jnp
+
+        @jax.jit
+        def f(x, w):
+            return jnp.sum(jnp.tanh(x @ w) * 2 + jnp.sin(x))
+
+        x = jnp.ones((256, 256), dtype=jnp.float32)
+        w = jnp.full((256, 256), 0.01, dtype=jnp.float32)
+        for _ in range(steps):
+            value = f(x, w)
+        value.block_until_ready()
+    return dict(_cupti_counts(prof), backend=jax.default_backend())
+
+
 def mlp_step():
     """One training step of the MLP (a function; the model made once)."""
     import torch
@@ -264,6 +290,7 @@ CHILDREN = {
     "mlp": lambda a: child_mlp(a.steps),
     "compile": lambda a: child_compile(a.steps),
     "cupy": lambda a: child_cupy(a.steps * 10),
+    "jax": lambda a: child_jax(a.steps * 10),
     "time-mlp": lambda a: child_time_mlp(a.steps, a.reps),
     "time-tiny": lambda a: child_time_tiny(a.ops, a.reps),
     "stats-tiny": lambda a: child_stats_tiny(a.ops, a.reps),
@@ -388,11 +415,11 @@ def run_child(name: str, args, smoke) -> dict:
     return result
 
 
-NEEDS = {"mlp": "torch", "compile": "triton", "cupy": "cupy"}
+NEEDS = {"mlp": "torch", "compile": "triton", "cupy": "cupy", "jax": "jax"}
 
 
 def counts_part(monitor: Monitor, args, smoke) -> None:
-    for name in (["smoke"] if smoke else ["mlp", "compile", "cupy"]):
+    for name in (["smoke"] if smoke else ["mlp", "compile", "cupy", "jax"]):
         if not smoke and not (gpucheck.has_module("torch") and gpucheck.has_module(NEEDS[name])):
             V.skip("counts %s" % name, "%s not installed here" % NEEDS[name])
             continue
