@@ -53,6 +53,22 @@ def test_driver_contexts_carry_their_device_through_set_push_and_pop():
     assert devices == [2, 1, 1, 1, 2, 2, 1, 1, 2, 2, None]  # (a call is on the device before it)
 
 
+def test_a_context_set_current_before_its_device_is_told_gets_it_once_told():
+    """CUDA's runtime makes its primary context current (cuCtxSetCurrent), then retains it
+    where the probes see it (D34, docs/gpu-results.md: PyTorch's and Triton's launches had
+    no device): the thread's calls after the retain are on its device."""
+    devices = _run(DeviceTracker(from_start=True),
+                   ("cuCtxSetCurrent", 1, {"ctx": 0xC000}, {}, 0),
+                   ("cuLaunchKernel", 1, {"func": 0x10}, {}, 0),  # not known yet
+                   ("cuDevicePrimaryCtxRetain", 1, {"device": 1}, {"ctx": 0xC000}, 0),
+                   ("cuLaunchKernel", 1, {"func": 0x10}, {}, 0),
+                   ("cuCtxPushCurrent_v2", 2, {"ctx": 0xC000}, {}, 0),  # another thread
+                   ("cuLaunchKernel", 2, {"func": 0x10}, {}, 0),
+                   ("cuCtxSetCurrent", 2, {"ctx": 0xC009}, {}, 0),  # never told
+                   ("cuLaunchKernel", 2, {"func": 0x10}, {}, 0))
+    assert devices == [0, None, 1, 1, 0, 1, 1, None]
+
+
 def test_nccl_calls_are_on_their_communicators_device():
     devices = _run(DeviceTracker(from_start=True),
                    ("cudaSetDevice", 1, {"device": 5}, {}, 0),

@@ -14,7 +14,7 @@ A thread that set nothing is on device 0 when its process was traced from its st
 runtime's documented default); attached to a running process (`-d`, system-wide), such a
 thread's device is unknown until it sets one, and its events carry none.
 """
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from .events import EXIT, Event
 
@@ -32,12 +32,23 @@ _CHANGES = _NAMES_DEVICE | _TELLS_DEVICE | _NCCL_MAKES | {
 Thread = Tuple[int, int]
 
 
+class _Context(NamedTuple):
+    """A context made current before the call that tells its device was seen (CUDA's
+    runtime sets its primary context current, then retains it where the probes see it):
+    its device is looked up when asked, so the thread's later calls get it once known."""
+
+    handle: int
+
+
+Entry = Union[Optional[int], _Context]  # a device (None: unknown), or a context
+
+
 class DeviceTracker:
     """Sets `event.device` on each event it is given (see the module's docstring)."""
 
     def __init__(self, from_start: bool = False) -> None:
         self.from_start = from_start  # processes traced from their start: device 0 first
-        self._stacks: Dict[Thread, List[Optional[int]]] = {}  # thread -> devices of contexts
+        self._stacks: Dict[Thread, List[Entry]] = {}  # thread -> its contexts, innermost last
         self._contexts: Dict[Tuple[int, int], int] = {}  # (pid, context) -> device
         self._comms: Dict[Tuple[int, int], int] = {}  # (pid, ncclComm_t) -> device
         self.version = 0  # grows whenever a thread's device may have changed
@@ -53,9 +64,10 @@ class DeviceTracker:
     def current(self, pid: int, tid: int) -> Optional[int]:
         """The device thread `tid` of process `pid` is on now (None: not known)."""
         stack = self._stacks.get((pid, tid))
-        if stack:
-            return stack[-1]
-        return 0 if self.from_start else None
+        if not stack:
+            return 0 if self.from_start else None
+        top = stack[-1]
+        return self._contexts.get((pid, top.handle)) if isinstance(top, _Context) else top
 
     def annotate(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -89,9 +101,9 @@ class DeviceTracker:
             if api in _CURRENT_CONTEXT:
                 self._stack(thread).append(args.get("device"))
         elif api == "cuCtxSetCurrent":
-            self._set_top(thread, self._context_device(event.pid, args.get("ctx")))
+            self._set_top(thread, _context(args.get("ctx")))
         elif api == "cuCtxPushCurrent_v2":
-            self._stack(thread).append(self._context_device(event.pid, args.get("ctx")))
+            self._stack(thread).append(_context(args.get("ctx")))
         elif api == "cuCtxPopCurrent_v2":
             stack = self._stacks.get(thread)
             if stack:
@@ -102,16 +114,13 @@ class DeviceTracker:
             if comm and device is not None:
                 self._comms[(event.pid, comm)] = device
 
-    def _context_device(self, pid: int, ctx: Optional[int]) -> Optional[int]:
-        return self._contexts.get((pid, ctx)) if ctx else None
-
-    def _stack(self, thread: Thread) -> List[Optional[int]]:
+    def _stack(self, thread: Thread) -> List[Entry]:
         stack = self._stacks.get(thread)
         if stack is None:
             stack = self._stacks[thread] = [0] if self.from_start else []
         return stack
 
-    def _set_top(self, thread: Thread, device: Optional[int]) -> None:
+    def _set_top(self, thread: Thread, device: Entry) -> None:
         stack = self._stack(thread)
         if stack:
             stack[-1] = device
@@ -123,3 +132,8 @@ class DeviceTracker:
         for table in (self._stacks, self._contexts, self._comms):  # (list(): one copy)
             for key in [key for key in list(table) if key[0] == pid]:
                 table.pop(key, None)
+
+
+def _context(ctx: Optional[int]) -> Entry:
+    """A stack entry for context `ctx` (NULL: none current, so no device)."""
+    return _Context(ctx) if ctx else None

@@ -156,12 +156,11 @@ def child_cupy(steps: int) -> dict:
 def child_jax(steps: int) -> dict:
     """XLA launches through the driver's `_ptsz` exports, which reach the plain ones (issue
     40): with sampled returns the monitor must count each launch once. Everything JAX does
-    runs under the profiler, so CUPTI's launch calls are the whole process's."""
+    runs under the profiler (torch.profiler: CUPTI records JAX's launches too), so CUPTI's
+    launch calls are the whole process's."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    import torch  # noqa: F401  (torch.profiler: CUPTI records JAX's launches too)
     from torch.profiler import ProfilerActivity, profile
 
-    torch.zeros(1, device="cuda")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         import jax
         import jax.numpy as jnp
