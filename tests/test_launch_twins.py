@@ -113,3 +113,22 @@ def _monitor_totals(forwarding, sample_returns: int) -> Counter:
             if comm == "forwarding_prog":
                 totals[api] += count
     return totals
+
+
+def test_the_timeline_and_a_saved_trace_show_each_launch_once(root, forwarding, tmp_path):
+    import json
+
+    lib, prog = forwarding
+    timeline, saved = tmp_path / "t.json", tmp_path / "t.ebpfcuda"
+    done = run_cli("-p", lib, "--functions", "cuLaunchKernelEx,cuLaunchKernel", "--trace-out",
+                   timeline, "--save", saved, "--json", "-o", tmp_path / "t.jsonl", "--", prog, N)
+    assert done.returncode == 0, done.stderr
+    slices = [e for e in json.loads(timeline.read_text())
+              if e.get("ph") == "X" and e.get("name") in ("cuLaunchKernelEx", "cuLaunchKernel")]
+    assert Counter(e["name"] for e in slices) == {"cuLaunchKernelEx": 2 * N,
+                                                  "cuLaunchKernel": 2 * N}
+    report = run_cli("report", "--json", saved)
+    assert report.returncode == 0, report.stderr
+    exits = [json.loads(line) for line in report.stdout.splitlines()
+             if line.startswith("{") and '"phase":"exit"' in line]
+    assert Counter(e["api"] for e in exits) == {"cuLaunchKernelEx": 2 * N, "cuLaunchKernel": 2 * N}
