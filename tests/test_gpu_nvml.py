@@ -1,0 +1,115 @@
+"""The NVML bindings (ebpf_cuda/gpu/nvml.py): their structs against nvidia-ml-py's (the
+oracle of nvml.h's layouts), and every call against the stand-in library's scripted values."""
+import ctypes
+
+import pytest
+
+from ebpf_cuda.gpu import nvml, xid
+from fakenvml import DEVICES, H100, UUID0, UUID1, build_fake_nvml, script
+
+
+@pytest.mark.parametrize("theirs", sorted(nvml.STRUCTS))
+def test_struct_layouts_match_nvidia_ml_py(theirs):
+    pynvml = pytest.importorskip("pynvml")
+    ours, reference = nvml.STRUCTS[theirs], getattr(pynvml, theirs)
+    assert ctypes.sizeof(ours) == ctypes.sizeof(reference)
+    assert [name for name, _ in ours._fields_] == [name for name, _ in reference._fields_]
+    for (name, _), (_, their_type) in zip(ours._fields_, reference._fields_):
+        assert getattr(ours, name).offset == getattr(reference, name).offset, name
+        assert getattr(ours, name).size == getattr(reference, name).size, name
+
+
+def test_constants_match_nvidia_ml_py():
+    pynvml = pytest.importorskip("pynvml")
+    pairs = {"SUCCESS": "NVML_SUCCESS", "ERROR_NOT_SUPPORTED": "NVML_ERROR_NOT_SUPPORTED",
+             "ERROR_NOT_FOUND": "NVML_ERROR_NOT_FOUND",
+             "ERROR_INSUFFICIENT_SIZE": "NVML_ERROR_INSUFFICIENT_SIZE",
+             "ERROR_TIMEOUT": "NVML_ERROR_TIMEOUT", "TEMPERATURE_GPU": "NVML_TEMPERATURE_GPU",
+             "CLOCK_SM": "NVML_CLOCK_SM", "CLOCK_MEM": "NVML_CLOCK_MEM",
+             "PCIE_UTIL_TX_BYTES": "NVML_PCIE_UTIL_TX_BYTES",
+             "PCIE_UTIL_RX_BYTES": "NVML_PCIE_UTIL_RX_BYTES",
+             "MEMORY_ERROR_TYPE_CORRECTED": "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+             "MEMORY_ERROR_TYPE_UNCORRECTED": "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+             "VOLATILE_ECC": "NVML_VOLATILE_ECC", "EVENT_XID": "nvmlEventTypeXidCriticalError",
+             "EVENT_SINGLE_BIT_ECC": "nvmlEventTypeSingleBitEccError",
+             "EVENT_DOUBLE_BIT_ECC": "nvmlEventTypeDoubleBitEccError",
+             "EVENT_PSTATE": "nvmlEventTypePState", "EVENT_CLOCK": "nvmlEventTypeClock",
+             "BUFFER_SIZE": "NVML_DEVICE_UUID_V2_BUFFER_SIZE",
+             "GPM_METRICS_GET_VERSION": "NVML_GPM_METRICS_GET_VERSION",
+             "GPM_SUPPORT_VERSION": "NVML_GPM_SUPPORT_VERSION",
+             "GPM_METRIC_MAX": "NVML_GPM_METRIC_MAX"}
+    assert {ours: getattr(nvml, ours) for ours in pairs} == \
+        {ours: getattr(pynvml, theirs) for ours, theirs in pairs.items()}
+    from ebpf_cuda.gpu.sampler import GPM_METRICS
+
+    assert {name: metric for metric, name in GPM_METRICS.items()} == {
+        "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+        "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+        "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL}
+
+
+@pytest.fixture
+def loaded(cc, tmp_path, monkeypatch):
+    folder = build_fake_nvml(cc)
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(tmp_path / "s", DEVICES)))
+    lib = nvml.Nvml(str(folder / "libnvidia-ml.so.1"))
+    lib.init()
+    return lib
+
+
+def test_every_call_reads_the_scripted_values(loaded):
+    lib = loaded
+    assert lib.device_count() == 2
+    first, second = lib.handle(0), lib.handle(1)
+    assert (lib.name(first), lib.uuid(first), lib.uuid(second)) == (H100, UUID0, UUID1)
+    assert lib.utilization(first) == (75, 30) and lib.utilization(second) == (5, 1)
+    assert lib.memory(first) == (20 << 30, 80 << 30)
+    assert (lib.power_mw(first), lib.temperature(first)) == (350000, 61)
+    assert (lib.clock(first, nvml.CLOCK_SM), lib.clock(first, nvml.CLOCK_MEM)) == (1980, 2619)
+    assert lib.clock_reasons(first) == 4 and lib.clock_reasons(second) == 1
+    assert lib.pcie(first) == (1200, 3400)
+    assert lib.ecc(first) == (2, 0) and lib.ecc(second) == (0, 1)
+    assert lib.mig_mode(first) is False
+    assert lib.gpm_supported(first) and not lib.gpm_supported(second)
+    one, two = lib.gpm_alloc(), lib.gpm_alloc()
+    lib.gpm_sample(first, one)
+    lib.gpm_sample(first, two)
+    assert lib.gpm_metrics(one, two, [2, 3, 5, 10, 99]) == {2: 64.0, 3: 37.0, 5: 22.0,
+                                                           10: 48.0}
+    assert lib.processes(first) == [] and lib.process_utilization(first, 0) == []
+
+
+def test_a_scripted_xid_is_an_event_of_its_device(cc, tmp_path, monkeypatch):
+    folder = build_fake_nvml(cc)
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(
+        tmp_path / "s", DEVICES + "xid 1 after_ms=50 code=79\n")))
+    lib = nvml.Nvml(str(folder / "libnvidia-ml.so.1"))
+    lib.init()
+    events = lib.event_set()
+    for index in range(2):
+        handle = lib.handle(index)
+        lib.register_events(handle, lib.supported_events(handle), events)
+    assert lib.wait(events, 10) is None  # (not yet)
+    event = lib.wait(events, 2000)
+    assert (event.handle, event.type, event.data) == (lib.handle(1), nvml.EVENT_XID, 79)
+    assert xid.meaning(79) == "GPU has fallen off the bus"
+    assert xid.meaning(12345) == "Xid 12345 (not in the catalogue)"
+
+
+def test_a_missing_function_and_an_unsupported_one(cc, tmp_path, monkeypatch):
+    folder = build_fake_nvml(cc, "OMIT_GPM")
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(
+        tmp_path / "s", DEVICES + "unsupported nvmlDeviceGetPowerUsage\n")))
+    lib = nvml.Nvml(str(folder / "libnvidia-ml.so.1"))
+    lib.init()
+    with pytest.raises(nvml.NvmlMissing, match="nvmlGpmQueryDeviceSupport is not in"):
+        lib.gpm_supported(lib.handle(0))
+    with pytest.raises(nvml.NvmlError, match="nvmlDeviceGetPowerUsage: Not Supported") as err:
+        lib.power_mw(lib.handle(0))
+    assert err.value.code == nvml.ERROR_NOT_SUPPORTED
+
+
+def test_no_library_is_one_sentence(tmp_path):
+    with pytest.raises(nvml.NvmlError, match="cannot load %s" % tmp_path):
+        nvml.Nvml(str(tmp_path / "libnvidia-ml.so.1"))
