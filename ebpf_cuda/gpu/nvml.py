@@ -49,6 +49,10 @@ class NvmlError(TracerError):
         self.code = code
 
 
+class NvmlAbsent(NvmlError):
+    """No library found where drivers install it."""
+
+
 class NvmlMissing(NvmlError):
     """The library does not have this function (a driver older than it)."""
 
@@ -131,7 +135,7 @@ def _load(path: Optional[str]) -> Tuple[ctypes.CDLL, str]:
             errors.append(str(err))
     if path:
         raise NvmlError("cannot load %s: %s" % (path, errors[0] if errors else "no such file"))
-    raise NvmlError("no %s (no NVIDIA driver on this host; --nvml PATH names one)" % SONAME)
+    raise NvmlAbsent("no %s (no NVIDIA driver on this host; --nvml PATH names one)" % SONAME)
 
 
 class Nvml:

@@ -85,6 +85,19 @@ class GpuEvent:
         obj["last_launches"] = list(self.last_launches)
         return obj
 
+    def sentence(self) -> str:
+        """`GPU 0 Xid 79: GPU has fallen off the bus; last launches: ...` (one line)."""
+        where = "GPU %s" % (self.device if self.device is not None else "?")
+        what = "Xid %d: %s" % (self.code, self.meaning) if self.kind == "xid" else self.meaning
+        text = "%s %s" % (where, what)
+        if self.pid is not None:
+            text += " (pid %d)" % self.pid
+        if self.last_launches:
+            text += "; last launches: " + ", ".join(
+                "%s%s pid %d" % (launch["api"], " " + launch["kernel"] if launch.get("kernel")
+                                 else "", launch["pid"]) for launch in self.last_launches)
+        return text
+
 
 GpuRecord = Union[GpuSample, GpuEvent]
 

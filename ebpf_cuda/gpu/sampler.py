@@ -122,11 +122,11 @@ class Sampler:
 
     # -- the lines ---------------------------------------------------------------------------
 
-    def _say(self, what: str, why: str) -> None:
+    def _say(self, what: str, why: str, line: Optional[str] = None) -> None:
         if (what, why) in self._said:
             return
         self._said.add((what, why))
-        line = "GPU state: %s not sampled: %s" % (what, why)
+        line = line or "GPU state: %s not sampled: %s" % (what, why)
         self.lines.append(line)
         if self._notice is not None:
             self._notice(line)
@@ -134,30 +134,41 @@ class Sampler:
     def _give_up(self, why: str) -> None:
         if self.stopped is None:
             self.stopped = why
-            self._say("nothing more", why)
+            self._say("", why, "GPU state %s: %s" % (
+                "sampling stopped" if self._threads else "not sampled", why))
         self._stop.set()
 
     # -- start and stop ----------------------------------------------------------------------
 
-    def start(self) -> bool:
+    def start(self, absent_ok: bool = False) -> bool:
         """Load the library, find the devices and start the threads; False (after its one
-        line) when there is nothing to sample."""
+        line) when there is nothing to sample. `absent_ok`: no line when no library is
+        found (a host without NVIDIA's driver, at the trace's default)."""
         self._worker = _Worker()
         try:
             self._call(self._open)
+        except nvml.NvmlAbsent as err:
+            if not absent_ok:
+                self._give_up(str(err))
+            return self._failed()
         except nvml.NvmlError as err:
             self._give_up(str(err))
-            return False
+            return self._failed()
         except Hung:
             return False
         if not self.devices:
             self._give_up("NVML sees no GPU")
-            return False
+            return self._failed()
         if self.period_s > 0:
             self._spawn(self._sample_loop, "ebpf-cuda gpu samples")
         if self._want_events:
             self._spawn(self._event_loop, "ebpf-cuda gpu events")
         return True
+
+    def _failed(self) -> bool:
+        self._worker.close()
+        self._stop.set()
+        return False
 
     def _spawn(self, target: Callable, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

@@ -1,0 +1,140 @@
+"""GPU state beside a real trace (issue 37): the stand-in runtime's driver program traced
+with the stand-in NVML (tests/fakenvml.py) scripting two devices, the program as a process on
+device 0, an Xid between two launches; every output carries exactly the scripted samples and
+events, at the right calls. What cannot be sampled is one line, and the trace completes."""
+import json
+import os
+import shutil
+
+import pytest
+
+from fakenvml import DEVICES, H100, UUID0, UUID1, build_fake_nvml, script
+from helpers import cli_env, run_cli
+
+pytestmark = pytest.mark.kernel
+
+PROCESS_MEMORY = 300 << 20
+LAUNCH = "launch:1:1"
+SCRIPTED = {  # device 0's sample values, as the script gives them
+    "gpu_util": 75, "mem_util": 30, "mem_used": 20 << 30, "mem_total": 80 << 30,
+    "power_w": 350.0, "temperature_c": 61, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
+    "clock_reasons": 4, "pcie_tx_kbs": 1200, "pcie_rx_kbs": 3400, "ecc_corrected": 2,
+    "ecc_uncorrected": 0, "sm_active": 64.0, "sm_occupancy": 37.0, "tensor_active": 22.0,
+    "dram_active": 48.0}
+GPM = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
+
+
+@pytest.fixture
+def gpu_prog(prog, tmp_path):
+    """The driver program under a name of its own (the stand-in lists processes by name:
+    other runs of the driver program on this host must not count)."""
+    name = "nvml%d" % (os.getpid() % 10**6)
+    copy = tmp_path / name
+    shutil.copy(prog, copy)
+    return copy, name
+
+
+def nvml_env(cc, tmp_path, text: str, *omit: str):
+    folder = build_fake_nvml(cc, *omit)
+    path = script(tmp_path / "nvml.script", text)
+    return str(folder / "libnvidia-ml.so.1"), cli_env(FAKENVML_SCRIPT=str(path))
+
+
+def scripted(name: str, xid_ms: int = 1000) -> str:
+    return DEVICES + "proc 0 comm=%s mem=%d sm=40 memutil=10\nxid 0 after_ms=%d code=79\n" % (
+        name, PROCESS_MEMORY, xid_ms)
+
+
+def traced_json(cc, lib, tmp_path, gpu_prog, *options, text=None):
+    prog, name = gpu_prog
+    nvml, env = nvml_env(cc, tmp_path, text or scripted(name))
+    done = run_cli("--json", "-p", lib, "--nvml", nvml, "--gpu-samples", "20", *options, "--",
+                   prog, "malloc:1048576", "malloc:2097152", LAUNCH, "sleep:2500", LAUNCH,
+                   "free:@0", env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    objects = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done, objects
+
+
+def test_json_lines_carry_the_scripted_samples_and_the_xid_after_its_launch(
+        root, cc, lib, tmp_path, gpu_prog):
+    done, objects = traced_json(cc, lib, tmp_path, gpu_prog)
+    calls = [o for o in objects if "api" in o]
+    samples = [o for o in objects if o.get("type") == "gpu_sample"]
+    events = [o for o in objects if o.get("type") == "gpu_event"]
+    pid = calls[0]["pid"]
+    assert done.stderr.count("GPU state") == 0, done.stderr  # (everything sampled)
+    first = [s for s in samples if s["device"] == 0]
+    second = [s for s in samples if s["device"] == 1]
+    assert len(first) == len(second) >= 40  # 20 a second over 2.5 s and more
+    # GPM metrics are between two samples: the first has none
+    assert [{k: s.get(k) for k in SCRIPTED} for s in first[1:]] == [SCRIPTED] * (len(first) - 1)
+    assert {k: v for k, v in first[0].items() if k in SCRIPTED} == {
+        k: v for k, v in SCRIPTED.items() if k not in GPM}
+    assert {(s["name"], s["uuid"]) for s in first} == {(H100, UUID0)}
+    assert all(s["uuid"] == UUID1 and s["power_w"] == 90.0 and "sm_active" not in s
+               for s in second)
+    during = [s for s in first if calls[0]["ts"] < s["ts"] < calls[-1]["ts"]]
+    assert during and all(s["processes"] == [{"pid": pid, "memory": PROCESS_MEMORY,
+                                               "sm_util": 40, "mem_util": 10}] for s in during)
+    launches = [c for c in calls if c["api"] == "cudaLaunchKernel"]
+    (xid,) = events
+    assert (xid["device"], xid["uuid"], xid["kind"], xid["code"], xid["meaning"]) == (
+        0, UUID0, "xid", 79, "GPU has fallen off the bus")
+    assert launches[1]["ts"] < xid["ts"] < launches[2]["ts"]  # (enter, exit, enter, exit)
+    assert [(l["pid"], l["api"], l["kernel"]) for l in xid["last_launches"]] == [
+        (pid, "cudaLaunchKernel", "vec_add_kernel")]
+    assert xid["last_launches"][0]["ts"] == pytest.approx(launches[0]["ts"], abs=1e-6)
+
+
+def test_a_missing_function_an_unsupported_one_and_no_gpu_are_one_line_each(
+        root, cc, lib, tmp_path, gpu_prog):
+    prog, name = gpu_prog
+    text = scripted(name) + "unsupported nvmlDeviceGetPowerUsage\n"
+    nvml, env = nvml_env(cc, tmp_path, text, "OMIT_GPM")
+    done = run_cli("--json", "-p", lib, "--nvml", nvml, "--", prog, LAUNCH, "sleep:500",
+                   env=env, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if "GPU state" in line]
+    assert said == [
+        "ebpf-cuda: GPU state: GPM metrics not sampled: nvmlGpmQueryDeviceSupport is not in "
+        "%s (an older driver)" % nvml,
+        "ebpf-cuda: GPU state: power of device 0 not sampled: nvmlDeviceGetPowerUsage: "
+        "Not Supported",
+        "ebpf-cuda: GPU state: power of device 1 not sampled: nvmlDeviceGetPowerUsage: "
+        "Not Supported"], said
+    samples = [json.loads(l) for l in done.stdout.splitlines() if '"gpu_sample"' in l]
+    assert samples and all("power_w" not in s and "sm_active" not in s and s["gpu_util"] in
+                           (75, 5) for s in samples)
+    empty, env = nvml_env(cc, tmp_path, "")
+    done = run_cli("-p", lib, "--nvml", empty, "--", prog, LAUNCH, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [l for l in done.stderr.splitlines() if "GPU" in l] == [
+        "ebpf-cuda: GPU state not sampled: NVML sees no GPU"]
+
+
+def test_a_blocking_call_stops_the_sampling_with_one_line_and_the_trace_completes(
+        root, cc, lib, tmp_path, gpu_prog):
+    prog, name = gpu_prog
+    nvml, env = nvml_env(cc, tmp_path, scripted(name) + "block nvmlDeviceGetTemperature\n")
+    done = run_cli("--json", "-p", lib, "--nvml", nvml, "--", prog, LAUNCH, "sleep:3000",
+                   LAUNCH, env=env, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert [l for l in done.stderr.splitlines() if "GPU" in l] == [
+        "ebpf-cuda: GPU state sampling stopped: an NVML call did not return in 2 s (a hung "
+        "driver); the trace goes on without GPU state"]
+    assert sum(1 for l in done.stdout.splitlines() if '"cudaLaunchKernel"' in l) == 4
+
+
+def test_no_library_at_the_default_says_nothing_and_named_says_why(root, lib, prog, tmp_path):
+    env = cli_env(LD_LIBRARY_PATH=str(tmp_path))  # (no libnvidia-ml.so.1 on this CPU host)
+    if any(os.path.exists(os.path.join(f, "libnvidia-ml.so.1")) for f in
+           ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")):
+        pytest.skip("this host has an NVIDIA driver")
+    done = run_cli("-p", lib, "--", prog, LAUNCH, env=env)
+    assert done.returncode == 0 and "GPU" not in done.stderr, done.stderr
+    done = run_cli("-p", lib, "--gpu-samples", "5", "--", prog, LAUNCH, env=env)
+    assert done.returncode == 0, done.stderr
+    assert [l for l in done.stderr.splitlines() if "GPU" in l] == [
+        "ebpf-cuda: GPU state not sampled: no libnvidia-ml.so.1 (no NVIDIA driver on this host; "
+        "--nvml PATH names one)"]
