@@ -138,3 +138,56 @@ def test_no_library_at_the_default_says_nothing_and_named_says_why(root, lib, pr
     assert [l for l in done.stderr.splitlines() if "GPU" in l] == [
         "ebpf-cuda: GPU state not sampled: no libnvidia-ml.so.1 (no NVIDIA driver on this host; "
         "--nvml PATH names one)"]
+
+
+def test_every_output_carries_the_samples_the_gap_and_the_xid(root, cc, lib, tmp_path, gpu_prog):
+    """One trace, every output: JSON lines, the summary, the saved trace (and `report` of it),
+    the Perfetto timeline and the HTML report agree on the scripted samples and the Xid; the
+    memory gap while 3 MiB are live is the scripted 300 MiB less those 3 MiB."""
+    out, saved, timeline, page = (tmp_path / n for n in ("calls.json", "run.ebpfcuda",
+                                                          "trace.json", "report.html"))
+    done, _ = traced_json(cc, lib, tmp_path, gpu_prog, "-o", out, "--summary", "--save", saved,
+                          "--trace-out", timeline, "--report", page)
+    objects = [json.loads(line) for line in out.read_text().splitlines()]
+    calls = [o for o in objects if "api" in o]
+    records = [o for o in objects if "type" in o]
+    pid = calls[0]["pid"]
+    mallocs = [c for c in calls if c["api"] == "cudaMalloc" and c["phase"] == "exit"]
+    free = next(c for c in calls if c["api"] == "cudaFree")
+    # the summary: the device table and the gap at the peak (3 MiB live then)
+    report = done.stdout
+    assert " ** GPU Devices (NVML samples):" in report, report
+    row0 = next(line.split() for line in report.splitlines() if line.split()[:1] == ["0"]
+                and line.rstrip().endswith(H100))
+    assert row0[2:9] == ["75.0", "75", "64.0", "20,480", "81,920", "350.0", row0[8]]
+    assert float(row0[8]) > 2.0 and row0[9] == "1"  # throttled (0x4: power cap) throughout
+    gap_row = next(line.split() for line in report.splitlines()
+                   if line.split()[:2] == [str(pid), "0"])
+    assert gap_row[2:] == ["300", "3", "297"]
+    assert "GPU 0 Xid 79: GPU has fallen off the bus; last launches: cudaLaunchKernel " \
+           "vec_add_kernel pid %d" % pid in report
+    # the saved trace keeps the records; `report` gives them back
+    again = run_cli("report", saved, "--json", timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(l) for l in again.stdout.splitlines() if '"type"' in l] == records
+    # the timeline: counter tracks per device, the gap per traced process, the Xid marker
+    trace = json.loads(timeline.read_text())
+    util = [e for e in trace if e.get("name") == "GPU utilisation (%)"]
+    assert {(e["pid"], e["args"]["gpu"]) for e in util} == {(1 << 24, 75), ((1 << 24) + 1, 5)}
+    gaps = [e for e in trace if e.get("name") == "GPU 0 memory (NVML, bytes)"]
+    assert gaps and all(e["pid"] == pid and e["args"]["nvml"] == PROCESS_MEMORY for e in gaps)
+    between = [e["args"]["gap"] for e in gaps
+               if mallocs[1]["ts"] * 1e6 < _wall_us(e, trace, calls) < free["ts"] * 1e6]
+    assert between and set(between) == {PROCESS_MEMORY - (3 << 20)}
+    (marker,) = [e for e in trace if e.get("cat") == "gpu event"]
+    assert marker["name"] == "Xid 79" and marker["pid"] == 1 << 24
+    html = page.read_text()
+    assert "GPU state (NVML)" in html and "GPU 0 utilisation (%, mean)" in html
+    assert "Xid 79: GPU has fallen off the bus" in html
+
+
+def _wall_us(counter: dict, trace: list, calls: list) -> float:
+    """A timeline entry's time as wall-clock microseconds (the timeline's clock is the
+    probes' monotonic one: the calls' slices give the offset)."""
+    first = next(e for e in trace if e.get("ph") == "X" and e.get("name") == calls[0]["api"])
+    return counter["ts"] - first["ts"] + calls[0]["ts"] * 1e6
