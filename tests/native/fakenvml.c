@@ -10,6 +10,7 @@
  *   proc DEV comm=COMM mem=BYTES sm=PCT memutil=PCT   (every process whose comm is COMM:
  *       NVML lists the processes that hold the GPU; the stand-in, those with that name)
  *   xid DEV after_ms=MS code=N                         (an Xid event MS after nvmlInit)
+ *   xid DEV when_file=PATH code=N                      (... once PATH exists)
  *   unsupported NAME                                   (NAME returns NVML_ERROR_NOT_SUPPORTED)
  *   block NAME                                         (NAME never returns: a hung driver)
  *   fail_init 1                                        (nvmlInit_v2 returns DRIVER_NOT_LOADED)
@@ -72,7 +73,7 @@ struct dev {
     double sm_active, occupancy, tensor, dram;
 };
 struct proc { int dev; char comm[64]; unsigned long long mem; unsigned int sm, memutil; };
-struct xid { int dev; long after_ms; unsigned long long code; int fired; };
+struct xid { int dev; long after_ms; unsigned long long code; int fired; char file[256]; };
 
 static struct dev devs[MAX_DEV];
 static struct proc procs[MAX_PROC];
@@ -140,6 +141,7 @@ static void parse_line(const char *line) {
     } else if (!strcmp(what, "xid") && nxid < MAX_XID && sscanf(line, "%*s %d", &index) == 1) {
         struct xid *x = &xids[nxid++];
         x->dev = index; x->after_ms = num(line, "after_ms"); x->code = num(line, "code");
+        word(line, "when_file", x->file, sizeof x->file);
     } else if (!strcmp(what, "unsupported") && nunsup < MAX_NAMES
                && sscanf(line, "%*s %63s", name) == 1) {
         strcpy(unsupported[nunsup++], name);
@@ -374,7 +376,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     for (;;) {
         for (int i = 0; i < nxid; i++) {
             struct xid *x = &xids[i];
-            if (x->fired || since_init_ms() < x->after_ms || !(set->mask[x->dev] & 0x8))
+            if (x->fired || since_init_ms() < x->after_ms || !(set->mask[x->dev] & 0x8)
+                || (x->file[0] && access(x->file, F_OK) != 0))
                 continue;
             x->fired = 1;
             memset(data, 0, sizeof *data);
