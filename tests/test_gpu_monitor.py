@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import time
 
 import pytest
 

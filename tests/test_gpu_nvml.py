@@ -37,7 +37,7 @@ def test_constants_match_nvidia_ml_py():
              "BUFFER_SIZE": "NVML_DEVICE_UUID_V2_BUFFER_SIZE",
              "GPM_METRICS_GET_VERSION": "NVML_GPM_METRICS_GET_VERSION",
              "GPM_SUPPORT_VERSION": "NVML_GPM_SUPPORT_VERSION",
-             "GPM_METRIC_MAX": "NVML_GPM_METRIC_MAX"}
+             "GPM_METRIC_MAX": "NVML_GPM_METRIC_MAX", "MEMORY_V2_VERSION": "nvmlMemory_v2"}
     assert {ours: getattr(nvml, ours) for ours in pairs} == \
         {ours: getattr(pynvml, theirs) for ours, theirs in pairs.items()}
     from ebpf_cuda.gpu.sampler import GPM_METRICS
@@ -113,3 +113,41 @@ def test_a_missing_function_and_an_unsupported_one(cc, tmp_path, monkeypatch):
 def test_no_library_is_one_sentence(tmp_path):
     with pytest.raises(nvml.NvmlError, match="cannot load %s" % tmp_path):
         nvml.Nvml(str(tmp_path / "libnvidia-ml.so.1"))
+
+
+def test_the_gpu_script_passes_a_consistent_run_and_fails_a_wrong_one(tmp_path, capsys):
+    """scripts/gpu/nvml_check.py's checks on a hand-made run (the GPU host runs it for real):
+    each comparison passes on consistent numbers and fails when one is off."""
+    import json
+    import sys
+    from collections import Counter
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "gpu"))
+    import gpucheck
+    import nvml_check
+
+    mib, pid, t0 = 1 << 20, 77, 1000.0
+    phases = {"busy1_start": t0, "sleep_start": t0 + 4, "sleep_end": t0 + 7, "busy2_end": t0 + 11}
+    known = {"pid": pid, "phases": phases, "reserved": 64 * mib, "allocated": 10 * mib,
+             "smi_used": 2000 * mib, "smi_at": t0 + 4.05, "capability": [9, 0], "name": "H100",
+             "steps": 100}
+
+    def run(util_in_sleep: int, nvml_memory: int) -> Counter:
+        calls = [{"ts": t0 + 0.1, "pid": pid, "phase": "exit", "api": "cudaMalloc",
+                  "args": {"size": 64 * mib}, "ptr": 0x7f00, "ret": 0}]
+        calls += [{"ts": t, "pid": pid, "phase": "exit", "api": "cudaLaunchKernel",
+                   "args": {}, "ret": 0} for t in (t0 + 3.99, t0 + 7.01)]
+        samples = [{"type": "gpu_sample", "device": 0, "ts": t0 + i / 10,
+                    "gpu_util": util_in_sleep if 4.2 < i / 10 <= 7.05 else 95, "sm_active": 60.0,
+                    "mem_used": 2010 * mib, "processes": [{"pid": pid, "memory": nvml_memory}]}
+                   for i in range(111)]
+        (tmp_path / "target.json").write_text(json.dumps(known))
+        (tmp_path / "trace.jsonl").write_text("\n".join(json.dumps(o) for o in calls + samples))
+        verdicts = gpucheck.Verdicts("nvml")
+        nvml_check.check_run(verdicts, str(tmp_path), " %d  0  564  64  500\n" % pid)
+        return verdicts.counts
+
+    assert run(0, 564 * mib) == Counter(PASS=8)
+    assert run(40, 64 * mib) == Counter(PASS=6, FAIL=2)  # a busy sleep, no gap
+    capsys.readouterr()

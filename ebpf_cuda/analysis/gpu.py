@@ -84,6 +84,8 @@ class GpuState:
             self._tracker.write(events)
 
     def note_gpu(self, records: Sequence) -> None:
+        if self._tracker is not None:
+            self._tracker.flush()  # (driver calls held back: see LayerFilter)
         self.samples = [r for r in records if not hasattr(r, "kind")]
         self.events = [r for r in records if hasattr(r, "kind")]
 

@@ -64,6 +64,15 @@ class Memory(ctypes.Structure):
                 ("used", ctypes.c_ulonglong)]
 
 
+class MemoryV2(ctypes.Structure):  # (its `used` leaves the driver's reserve out, as
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong),  # nvidia-smi)
+                ("reserved", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+MEMORY_V2_VERSION = ctypes.sizeof(MemoryV2) | 2 << 24  # nvml.h's nvmlMemory_v2
+
+
 class Utilization(ctypes.Structure):
     _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
 
@@ -105,7 +114,7 @@ class GpmSupport(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint), ("isSupportedDevice", ctypes.c_uint)]
 
 
-STRUCTS = {"c_nvmlMemory_t": Memory, "c_nvmlUtilization_t": Utilization,
+STRUCTS = {"c_nvmlMemory_t": Memory, "c_nvmlMemory_v2_t": MemoryV2, "c_nvmlUtilization_t": Utilization,
            "c_nvmlProcessInfo_v3_t": ProcessInfo,
            "c_nvmlProcessUtilizationSample_t": ProcessUtilizationSample,
            "c_nvmlEventData_t": EventData, "c_nvmlGpmMetric_t": GpmMetric,
@@ -224,7 +233,13 @@ class Nvml:
         return rates.gpu, rates.memory
 
     def memory(self, handle: int) -> Tuple[int, int]:
-        """(used, total) bytes of the device's memory."""
+        """(used, total) bytes of the device's memory: used as nvidia-smi shows it (v2, the
+        driver's reserve left out), else as the older call counts it."""
+        if self.has("nvmlDeviceGetMemoryInfo_v2"):
+            info2 = MemoryV2(version=MEMORY_V2_VERSION)
+            self.call("nvmlDeviceGetMemoryInfo_v2", ctypes.c_void_p(handle),
+                      ctypes.byref(info2))
+            return info2.used, info2.total
         info = Memory()
         self.call("nvmlDeviceGetMemoryInfo", ctypes.c_void_p(handle), ctypes.byref(info))
         return info.used, info.total
