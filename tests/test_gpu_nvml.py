@@ -43,6 +43,7 @@ def test_constants_match_nvidia_ml_py():
     from ebpf_cuda.gpu.sampler import GPM_METRICS
 
     assert {name: metric for metric, name in GPM_METRICS.items()} == {
+        "gr_engine_active": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
         "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
         "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
         "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
@@ -75,8 +76,8 @@ def test_every_call_reads_the_scripted_values(loaded):
     one, two = lib.gpm_alloc(), lib.gpm_alloc()
     lib.gpm_sample(first, one)
     lib.gpm_sample(first, two)
-    assert lib.gpm_metrics(one, two, [2, 3, 5, 10, 99]) == {2: 64.0, 3: 37.0, 5: 22.0,
-                                                           10: 48.0}
+    assert lib.gpm_metrics(one, two, [1, 2, 3, 5, 10, 99]) == {1: 81.0, 2: 64.0, 3: 37.0,
+                                                              5: 22.0, 10: 48.0}
     assert lib.processes(first) == [] and lib.process_utilization(first, 0) == []
 
 

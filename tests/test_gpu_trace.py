@@ -19,9 +19,9 @@ SCRIPTED = {  # device 0's sample values, as the script gives them
     "gpu_util": 75, "mem_util": 30, "mem_used": 20 << 30, "mem_total": 80 << 30,
     "power_w": 350.0, "temperature_c": 61, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
     "clock_reasons": 4, "pcie_tx_kbs": 1200, "pcie_rx_kbs": 3400, "ecc_corrected": 2,
-    "ecc_uncorrected": 0, "sm_active": 64.0, "sm_occupancy": 37.0, "tensor_active": 22.0,
+    "ecc_uncorrected": 0, "gr_engine_active": 81.0, "sm_active": 64.0, "sm_occupancy": 37.0, "tensor_active": 22.0,
     "dram_active": 48.0}
-GPM = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
+GPM = ("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ DCGM_GAUGES: Tuple[Tuple[str, str, str, float], ...] = (
      "ecc_corrected", 1),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",
      "ecc_uncorrected", 1),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active (GPM).",
+     "gr_engine_active", 0.01),
     ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned "
      "(GPM).", "sm_active", 0.01),
     ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM (GPM).",

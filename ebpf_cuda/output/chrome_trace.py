@@ -348,7 +348,8 @@ GPU_PID = 1 << 24  # the tracks of device N are process GPU_PID + N (above Linux
 # The counter tracks of a device: (track, {series: the sample's key})
 GPU_COUNTERS = (
     ("GPU utilisation (%)", {"gpu": "gpu_util", "memory": "mem_util"}),
-    ("GPU activity (GPM, %)", {"sm_active": "sm_active", "sm_occupancy": "sm_occupancy",
+    ("GPU activity (GPM, %)", {"gr_engine_active": "gr_engine_active",
+                               "sm_active": "sm_active", "sm_occupancy": "sm_occupancy",
                                "tensor_active": "tensor_active", "dram_active": "dram_active"}),
     ("GPU memory used (bytes)", {"used": "mem_used"}),
     ("GPU power (W)", {"power": "power_w"}),

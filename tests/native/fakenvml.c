@@ -6,7 +6,7 @@
  *
  *   dev INDEX name=NAME uuid=UUID gpu=PCT mem=PCT total=BYTES used=BYTES power=MW temp=C
  *       sm_clock=MHZ mem_clock=MHZ reasons=MASK pcie_tx=KBS pcie_rx=KBS ecc_sbe=N ecc_dbe=N
- *       gpm=0|1 sm_active=PCT occupancy=PCT tensor=PCT dram=PCT mig=0|1
+ *       gpm=0|1 gr_active=PCT sm_active=PCT occupancy=PCT tensor=PCT dram=PCT mig=0|1
  *   proc DEV comm=COMM mem=BYTES sm=PCT memutil=PCT   (every process whose comm is COMM:
  *       NVML lists the processes that hold the GPU; the stand-in, those with that name)
  *   xid DEV after_ms=MS code=N                         (an Xid event MS after nvmlInit)
@@ -70,7 +70,7 @@ struct dev {
     char name[96], uuid[96];
     unsigned int gpu, mem, power, temp, sm_clock, mem_clock, pcie_tx, pcie_rx, gpm, mig;
     unsigned long long total, used, reasons, ecc_sbe, ecc_dbe;
-    double sm_active, occupancy, tensor, dram;
+    double gr_active, sm_active, occupancy, tensor, dram;
 };
 struct proc { int dev; char comm[64]; unsigned long long mem; unsigned int sm, memutil; };
 struct xid { int dev; long after_ms; unsigned long long code; int fired; char file[256]; };
@@ -122,7 +122,7 @@ static void parse_dev(const char *line, int i) {
     d->reasons = num(line, "reasons"); d->pcie_tx = num(line, "pcie_tx");
     d->pcie_rx = num(line, "pcie_rx"); d->ecc_sbe = num(line, "ecc_sbe");
     d->ecc_dbe = num(line, "ecc_dbe"); d->gpm = num(line, "gpm"); d->mig = num(line, "mig");
-    d->sm_active = num(line, "sm_active"); d->occupancy = num(line, "occupancy");
+    d->gr_active = num(line, "gr_active"); d->sm_active = num(line, "sm_active"); d->occupancy = num(line, "occupancy");
     d->tensor = num(line, "tensor"); d->dram = num(line, "dram");
     if (i + 1 > ndev) ndev = i + 1;
 }
@@ -345,6 +345,7 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *m) {
         nvmlGpmMetric_t *x = &m->metrics[i];
         x->nvmlReturn = 0;
         switch (x->metricId) {
+        case 1: x->value = d->gr_active; break;    /* NVML_GPM_METRIC_GRAPHICS_UTIL */
         case 2: x->value = d->sm_active; break;    /* NVML_GPM_METRIC_SM_UTIL */
         case 3: x->value = d->occupancy; break;    /* NVML_GPM_METRIC_SM_OCCUPANCY */
         case 5: x->value = d->tensor; break;       /* NVML_GPM_METRIC_ANY_TENSOR_UTIL */
