@@ -44,7 +44,6 @@ class Tracer:
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
         self.stream = Stream(self.session, self.names, self.decoder)
         self.gpu = None  # the GPU sampler (gpu/sampler.py) with `gpu_samples`
-        self._notice: Optional[Callable[[str], None]] = None
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -62,16 +61,11 @@ class Tracer:
         from .gpu.sampler import Sampler
 
         sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,
-                          notice=self._gpu_notice,
                           clock_offset_ns=self.decoder.clock_offset_ns)
         self.gpu = sampler
         if sampler.start(absent_ok=self.config.gpu_absent_ok and self.config.nvml is None):
             self.stream.gpu = sampler
             self.stream.last_launches = LastLaunches()
-
-    def _gpu_notice(self, line: str) -> None:
-        if self._notice is not None:
-            self._notice(line)
 
     @property
     def gpu_lines(self) -> List[str]:
@@ -157,10 +151,8 @@ class Tracer:
         text or JSON writer alone, through `spool` (spool.Spool): lossless however slowly
         lines are written. `reader_nice` sets the calling thread's CPU priority while it
         reads (the CLI uses -10: a busy program cannot starve the reader)."""
-        if notice is not None and self._notice is None:  # (the sampler's lines so far)
-            self._notice = notice
-            for line in self.gpu_lines:
-                notice(line)
+        if notice is not None and self.gpu is not None:  # (its lines so far, and later)
+            self.gpu.set_notice(notice)
         self.start()
         self.stream.deliver(sinks, save=save, spool=spool, notice=notice,
                             reader_nice=reader_nice)

@@ -152,3 +152,27 @@ def test_the_gpu_script_passes_a_consistent_run_and_fails_a_wrong_one(tmp_path, 
     assert run(0, 564 * mib) == Counter(PASS=8)
     assert run(40, 64 * mib) == Counter(PASS=6, FAIL=2)  # a busy sleep, no gap
     capsys.readouterr()
+
+
+def test_a_hung_init_is_one_line_within_the_timeout(cc, tmp_path, monkeypatch):
+    """nvmlInit_v2 that never returns: start() gives up after the timeout, says why once."""
+    import time
+
+    from ebpf_cuda.gpu.sampler import Sampler
+
+    folder = build_fake_nvml(cc)
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(tmp_path / "s",
+                                                     DEVICES + "block nvmlInit_v2\n")))
+    said = []
+    sampler = Sampler(0.1, str(folder / "libnvidia-ml.so.1"), notice=said.append,
+                      timeout_s=0.5)
+    started = time.monotonic()
+    assert sampler.start() is True  # (the library loads; its initialisation hangs)
+    assert time.monotonic() - started < 0.5
+    while sampler.stopped is None and time.monotonic() - started < 10:
+        time.sleep(0.05)
+    assert 0.5 <= time.monotonic() - started < 2
+    assert said == ["GPU state not sampled: an NVML call did not return in 0.5 s (a hung "
+                    "driver); the trace goes on without GPU state"]
+    assert sampler.sample_now() == [] and sampler.samples == []
+    sampler.stop()

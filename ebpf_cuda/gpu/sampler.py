@@ -118,57 +118,73 @@ class Sampler:
         self._lib: Optional[nvml.Nvml] = None
         self._worker: Optional[_Worker] = None
         self._threads: List[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._sampling = False  # the sample loop has begun
         self.cpu_ns = 0  # the sampler threads' own CPU time (its cost)
 
     # -- the lines ---------------------------------------------------------------------------
 
     def _say(self, what: str, why: str, line: Optional[str] = None) -> None:
-        if (what, why) in self._said:
-            return
-        self._said.add((what, why))
-        line = line or "GPU state: %s not sampled: %s" % (what, why)
-        self.lines.append(line)
-        if self._notice is not None:
-            self._notice(line)
+        with self._lock:  # (set_notice: each line told once, before or after it)
+            if (what, why) in self._said:
+                return
+            self._said.add((what, why))
+            line = line or "GPU state: %s not sampled: %s" % (what, why)
+            self.lines.append(line)
+            notice = self._notice
+        if notice is not None:
+            notice(line)
+
+    def set_notice(self, notice: Notice) -> None:
+        """Who is told each line from now on; told now the lines said before."""
+        with self._lock:
+            self._notice, said = notice, list(self.lines)
+        for line in said:
+            notice(line)
 
     def _give_up(self, why: str) -> None:
         if self.stopped is None:
             self.stopped = why
             self._say("", why, "GPU state %s: %s" % (
-                "sampling stopped" if self._threads else "not sampled", why))
+                "sampling stopped" if self._sampling else "not sampled", why))
         self._stop.set()
 
     # -- start and stop ----------------------------------------------------------------------
 
     def start(self, absent_ok: bool = False) -> bool:
-        """Load the library, find the devices and start the threads; False (after its one
-        line) when there is nothing to sample. `absent_ok`: no line when no library is
-        found (a host without NVIDIA's driver, at the trace's default)."""
-        self._worker = _Worker()
+        """Load the library and start the threads (NVML's initialisation and the devices'
+        discovery in them: the caller does not wait for the driver); False (after its one
+        line) when there is no library. `absent_ok`: not even that line when none is found
+        (a host without NVIDIA's driver, at the trace's default)."""
         try:
-            self._call(self._open)
+            self._lib = nvml.Nvml(self.path)
         except nvml.NvmlAbsent as err:
             if not absent_ok:
                 self._give_up(str(err))
-            return self._failed()
+            return False
         except nvml.NvmlError as err:
             self._give_up(str(err))
-            return self._failed()
-        except Hung:
             return False
-        if not self.devices:
-            self._give_up("NVML sees no GPU")
-            return self._failed()
-        if self.period_s > 0:
-            self._spawn(self._sample_loop, "ebpf-cuda gpu samples")
-        if self._want_events:
-            self._spawn(self._event_loop, "ebpf-cuda gpu events")
+        self._worker = _Worker()
+        self._spawn(self._run, "ebpf-cuda gpu samples")
         return True
 
-    def _failed(self) -> bool:
-        self._worker.close()
-        self._stop.set()
-        return False
+    def _run(self) -> None:
+        """Initialise, find the devices, start the event thread, sample until stopped."""
+        try:
+            self._call(self._open)
+        except nvml.NvmlError as err:
+            self._give_up(str(err))
+            return
+        except Hung:
+            return
+        if not self.devices:
+            self._give_up("NVML sees no GPU")
+            return
+        if self._want_events:
+            self._spawn(self._event_loop, "ebpf-cuda gpu events")
+        if self.period_s > 0:
+            self._sample_loop()
 
     def _spawn(self, target: Callable, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -185,7 +201,7 @@ class Sampler:
 
     def _call(self, job: Callable):
         """`job()` on the worker, bounded by the timeout; Hung stops the sampling."""
-        if self.stopped is not None and self._worker is None:
+        if self._worker is None:
             raise Hung()
         try:
             return self._worker.run(job, self.timeout_s)
@@ -195,7 +211,7 @@ class Sampler:
             raise
 
     def _open(self) -> None:
-        lib = self._lib = nvml.Nvml(self.path)
+        lib, devices = self._lib, []
         lib.init()
         for index in range(lib.device_count()):
             handle = lib.handle(index)
@@ -203,7 +219,8 @@ class Sampler:
             device.mig = self._optional(device, "MIG mode", lambda: lib.mig_mode(handle)) or False
             if self._optional(device, "GPM metrics", lambda: lib.gpm_supported(handle)):
                 device.gpm = [lib.gpm_alloc(), lib.gpm_alloc()]
-            self.devices.append(device)
+            devices.append(device)
+        self.devices = devices  # (at once: sample_now may look from another thread)
 
     def _optional(self, device: Device, what: str, read: Callable):
         """read(), or None (said once) when the driver lacks it or the device does not
@@ -221,6 +238,7 @@ class Sampler:
     # -- sampling ----------------------------------------------------------------------------
 
     def _sample_loop(self) -> None:
+        self._sampling = True
         started = time.thread_time_ns()
         next_at = time.monotonic()
         while not self._stop.is_set():
