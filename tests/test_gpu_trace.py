@@ -191,3 +191,27 @@ def _wall_us(counter: dict, trace: list, calls: list) -> float:
     probes' monotonic one: the calls' slices give the offset)."""
     first = next(e for e in trace if e.get("ph") == "X" and e.get("name") == calls[0]["api"])
     return counter["ts"] - first["ts"] + calls[0]["ts"] * 1e6
+
+
+def test_a_process_in_a_pid_namespace_of_its_own_is_matched_by_its_host_pid(
+        root, cc, lib, tmp_path, gpu_prog):
+    """The traced program in a container's PID namespace (unshare): NVML lists it by its host
+    pid, which is the pid the probes report (the tracer in the host's namespace), so its
+    samples and its memory gap are its own; inside, it is pid 1 or 2."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    prog, name = gpu_prog
+    nvml, env = nvml_env(cc, tmp_path, scripted(name, xid_ms=60000))
+    done = run_cli("--json", "--summary", "-p", lib, "--nvml", nvml, "--",
+                   "unshare", "--pid", "--fork", "--mount-proc", prog, "malloc:1048576",
+                   "sleep:1500", env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    objects = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    pids = {o["pid"] for o in objects if o.get("api") == "cudaMalloc"}
+    (pid,) = pids
+    assert pid > 2  # (the host's number: inside its namespace it is 1 or 2)
+    listed = {p["pid"] for o in objects if o.get("type") == "gpu_sample" for p in o["processes"]}
+    assert listed == {pid}
+    gap_row = next(line.split() for line in done.stderr.splitlines() + done.stdout.splitlines()
+                   if line.split()[:2] == [str(pid), "0"])
+    assert gap_row[2:] == ["300", "1", "299"]
