@@ -121,7 +121,7 @@ class GpuState:
         """The device table, the memory gap table (when a traced process was on a GPU)."""
         if not self:
             return []
-        out = [self.device_table()]
+        out = [self.device_table()] if self.samples else []
         if self.peak_gaps():
             out.append(self.gap_table())
         if self.events:

@@ -350,10 +350,10 @@ def _gpu_section(r: HtmlReport) -> str:
     gpu, s = r.gpu, r.series
     if not gpu.samples and not gpu.events:
         return ""
-    start = s.start_ns if s.start_ns is not None else min(x.ts_ns for x in gpu.samples)
+    times = [x.ts_ns for x in gpu.samples] or [0]
+    start = s.start_ns if s.start_ns is not None else min(times)
     count = max(len(s.buckets), 1)
-    width = s.width_ns if s.buckets else max(
-        (max(x.ts_ns for x in gpu.samples) - start) // count + 1, 1)
+    width = s.width_ns if s.buckets else max((max(times) - start) // count + 1, 1)
     labels = ["%.3g ms" % (i * width / 1e6) for i in range(count)]
     figures = []
     for device in sorted({x.device for x in gpu.samples}):
