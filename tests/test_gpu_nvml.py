@@ -176,3 +176,36 @@ def test_a_hung_init_is_one_line_within_the_timeout(cc, tmp_path, monkeypatch):
                     "driver); the trace goes on without GPU state"]
     assert sampler.sample_now() == [] and sampler.samples == []
     sampler.stop()
+
+
+def test_the_gap_and_the_device_table_from_made_up_records():
+    """analysis/gpu.py on its own: live allocations over time (each allocation once across
+    the layers), the gap at every sample and at the peak, throttled time, a record's JSON
+    read back."""
+    from ebpf_cuda.analysis.gpu import GpuState
+    from ebpf_cuda.gpu.records import GpuSample, ProcessState, from_json
+    from helpers import event
+
+    state = GpuState()
+    mib, ms = 1 << 20, 10 ** 6
+    state.write([event("cudaMalloc", args={"size": 4 * mib}, ts_ns=100 * ms, pid=5, ret=0,
+                       outs={"ptr": 0x1000}),
+                 event("cudaMalloc", args={"size": 2 * mib}, ts_ns=300 * ms, pid=5, ret=0,
+                       outs={"ptr": 0x2000}),
+                 event("cudaFree", args={"ptr": 0x1000}, ts_ns=500 * ms, pid=5, ret=0)])
+
+    def sample(ts_ns, memory, reasons):
+        return GpuSample(ts_ns / 1e9, ts_ns, 0, "GPU", "GPU-0",
+                         {"gpu_util": 50, "mem_used": 9 * mib, "clock_reasons": reasons},
+                         [ProcessState(5, memory), ProcessState(6, 1)])
+
+    samples = [sample(50 * ms, 10 * mib, 0x4), sample(200 * ms, 20 * mib, 0x1),
+               sample(400 * ms, 20 * mib, 0), sample(600 * ms, 12 * mib, 0)]
+    state.note_gpu(samples)
+    assert [(g.nvml // mib, g.live // mib, g.gap // mib) for g in state.gaps()] == [
+        (10, 0, 10), (20, 4, 16), (20, 6, 14), (12, 2, 10)]  # (pid 6 was not traced)
+    (peak,) = state.peak_gaps()
+    assert (peak.ts_ns, peak.gap) == (400 * ms, 14 * mib)
+    row = state.device_table().splitlines()[-1].split()
+    assert row[:4] == ["0", "4", "50.0", "50"] and row[8] == "0.15"  # 0x4 (power cap) until the next sample
+    assert [from_json(s.to_json()) for s in samples] == samples

@@ -15,7 +15,7 @@ from ._table import decimal, integer, table
 from .memory import ALLOCATORS, FREES, LeakTracker
 
 MIB = 1 << 20
-POINT_NS = 1_000_000  # the live-memory timeline keeps a process's last change per ms
+POINT_NS = 1_000_000  # the live-memory timeline keeps a process's last change in each ms
 
 
 def device_only(entries: Dict[str, object]) -> Dict[str, object]:
@@ -47,8 +47,8 @@ class LiveTimeline:
     def change(self, event: Event, live: int) -> None:
         times = self._times.setdefault(event.pid, [])
         values = self._values.setdefault(event.pid, [])
-        if times and event.ts_ns - times[-1] < POINT_NS and len(times) > 1:
-            times[-1], values[-1] = event.ts_ns, live  # (bounded: one point a ms)
+        if times and event.ts_ns // POINT_NS == times[-1] // POINT_NS:
+            times[-1], values[-1] = event.ts_ns, live  # (bounded: a point per ms at most)
         else:
             times.append(event.ts_ns)
             values.append(live)
