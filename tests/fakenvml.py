@@ -19,7 +19,7 @@ DEVICES = (
     "ecc_dbe=0 gpm=1 gr_active=81 sm_active=64 occupancy=37 tensor=22 dram=48\n" % (H100, UUID0)
     + "dev 1 name=%s uuid=%s gpu=5 mem=1 total=85899345920 used=1073741824 power=90000 "
     "temp=40 sm_clock=345 mem_clock=2619 reasons=0x1 pcie_tx=0 pcie_rx=0 ecc_sbe=0 ecc_dbe=1 "
-    "gpm=0\n" % (H100, UUID1))
+    "gpm=0 mig=1\n" % (H100, UUID1))
 
 
 def build_fake_nvml(cc, *omit: str) -> Path:

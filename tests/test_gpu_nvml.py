@@ -71,7 +71,9 @@ def test_every_call_reads_the_scripted_values(loaded):
     assert lib.clock_reasons(first) == 4 and lib.clock_reasons(second) == 1
     assert lib.pcie(first) == (1200, 3400)
     assert lib.ecc(first) == (2, 0) and lib.ecc(second) == (0, 1)
-    assert lib.mig_mode(first) is False
+    assert lib.mig_mode(first) is False and lib.mig_devices(first) == []
+    assert lib.mig_mode(second) is True
+    assert lib.mig_devices(second) == [(1, H100 + "-MIG-1g.10gb", "MIG-" + UUID1)]
     assert lib.gpm_supported(first) and not lib.gpm_supported(second)
     one, two = lib.gpm_alloc(), lib.gpm_alloc()
     lib.gpm_sample(first, one)
@@ -209,3 +211,28 @@ def test_the_gap_and_the_device_table_from_made_up_records():
     row = state.device_table().splitlines()[-1].split()
     assert row[:4] == ["0", "4", "50.0", "50"] and row[8] == "0.15"  # 0x4 (power cap) until the next sample
     assert [from_json(s.to_json()) for s in samples] == samples
+
+
+def test_the_sampler_names_a_process_on_a_mig_device(cc, tmp_path, monkeypatch):
+    """This process, scripted on device 1 (in MIG mode): its sample names its MIG device."""
+    import os
+    import time
+
+    from ebpf_cuda.gpu.sampler import Sampler
+
+    comm = open("/proc/self/comm").read().strip()
+    folder = build_fake_nvml(cc)
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(
+        tmp_path / "s", DEVICES + "proc 1 comm=%s mem=4096 sm=7 memutil=3\n" % comm)))
+    sampler = Sampler(0, str(folder / "libnvidia-ml.so.1"), events=False)
+    assert sampler.start()
+    deadline = time.monotonic() + 10
+    while not sampler.devices and time.monotonic() < deadline:
+        time.sleep(0.02)
+    samples = sampler.sample_now()
+    sampler.stop()
+    assert [(s.device, s.mig) for s in samples] == [(0, False), (1, True)]
+    mine = samples[1].process(os.getpid())
+    assert mine.to_json() == {"pid": os.getpid(), "memory": 4096, "sm_util": 7, "mem_util": 3,
+                              "gpu_instance": 1, "mig": H100 + "-MIG-1g.10gb"}
+    assert samples[0].processes == [] and sampler.lines == []

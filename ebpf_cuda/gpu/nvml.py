@@ -277,6 +277,22 @@ class Nvml:
                   ctypes.byref(pending))
         return current.value == 1
 
+    def mig_devices(self, handle: int) -> List[Tuple[int, str, str]]:
+        """(GPU instance id, name, UUID) of each MIG device of a GPU in MIG mode."""
+        found = []
+        for index in range(self._uint("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = ctypes.c_void_p()
+            try:
+                self.call("nvmlDeviceGetMigDeviceHandleByIndex", ctypes.c_void_p(handle),
+                          ctypes.c_uint(index), ctypes.byref(mig))
+            except NvmlError as err:
+                if err.code == ERROR_NOT_FOUND:  # (an empty slot)
+                    continue
+                raise
+            found.append((self._uint("nvmlDeviceGetGpuInstanceId", mig.value or 0),
+                          self.name(mig.value or 0), self.uuid(mig.value or 0)))
+        return found
+
     # -- its processes ---------------------------------------------------------------------
 
     def processes(self, handle: int) -> List[ProcessInfo]:

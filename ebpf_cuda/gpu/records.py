@@ -28,6 +28,7 @@ class ProcessState:
     sm_util: Optional[int] = None  # %
     mem_util: Optional[int] = None  # %
     gpu_instance: Optional[int] = None  # its MIG instance, under MIG
+    mig: Optional[str] = None  # that instance's MIG device, by name
 
     def to_json(self) -> Dict[str, Any]:
         return {key: value for key, value in self.__dict__.items() if value is not None}

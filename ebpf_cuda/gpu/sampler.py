@@ -56,6 +56,7 @@ class Device:
     gpm: Optional[List[int]] = None  # two GPM sample buffers, on devices that have GPM
     gpm_ready: bool = False  # the first buffer holds a sample
     util_since_us: int = 0  # the last process-utilisation sample seen
+    mig_names: Optional[Dict[int, str]] = None  # GPU instance id -> its MIG device's name
 
 
 class _Worker:
@@ -217,6 +218,9 @@ class Sampler:
             handle = lib.handle(index)
             device = Device(index, handle, lib.name(handle), lib.uuid(handle))
             device.mig = self._optional(device, "MIG mode", lambda: lib.mig_mode(handle)) or False
+            if device.mig:
+                device.mig_names = {gi: name for gi, name, _ in self._optional(
+                    device, "MIG devices", lambda: lib.mig_devices(handle)) or ()}
             if self._optional(device, "GPM metrics", lambda: lib.gpm_supported(handle)):
                 device.gpm = [lib.gpm_alloc(), lib.gpm_alloc()]
             devices.append(device)
@@ -303,7 +307,8 @@ class Sampler:
         states: Dict[int, ProcessState] = {}
         for info in self._optional(device, "process memory", lambda: lib.processes(handle)) or ():
             instance = info.gpuInstanceId if info.gpuInstanceId != nvml.NO_INSTANCE else None
-            states[info.pid] = ProcessState(info.pid, info.usedGpuMemory, gpu_instance=instance)
+            states[info.pid] = ProcessState(info.pid, info.usedGpuMemory, gpu_instance=instance,
+                                            mig=(device.mig_names or {}).get(instance))
         utils = self._optional(device, "process utilisation", lambda: lib.process_utilization(
             handle, device.util_since_us)) or ()
         for sample in sorted(utils, key=lambda s: s.timeStamp):  # (the latest one wins)

@@ -75,7 +75,7 @@ struct dev {
 struct proc { int dev; char comm[64]; unsigned long long mem; unsigned int sm, memutil; };
 struct xid { int dev; long after_ms; unsigned long long code; int fired; char file[256]; };
 
-static struct dev devs[MAX_DEV];
+static struct dev devs[MAX_DEV], migs[MAX_DEV];  /* migs[i]: device i's MIG device */
 static struct proc procs[MAX_PROC];
 static struct xid xids[MAX_XID];
 static int ndev, nproc, nxid, nunsup, nblock, fail_init;
@@ -124,6 +124,11 @@ static void parse_dev(const char *line, int i) {
     d->ecc_dbe = num(line, "ecc_dbe"); d->gpm = num(line, "gpm"); d->mig = num(line, "mig");
     d->gr_active = num(line, "gr_active"); d->sm_active = num(line, "sm_active"); d->occupancy = num(line, "occupancy");
     d->tensor = num(line, "tensor"); d->dram = num(line, "dram");
+    if (d->mig) {  /* one MIG device (GPU instance 1) in the first of two slots */
+        migs[i] = *d;
+        snprintf(migs[i].name, sizeof migs[i].name, "%s-MIG-1g.10gb", d->name);
+        snprintf(migs[i].uuid, sizeof migs[i].uuid, "MIG-%s", d->uuid);
+    }
     if (i + 1 > ndev) ndev = i + 1;
 }
 
@@ -159,6 +164,7 @@ static void load_script(void) {
     char line[1024];
     ndev = nproc = nxid = nunsup = nblock = fail_init = 0;
     memset(devs, 0, sizeof devs);
+    memset(migs, 0, sizeof migs);
     while (f && fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
         if (n && line[n - 1] == '\n') line[n - 1] = 0;
@@ -207,11 +213,27 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *h) {
     *h = &devs[i];
     return 0;
 }
+#define DEV_OR_MIG(h) do { if (!((h) >= migs && (h) < migs + ndev && (h)->mig)) DEV(h); } \
+                           while (0)
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char *name, unsigned int len) {
-    GATE(); DEV(h); snprintf(name, len, "%s", h->name); return 0;
+    GATE(); DEV_OR_MIG(h); snprintf(name, len, "%s", h->name); return 0;
 }
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int len) {
-    GATE(); DEV(h); snprintf(uuid, len, "%s", h->uuid); return 0;
+    GATE(); DEV_OR_MIG(h); snprintf(uuid, len, "%s", h->uuid); return 0;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t h, unsigned int *count) {
+    GATE(); DEV(h); *count = h->mig ? 2 : 0; return 0;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t h, unsigned int i,
+                                                 nvmlDevice_t *mig) {
+    GATE(); DEV(h);
+    if (!h->mig || i >= 2) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i == 1) return 6;  /* NVML_ERROR_NOT_FOUND: an empty slot */
+    *mig = &migs[h - devs];
+    return 0;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t h, unsigned int *id) {
+    GATE(); DEV_OR_MIG(h); *id = 1; return 0;
 }
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u) {
     GATE(); DEV(h); u->gpu = h->gpu; u->memory = h->mem; return 0;
