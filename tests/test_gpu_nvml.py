@@ -209,7 +209,8 @@ def test_the_gap_and_the_device_table_from_made_up_records():
     (peak,) = state.peak_gaps()
     assert (peak.ts_ns, peak.gap) == (400 * ms, 14 * mib)
     row = state.device_table().splitlines()[-1].split()
-    assert row[:4] == ["0", "4", "50.0", "50"] and row[8] == "0.15"  # 0x4 (power cap) until the next sample
+    # (throttled: 0x4, the power cap, from the first sample to the next)
+    assert row[:4] == ["0", "4", "50.0", "50"] and row[8] == "0.15"
     assert [from_json(s.to_json()) for s in samples] == samples
 
 

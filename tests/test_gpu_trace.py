@@ -4,6 +4,7 @@ device 0, an Xid between two launches; every output carries exactly the scripted
 events, at the right calls. What cannot be sampled is one line, and the trace completes."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -19,7 +20,8 @@ SCRIPTED = {  # device 0's sample values, as the script gives them
     "gpu_util": 75, "mem_util": 30, "mem_used": 20 << 30, "mem_total": 80 << 30,
     "power_w": 350.0, "temperature_c": 61, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
     "clock_reasons": 4, "pcie_tx_kbs": 1200, "pcie_rx_kbs": 3400, "ecc_corrected": 2,
-    "ecc_uncorrected": 0, "gr_engine_active": 81.0, "sm_active": 64.0, "sm_occupancy": 37.0, "tensor_active": 22.0,
+    "ecc_uncorrected": 0, "gr_engine_active": 81.0, "sm_active": 64.0, "sm_occupancy": 37.0,
+    "tensor_active": 22.0,
     "dram_active": 48.0}
 GPM = ("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
 
@@ -182,7 +184,12 @@ def test_every_output_carries_the_samples_the_gap_and_the_xid(root, cc, lib, tmp
     (marker,) = [e for e in trace if e.get("cat") == "gpu event"]
     assert marker["name"] == "Xid 79" and marker["pid"] == 1 << 24
     html = page.read_text()
-    assert "GPU state (NVML)" in html and "GPU 0 utilisation (%, mean)" in html
+    figures = re.findall(r"<figure>(.*?)<figcaption>(.*?)</figcaption>", html)
+    bars = {caption.split(" per ")[0]: {float(v) for v in re.findall(
+        r"<title>[^<]*: ([0-9.]+)</title>", figure)} - {0.0} for figure, caption in figures}
+    assert bars["GPU 0 utilisation (%, mean)"] == {75}
+    assert bars["GPU 1 utilisation (%, mean)"] == {5}
+    assert bars["GPU 0 memory used (bytes, mean)"] == {20 << 30}
     assert "Xid 79: GPU has fallen off the bus" in html
 
 

@@ -114,7 +114,8 @@ class GpmSupport(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint), ("isSupportedDevice", ctypes.c_uint)]
 
 
-STRUCTS = {"c_nvmlMemory_t": Memory, "c_nvmlMemory_v2_t": MemoryV2, "c_nvmlUtilization_t": Utilization,
+STRUCTS = {"c_nvmlMemory_t": Memory, "c_nvmlMemory_v2_t": MemoryV2,
+           "c_nvmlUtilization_t": Utilization,
            "c_nvmlProcessInfo_v3_t": ProcessInfo,
            "c_nvmlProcessUtilizationSample_t": ProcessUtilizationSample,
            "c_nvmlEventData_t": EventData, "c_nvmlGpmMetric_t": GpmMetric,

@@ -13,7 +13,8 @@ DEVICE_VALUES = {
     "power_w": "W", "temperature_c": "C", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz",
     "clock_reasons": "mask", "pcie_tx_kbs": "KB/s", "pcie_rx_kbs": "KB/s",
     "ecc_corrected": "count", "ecc_uncorrected": "count",
-    "gr_engine_active": "%", "sm_active": "%", "sm_occupancy": "%", "tensor_active": "%", "dram_active": "%",
+    "gr_engine_active": "%", "sm_active": "%", "sm_occupancy": "%", "tensor_active": "%",
+    "dram_active": "%",
 }
 # Clock-event reasons that are not throttling: the GPU idle (0x1), the application's clock
 # setting (0x2); every other bit slows the clocks (nvml.h's nvmlClocksEventReason*)

@@ -22,7 +22,8 @@ DEFAULT_TIMEOUT_S = 2.0  # a call longer than this: the driver hangs
 EVENT_WAIT_MS = 200  # the event thread's wait, between looks at whether it should stop
 
 # GPM metric id (nvml.h's NVML_GPM_METRIC_*) -> the sample's key
-GPM_METRICS = {1: "gr_engine_active", 2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
+GPM_METRICS = {1: "gr_engine_active", 2: "sm_active", 3: "sm_occupancy", 5: "tensor_active",
+               10: "dram_active"}
 # Event types waited for -> their name (P-state and clock changes left out: the samples carry
 # the clocks, and those events come many a second on a busy GPU)
 EVENT_KINDS = {nvml.EVENT_XID: "xid", nvml.EVENT_SINGLE_BIT_ECC: "ecc_single",
