@@ -249,10 +249,14 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.samples.extend(self._call(self._round))
-            except (Hung, nvml.NvmlError):
+            except Hung:
                 break
-            next_at += self.period_s
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            except nvml.NvmlError as err:
+                self._give_up(str(err))
+                break
+            # (a round late, the process stalled: the next one a period on, no burst)
+            next_at = max(next_at + self.period_s, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
         self.cpu_ns += time.thread_time_ns() - started
 
     def sample_now(self) -> List[GpuSample]:
