@@ -26,6 +26,7 @@ from .decode.losses import Losses
 from .decode.names import KernelNamer
 from .decode.nccl import Communicators
 from .decode.reaper import Reaper
+from .gpu.launches import LastLaunches
 from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
 from .output.plan import format_size
@@ -92,6 +93,11 @@ class Stream:
         self._spool = None  # the spool the lines were written through, if they were
         self._spool_given = None  # the spool the last deliver was handed
         self._lost_noted = 0.0
+        # While GPU state is sampled (Tracer sets them): the sampler, the launches kept for
+        # its events, and how many of its events have their launches
+        self.gpu = None
+        self.last_launches: Optional[LastLaunches] = None
+        self._gpu_filled = 0
 
     def stop(self) -> None:
         """Finish after draining what is already in the ring. Safe in a signal handler."""
@@ -134,6 +140,8 @@ class Stream:
                 # of the ring waits, so what a slow program wrote is read at least this often.
                 waiter.wait(wait)
                 yield from self._drain()
+                if self.gpu is not None:
+                    self._fill_gpu_events()
                 # (every batch read so far has been handed over; behind a spool, the
                 # lines thread says how far it has written)
                 self.reaper.tick(self._read_bytes, self._read_bytes if self._spool is None
@@ -163,8 +171,11 @@ class Stream:
             self.names.observe_frames(frames)
             self.containers.observe(record.frame_pids(frames))  # (while they live)
             self.names.learn(self.decoder.decode_batch(frames, self.teaching))
-            yield frames, self.names.name_launches(self.decoder.launches(frames),
-                                                   self.decoder.table)
+            launches = self.decoder.launches(frames)
+            named = self.names.name_launches(launches, self.decoder.table)
+            if self.last_launches is not None:
+                self.last_launches.add(launches, named, self.decoder.table)
+            yield frames, named
 
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Decoded events until the end, teaching calls showing their `kernel_name`."""
@@ -345,12 +356,29 @@ class Stream:
             if self.pystacks is not None:
                 self.pystacks.drain()
                 outputs.call(save, save.note_py_stacks, self.pystacks.export())
+        if self.gpu is not None:  # the GPU's samples and events, with the calls before them
+            self.gpu.stop()
+            self._fill_gpu_events()
+            records = sorted(self.gpu.samples + self.gpu.events, key=lambda r: r.ts_ns)
+            for sink in outputs.sinks:
+                tell = getattr(sink, "note_gpu", None)
+                if tell is not None and outputs.alive(sink):
+                    outputs.call(sink, tell, records)
         losses = self.losses()
         for sink in outputs.sinks:
             tell = getattr(sink, "note_losses", None)
             if tell is not None and outputs.alive(sink):
                 outputs.call(sink, tell, losses)
         outputs.close()
+
+    def _fill_gpu_events(self) -> None:
+        """The GPU events come since the last look get the launches read before them."""
+        events = self.gpu.events
+        while self._gpu_filled < len(events):
+            event = events[self._gpu_filled]
+            event.last_launches = self.last_launches.before(event.ts_ns,
+                                                            offset_ns=self.gpu.offset_ns)
+            self._gpu_filled += 1
 
     def _save_only(self, save, outputs: "Outputs") -> None:
         """Saving alone decodes nothing: the launches are named from a bulk scan of their

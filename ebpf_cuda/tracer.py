@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 from .decode import aggregates
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
+from .gpu.launches import LastLaunches
 from .session import Attachment, Session
 from .spec import apis, layout
 from .spec.config import TraceConfig
@@ -42,6 +43,7 @@ class Tracer:
                                  exec_times=self.session.exec_times)
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
         self.stream = Stream(self.session, self.names, self.decoder)
+        self.gpu = None  # the GPU sampler (gpu/sampler.py) with `gpu_samples`
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -49,7 +51,26 @@ class Tracer:
         """Find files, load and attach every probe; a command is started but held until
         `run()` (or the first read), so that its first call is seen."""
         self.session.start()
+        if self.config.gpu_samples > 0 and self.gpu is None:
+            self._start_gpu()
         return self
+
+    def _start_gpu(self) -> None:
+        """The GPU's state sampled beside the calls (gpu/sampler.py); what cannot be is
+        said in `gpu_lines` (and to the `notice` of `trace_into`), never raised."""
+        from .gpu.sampler import Sampler
+
+        sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,
+                          clock_offset_ns=self.decoder.clock_offset_ns)
+        self.gpu = sampler
+        if sampler.start(absent_ok=self.config.gpu_absent_ok and self.config.nvml is None):
+            self.stream.gpu = sampler
+            self.stream.last_launches = LastLaunches()
+
+    @property
+    def gpu_lines(self) -> List[str]:
+        """What the GPU sampler said it could not sample, and why."""
+        return list(self.gpu.lines) if self.gpu is not None else []
 
     def run(self) -> None:
         """Let a held command run (once)."""
@@ -130,6 +151,8 @@ class Tracer:
         text or JSON writer alone, through `spool` (spool.Spool): lossless however slowly
         lines are written. `reader_nice` sets the calling thread's CPU priority while it
         reads (the CLI uses -10: a busy program cannot starve the reader)."""
+        if notice is not None and self.gpu is not None:  # (its lines so far, and later)
+            self.gpu.set_notice(notice)
         self.start()
         self.stream.deliver(sinks, save=save, spool=spool, notice=notice,
                             reader_nice=reader_nice)
@@ -183,6 +206,8 @@ class Tracer:
     def close(self, wait: bool = True) -> None:
         """Detach every probe and free every kernel object (idempotent). `wait=False`: in a
         forked child, for a program about to exit (see Session.close)."""
+        if self.gpu is not None:
+            self.gpu.stop()
         if self.stream.pystacks is not None:  # (its ring's mapping and watcher thread first)
             self.stream.pystacks.close()
         self.session.close(wait)

@@ -97,11 +97,11 @@ class MonitorCli:
     """`ebpf-cuda monitor ARGS` as a subprocess; `lines` are its stderr lines so far."""
 
     def __init__(self, *args, ready: str = "monitoring ", timeout: float = 60,
-                 prefix: Sequence[str] = ()) -> None:
+                 prefix: Sequence[str] = (), env: Optional[dict] = None) -> None:
         self.proc = subprocess.Popen([*prefix, *cli_argv("monitor", *args)],
                                      stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=cli_env(), cwd=str(REPO))
+                                     text=True, env=env or cli_env(), cwd=str(REPO))
         self.lines: List[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -24,6 +24,7 @@ WINGS: List[List[str]] = [
     ["targets"],                             # what to trace: files, symbols, processes
     ["probes"],                              # the programs this tool generates
     ["decode"],                              # records into meaning
+    ["gpu"],                                 # the GPU's own state: NVML samples and events
     ["analysis"],                            # events into answers
     ["output"],                              # answers and events into files
     ["session", "stream", "tracer",          # the middle: kernel objects, the read loop, the

@@ -23,6 +23,7 @@ from ..decode.operations import (MB, Geometry, copy_bytes, copy_operation, is_la
                                  is_synchronous_copy, launch_geometry)
 from ..spec.apis import BY_NAME, Role
 from ._table import decimal, integer, table
+from .gpu import GpuState
 from .layers import LayerFilter
 from .python_lines import PythonLines
 from .statistics import percentile, stats
@@ -57,6 +58,7 @@ class Summary:
 
         self.collectives = CollectiveSummary()  # NCCL calls per communicator
         self.python_lines = PythonLines(py_stacks)  # --py-stacks: calls by Python line
+        self.gpu = GpuState()  # the GPU's samples and events (gpu.py), when sampled
 
     def add(self, events: Iterable[Event]) -> None:
         """Account for completed calls; other events are ignored (but for whether they had
@@ -143,7 +145,13 @@ class Summary:
         """Nothing is written before the end."""
 
     def write(self, events: Iterable[Event]) -> None:
+        events = events if isinstance(events, list) else list(events)
+        self.gpu.write(events)
         self.add(events)
+
+    def note_gpu(self, records: List) -> None:
+        """The GPU's samples and events (gpu/records.py): the device and gap tables."""
+        self.gpu.note_gpu(records)
 
     def close(self) -> None:
         """Nothing to flush: `report()` renders the tables."""
@@ -162,10 +170,10 @@ class Summary:
                 self.add_launch(launch.pid, launch.api, launch.func, launch.geometry,
                                 launch.count)
             return "\n\n".join(aggregate_tables(aggregates) + [self.kernel_table()]
-                               + self._nccl_tables())
+                               + self._nccl_tables() + self.gpu.tables())
         return "\n\n".join([self.api_table(), self.percentile_table(), self.memory_table(),
                             self.bandwidth_table(), self.error_table(), self.kernel_table()]
-                           + self._python_tables() + self._nccl_tables())
+                           + self._python_tables() + self._nccl_tables() + self.gpu.tables())
 
     def _python_tables(self) -> List[str]:
         """The table by Python line, when some event had a Python stack (--py-stacks)."""
@@ -319,6 +327,7 @@ class SplitSummary:
         self._fields = (("device",) if by_device else ()) + (
             ("container",) if by_container else ())
         self.parts: Dict[tuple, Summary] = {}
+        self.gpu = GpuState()  # (the GPU's tables once, after every part)
 
     def add(self, events: Iterable[Event]) -> None:
         batches: Dict[tuple, List[Event]] = defaultdict(list)
@@ -338,8 +347,9 @@ class SplitSummary:
         order = sorted(self.parts, key=lambda key: [(v is None, v if v is not None else 0)
                                                     if isinstance(v, int) or v is None
                                                     else (False, v) for v in key])
-        return "\n\n".join(" ==== %s ====\n\n%s" % (self._title(key), self.parts[key].report())
-                             for key in order)
+        return "\n\n".join([" ==== %s ====\n\n%s" % (self._title(key),
+                                                    self.parts[key].report())
+                              for key in order] + self.gpu.tables())
 
     def _title(self, key: tuple) -> str:
         words = []
@@ -354,7 +364,12 @@ class SplitSummary:
         """Nothing is written before the end."""
 
     def write(self, events: Iterable[Event]) -> None:
+        events = events if isinstance(events, list) else list(events)
+        self.gpu.write(events)
         self.add(events)
+
+    def note_gpu(self, records: List) -> None:
+        self.gpu.note_gpu(records)
 
     def close(self) -> None:
         """Nothing to close."""

@@ -64,12 +64,22 @@ from .signals import MonitorSignals
                    "kernels with uprobe sessions, 6.13+): durations and errors of launches "
                    "are then sampled, their counts stay exact, and a launch costs no return "
                    "probe. 1: every return; at most 1048576.")
+@click.option("--gpu/--no-gpu", "gpu", default=True, show_default=True,
+              help="The GPU's state through NVML at every scrape, as dcgm-exporter names it "
+                   "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), with each process's GPU "
+                   "memory and SM utilisation and the Xid errors (docs/monitor.md).")
+@click.option("--nvml", "nvml_path", metavar="PATH",
+              help="The libnvidia-ml.so.1 to read (default: as the loader finds it, then the "
+                   "drivers' folders).")
+@click.option("--trigger-xid/--no-trigger-xid", default=True, show_default=True,
+              help="With --flight-recorder: an Xid error (NVML's event) triggers a dump.")
 def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                 everything: bool, api: str, prometheus: Optional[str], kernel_labels: int,
                 otlp: Optional[str], interval: float, pprof_out: Optional[str],
                 flight_recorder: Optional[float], flight_dir: str, flight_size: str,
                 trigger_error: str, trigger_latency: Optional[float],
-                ring_size: Optional[str], return_sampling: int) -> None:
+                ring_size: Optional[str], return_sampling: int, gpu: bool,
+                nvml_path: Optional[str], trigger_xid: bool) -> None:
     """Count the CUDA calls of every process of this machine until stopped (SIGINT,
     SIGTERM): ebpf-cuda monitor [--prometheus HOST:PORT] [--otlp URL] [...]"""
     signals = MonitorSignals()
@@ -85,7 +95,8 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
     options = MonitorOptions(tuple(paths), tuple(split_functions(functions) or ()) or None,
                              api, everything, kernel_labels,
                              plan.parse_size(ring_size) if ring_size else None, flight,
-                             sample_returns=return_sampling)
+                             sample_returns=return_sampling, gpu=gpu, nvml=nvml_path,
+                             trigger_xid=trigger_xid)
     heap.for_long_runs()  # (an always-on process: large buffers unmapped when freed)
     monitor = signals.monitor = Monitor(options, log=say if verbose else None, notice=say)
     # What can fail does before the probes go on: the port is bound, the URL and the

@@ -76,6 +76,14 @@ from .signals import stopper
               help="Write a pprof profile (gzipped profile.proto: go tool pprof, Pyroscope, "
                    "Parca) of calls, API time, launches, bytes allocated and copied, by "
                    "function, kernel and, with --stacks, caller.")
+@click.option("--gpu-samples", type=float, metavar="HZ",
+              help="Sample every GPU's state (utilisation, memory, power, clocks, throttling, "
+                   "ECC; per process memory and utilisation; GPM metrics on Hopper) HZ times "
+                   "a second through NVML, and its Xid and ECC events, beside the calls "
+                   "(default 10; 0: off). See docs/gpu-state.md.")
+@click.option("--nvml", "nvml_path", metavar="PATH",
+              help="The libnvidia-ml.so.1 to read (default: as the loader finds it, then the "
+                   "drivers' folders).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
@@ -85,6 +93,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           leaks: bool, stacks: bool, py_stacks: bool,
           save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
+          gpu_samples: Optional[float], nvml_path: Optional[str],
           command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
@@ -109,7 +118,9 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         command=list(command), api=api, everything=everything, follow_children=not no_follow,
         return_probes=not no_returns, entries=entries,
         ring_size=plan.ring_size(ring_size, in_kernel, DEFAULT_RING_SIZE), stacks=stacks,
-        aggregate=in_kernel, emit=not in_kernel, log=_log(verbose), py_stacks=py_stacks))
+        aggregate=in_kernel, emit=not in_kernel, log=_log(verbose), py_stacks=py_stacks,
+        gpu_samples=DEFAULT_GPU_SAMPLES if gpu_samples is None else gpu_samples,
+        nvml=nvml_path, gpu_absent_ok=gpu_samples is None))
     stopper.tracer = tracer
     stopper.checkpoint()
     # Nothing is opened for writing before every output is known to be a file of its own.
@@ -145,6 +156,7 @@ def _finish(closing: Closing, reports: List[str], reports_err: bool, summary: bo
         sys.exit(1)
 
 
+DEFAULT_GPU_SAMPLES = 10.0  # a sample every 100 ms (--gpu-samples)
 READER_NICE = -10  # the CPU weight of ~9 ordinary threads (sched_prio_to_weight): a program
 # with more busy threads than cores cannot starve the reader (the lines thread inherits it)
 

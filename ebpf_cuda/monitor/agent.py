@@ -88,6 +88,11 @@ class MonitorOptions(NamedTuple):
     late: Optional[bool] = None  # probe CUDA files that appear later (default: unless -p)
     # Launch rows: 1 return in N taken (uprobe sessions, kernels with them); 1: every call
     sample_returns: int = DEFAULT_SAMPLE_RETURNS
+    # The GPU's state through NVML at every scrape (dcgm.py), its Xids counted and, with a
+    # flight recorder, each a trigger (`trigger_xid`); `nvml`: the library (default: found)
+    gpu: bool = True
+    nvml: Optional[str] = None
+    trigger_xid: bool = True
 
 
 class Monitor:
@@ -117,6 +122,11 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self.memory = DeviceMemory()  # (the reader's; published with the series)
+        self.gpu = None  # the GPU sampler (gpu/sampler.py), when NVML answers
+        self._gpu_lock = threading.Lock()  # (one scrape samples at a time)
+        self._xids: Dict[Tuple[int, str, int], int] = {}  # (gpu, UUID, code) -> Xids
+        self._last_xid: Dict[int, int] = {}  # gpu -> its last Xid code
+        self._labels: Dict[int, Labels] = {}  # the live processes' labels (the reader's)
 
     @property
     def seen(self) -> int:
@@ -145,6 +155,7 @@ class Monitor:
 
                 self.flight = FlightRecorder(o.flight, self.tracer, log=self.notice)
             self.sums = self.tracer.live_sums()
+            self._start_gpu()
             self._aggregates()
             if o.late if o.late is not None else not o.paths:
                 self.watch = self._watch_late()
@@ -154,6 +165,41 @@ class Monitor:
             self.close()
             raise
         return self
+
+    def _start_gpu(self) -> None:
+        """The GPU sampler, sampled by each scrape; what it cannot sample is said once."""
+        if not self.options.gpu:
+            return
+        from ..gpu.sampler import Sampler
+
+        sampler = Sampler(0, self.options.nvml, notice=self.notice, on_event=self._gpu_event,
+                          clock_offset_ns=self.tracer.decoder.clock_offset_ns)
+        if sampler.start(absent_ok=self.options.nvml is None):
+            self.gpu = sampler
+
+    def _gpu_event(self, event) -> None:
+        """An NVML event (the sampler's event thread): an Xid is counted, and triggers the
+        flight recorder (`trigger_xid`)."""
+        if event.kind != "xid":
+            return
+        with self._lock:
+            key = (event.device, event.uuid, event.code)
+            self._xids[key] = self._xids.get(key, 0) + 1
+            self._last_xid[event.device] = event.code
+        if self.flight is not None and self.options.trigger_xid:
+            self.flight.xid(event)
+
+    def _gpu_families(self) -> List[Family]:
+        if self.gpu is None:
+            return []
+        from .dcgm import gpu_families
+
+        with self._gpu_lock:
+            samples = self.gpu.sample_now()
+        with self._lock:
+            xids, last, labels = dict(self._xids), dict(self._last_xid), self._labels
+        return gpu_families(samples, xids, last,
+                            lambda pid: labels.get(pid, (("pid", str(pid)),)))
 
     def _watch_late(self):
         """Probe the CUDA files that appear after the start (monitor/system_watch.SystemWatch), or
@@ -241,6 +287,9 @@ class Monitor:
             self._series = series
             self._published += 1
         self._known = tuple(self.processes)
+        labels = {p.pid: p.label_set() for p in self.processes.live()}
+        with self._lock:
+            self._labels = labels
         if len(self.tracer.attachments) != self._probed_files:  # (files probed late)
             self._probed_files = len(self.tracer.attachments)
             elf.forget_files()
@@ -319,7 +368,7 @@ class Monitor:
         families.append(fam.memory_family(series.memory))
         if self.flight is not None:
             families += self.flight.families()
-        return families
+        return families + self._gpu_families()
 
     def _losses(self, map_full: int) -> List[Tuple[str, int]]:
         """What could not be counted or kept so far, by cause (lost_family)."""
@@ -351,5 +400,7 @@ class Monitor:
             self.watch = None
         if self.flight is not None:
             self.flight.close()
+        if self.gpu is not None:
+            self.gpu.stop()
         if self.tracer is not None:
             self.tracer.close()

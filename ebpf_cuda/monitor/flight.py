@@ -183,6 +183,7 @@ class FlightRecorder:
         self._sync_ids = frozenset(i for i, api in enumerate(table)
                                    if api.category == SYNC_CATEGORY)
         self._requested: Optional[str] = None
+        self._xid = None  # an Xid (gpu/records.GpuEvent) to dump the calls before
         self._last_dump_ns: Optional[int] = None
         self._lock = threading.Lock()  # the counts, read by exporters
         self.dumps: Dict[str, int] = {}  # dumps written, by trigger kind
@@ -245,8 +246,13 @@ class FlightRecorder:
         """Ask for a dump at the next `poll()` (safe in a signal handler)."""
         self._requested = reason
 
+    def xid(self, event) -> None:
+        """Dump at the next `poll()` the calls before an Xid (a gpu/records.GpuEvent; from
+        the GPU sampler's thread)."""
+        self._xid = event
+
     def poll(self) -> None:
-        """Note the loss counters; dump now if `request()` asked for it."""
+        """Note the loss counters; dump now if `request()` or an Xid asked for it."""
         self._marks.append(self._counts())
         oldest = self._marks[-1].at_ns - self.ring.window_ns
         while len(self._marks) > 1 and self._marks[1].at_ns <= oldest:
@@ -255,6 +261,10 @@ class FlightRecorder:
         if reason is not None:
             self._dump({"kind": "signal", "signal": reason, "ts": time.time()}, reason,
                        time.monotonic_ns())
+        xid, self._xid = self._xid, None
+        if xid is not None:
+            self._dump({"kind": "xid", "xid": xid.code, "gpu": xid.device, "uuid": xid.uuid,
+                        "meaning": xid.meaning, "ts": xid.ts}, "xid%d" % xid.code, xid.ts_ns)
 
     def _counts(self) -> _Counts:
         stats = self.tracer.stats()
@@ -401,5 +411,8 @@ def describe(trigger: dict) -> str:
         return "%s took %.3f ms in %s (pid %s)" % (
             trigger.get("api"), (trigger.get("duration_ns") or 0) / 1e6, trigger.get("comm"),
             trigger.get("pid"))
+    if kind == "xid":
+        return "Xid %s on GPU %s: %s" % (trigger.get("xid"), trigger.get("gpu"),
+                                         trigger.get("meaning"))
     return "asked for by %s" % trigger.get("signal")
 

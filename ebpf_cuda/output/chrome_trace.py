@@ -31,6 +31,7 @@ are kept).
 import json
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from ..analysis.gpu import GpuState
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import ALLOCATORS, DOUBLE_FREE, FREES, LeakTracker, MemoryWarning
 from ..analysis.python_lines import frame_text, user_line
@@ -156,6 +157,7 @@ class ChromeTraceWriter:
         self._copied: Dict[int, Dict[str, int]] = {}
         self._last_ns: Dict[int, int] = {}
         self._comms = CommTracks()
+        self.gpu = GpuState(tracker=self.memory)  # the GPU's records (note_gpu), at the end
 
     def header(self) -> None:
         if not self._started:
@@ -166,6 +168,8 @@ class ChromeTraceWriter:
         self.header()
         out: List[Dict[str, Any]] = []
         self._emit = out.append
+        events = events if isinstance(events, list) else list(events)
+        self.gpu.write(events)
         for ev in events:
             self._event(ev, out.append)
         self._flush(out)
@@ -181,6 +185,7 @@ class ChromeTraceWriter:
             self._copied_bytes(copy, out.append)
         self.memory.flush()
         self._leaks(out.append)
+        gpu_tracks(self.gpu, out.append)
         self._flush(out)
         self.stream.write("\n]\n")
         finish(self.stream)
@@ -302,7 +307,12 @@ class ChromeTraceWriter:
         return {"name": name, "cat": cat, "ph": "i", "s": scope, "ts": _us(ev.ts_ns),
                 "pid": ev.pid, "tid": ev.tid, "args": args}
 
+    def note_gpu(self, records: List) -> None:
+        """The GPU's samples and events (gpu/records.py): drawn at `close`."""
+        self.gpu.note_gpu(records)
+
     def _live_changed(self, ev: Event, live: int) -> None:
+        self.gpu.live.change(ev, live)
         self._emit({"name": "live device memory", "ph": "C", "ts": _us(ev.ts_ns),
                     "pid": ev.pid, "args": {"bytes": live}})
 
@@ -332,6 +342,53 @@ class ChromeTraceWriter:
                   "args": dict({"ptr": "0x%x" % alloc.ptr, "size": alloc.size,
                                 "api": alloc.api, "allocated_at_us": _us(alloc.ts_ns)},
                                **py_args(alloc.py_stack))})
+
+
+GPU_PID = 1 << 24  # the tracks of device N are process GPU_PID + N (above Linux's pid_max)
+# The counter tracks of a device: (track, {series: the sample's key})
+GPU_COUNTERS = (
+    ("GPU utilisation (%)", {"gpu": "gpu_util", "memory": "mem_util"}),
+    ("GPU activity (GPM, %)", {"gr_engine_active": "gr_engine_active",
+                               "sm_active": "sm_active", "sm_occupancy": "sm_occupancy",
+                               "tensor_active": "tensor_active", "dram_active": "dram_active"}),
+    ("GPU memory used (bytes)", {"used": "mem_used"}),
+    ("GPU power (W)", {"power": "power_w"}),
+    ("GPU temperature (C)", {"temperature": "temperature_c"}),
+    ("GPU clocks (MHz)", {"sm": "sm_clock_mhz", "memory": "mem_clock_mhz"}),
+    ("GPU clock-event reasons (mask)", {"reasons": "clock_reasons"}),
+    ("GPU PCIe (KB/s)", {"tx": "pcie_tx_kbs", "rx": "pcie_rx_kbs"}),
+)
+
+
+def gpu_tracks(gpu: GpuState, emit: Emit) -> None:
+    """Counter tracks per device (a process of its own), per traced process (on its own
+    track: NVML's memory, the gap to its live allocations, its SM utilisation), and each
+    device event an instant marker on its device, with the launches before it."""
+    named: Set[int] = set()
+    for sample in gpu.samples:
+        pid = GPU_PID + sample.device
+        if sample.device not in named:
+            named.add(sample.device)
+            emit({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                  "args": {"name": "GPU %d: %s" % (sample.device, sample.name)}})
+        for track, series in GPU_COUNTERS:
+            args = {name: sample.values[key] for name, key in series.items()
+                    if key in sample.values}
+            if args:
+                emit({"name": track, "ph": "C", "ts": _us(sample.ts_ns), "pid": pid,
+                      "args": args})
+        for state in sample.processes:
+            if state.pid in gpu.pids and state.sm_util is not None:
+                emit({"name": "GPU %d SM utilisation (%%)" % sample.device, "ph": "C",
+                      "ts": _us(sample.ts_ns), "pid": state.pid,
+                      "args": {"sm": state.sm_util, "memory": state.mem_util}})
+    for gap in gpu.gaps():
+        emit({"name": "GPU %d memory (NVML, bytes)" % gap.device, "ph": "C", "ts": _us(gap.ts_ns),
+              "pid": gap.pid, "args": {"nvml": gap.nvml, "gap": gap.gap}})
+    for event in gpu.events:
+        emit({"name": "Xid %d" % event.code if event.kind == "xid" else event.kind,
+              "cat": "gpu event", "ph": "i", "s": "p", "ts": _us(event.ts_ns),
+              "pid": GPU_PID + (event.device or 0), "tid": 0, "args": event.to_json()})
 
 
 class CommTracks:

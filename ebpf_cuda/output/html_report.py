@@ -13,6 +13,7 @@ launch runs the kernels of its nodes (counted as launches, and as run in graphs)
 import html
 from typing import IO, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..analysis.gpu import GpuState
 from ..analysis.layers import LayerFilter
 from ..analysis.memory import LeakTracker
 from ..analysis.python_lines import HEADERS as PY_HEADERS
@@ -118,6 +119,7 @@ class HtmlReport:
         self.lost = ""  # what the report did not see, in words (note_losses)
         # --py-stacks: calls by Python line, as the summary's table (`py_stacks`: see it)
         self.python_lines = PythonLines(py_stacks)
+        self.gpu = GpuState()  # the GPU's samples and events (note_gpu)
 
     def header(self) -> None:
         """Nothing is written before the end."""
@@ -126,7 +128,13 @@ class HtmlReport:
         """Told before the end what the trace lost (losses.Losses): shown at the top."""
         self.lost = losses.read().sentence()
 
+    def note_gpu(self, records: List) -> None:
+        """The GPU's samples and events (gpu/records.py), plotted beside the calls."""
+        self.gpu.note_gpu(records)
+
     def write(self, events: Iterable[Event]) -> None:
+        events = events if isinstance(events, list) else list(events)
+        self.gpu.write(events)
         for ev in events:
             self.events += 1
             self.processes.setdefault(ev.pid, ev.comm)
@@ -295,7 +303,7 @@ def render(report: HtmlReport) -> str:
     warning = ('<p class="lost"><strong>Not counted:</strong> %s</p>' % _esc(report.lost)
                if report.lost else "")
     parts = [warning, _overview(report), _function_table(report), _time_plots(report),
-             _histograms(report), _copy_table(report), _memory_table(report),
+             _gpu_section(report), _histograms(report), _copy_table(report), _memory_table(report),
              _kernel_section(report), _python_table(report), _nccl_table(report),
              _error_table(report)]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -334,6 +342,42 @@ def _time_plots(r: HtmlReport) -> str:
                   color="#4aa070"),
         bar_chart(s.column("live"), labels, "live allocated memory (bytes, peak per interval)",
                   color="#a04a90")))
+
+
+def _gpu_section(r: HtmlReport) -> str:
+    """Per device, its utilisation and memory in the calls' time buckets (the plots above),
+    then the memory gap and device event tables."""
+    gpu, s = r.gpu, r.series
+    if not gpu.samples and not gpu.events:
+        return ""
+    times = [x.ts_ns for x in gpu.samples] or [0]
+    start = s.start_ns if s.start_ns is not None else min(times)
+    count = max(len(s.buckets), 1)
+    width = s.width_ns if s.buckets else max((max(times) - start) // count + 1, 1)
+    labels = ["%.3g ms" % (i * width / 1e6) for i in range(count)]
+    figures = []
+    for device in sorted({x.device for x in gpu.samples}):
+        for key, what, color in (("gpu_util", "utilisation (%, mean)", "#d04a4a"),
+                                 ("mem_used", "memory used (bytes, mean)", "#4a7bd0")):
+            sums, counts = [0.0] * count, [0] * count
+            for x in gpu.samples:
+                i = (x.ts_ns - start) // width
+                if x.device == device and key in x.values and 0 <= i < count:
+                    sums[i] += x.values[key]
+                    counts[i] += 1
+            figures.append(bar_chart([v / n if n else 0 for v, n in zip(sums, counts)],
+                                     labels, "GPU %d %s per %.3g ms" % (device, what,
+                                                                       width / 1e6),
+                                     color=color))
+    gaps = table(["pid", "GPU", "NVML peak (bytes)", "live allocations then (bytes)",
+                  "gap (bytes)"], [(g.pid, g.device, g.nvml, g.live, g.gap)
+                                   for g in gpu.peak_gaps()]) if gpu.peak_gaps() else ""
+    events = table(["time", "GPU", "event", "last launches"], [
+        ("%.6f" % e.ts, e.device, e.sentence().split(";")[0],
+         ", ".join("%s %s (pid %d)" % (l["api"], l.get("kernel") or "", l["pid"])
+                   for l in e.last_launches)) for e in gpu.events]) if gpu.events else ""
+    return "<h2>GPU state (NVML)</h2><div class=\"plots\">%s</div>%s%s" % (
+        "".join(figures), gaps, events)
 
 
 def _histograms(r: HtmlReport) -> str:

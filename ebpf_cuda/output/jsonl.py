@@ -31,3 +31,8 @@ class JsonWriter(LineWriter):
             if name:
                 obj["kernel"] = name
         return obj
+
+    def note_gpu(self, records: List) -> None:
+        """The GPU's samples and events (gpu/records.py), at the end of the trace, in time
+        order: `{"type": "gpu_sample", ...}`, `{"type": "gpu_event", ...}`."""
+        self._emit([self._encode(record.to_json()) for record in records])

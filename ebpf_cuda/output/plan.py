@@ -185,6 +185,10 @@ def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
             if outputs.nothing_left:
                 break
         losses = saved.losses  # (a killed tracer's: its last loss note, now that all is read)
+        for sink in sinks:  # the GPU's samples and events, as the live trace gave them
+            tell = getattr(sink, "note_gpu", None)
+            if tell is not None and saved.gpu and outputs.alive(sink):
+                outputs.call(sink, tell, saved.gpu)
         for sink in sinks:  # the HTML report shows the losses too
             tell = getattr(sink, "note_losses", None)
             if tell is not None and outputs.alive(sink):

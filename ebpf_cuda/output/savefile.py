@@ -39,6 +39,7 @@ from ..decode.events import Decoder, Event, PyFrame
 from ..decode.losses import Losses
 from ..decode.nccl import Communicators
 from ..errors import DecodeError, UsageError
+from ..gpu.records import from_json as gpu_record
 from ..spec import apis, record
 from ..spec.apis import Api
 
@@ -75,6 +76,7 @@ class SaveWriter:
         self.from_start: Optional[bool] = None
         # --py-stacks: the stacks' frames by key, for the trailer (note_py_stacks)
         self.py_stacks: Dict[int, List[list]] = {}
+        self.gpu: List[dict] = []  # the GPU's samples and events as JSON (note_gpu)
         self._frame_bytes = 0
         self._lost_noted = 0
         names = "\n".join(api.name for api in table).encode()
@@ -121,6 +123,10 @@ class SaveWriter:
         """What the trace lost, by cause, for the trailer (told before `close`)."""
         self.losses = losses
 
+    def note_gpu(self, records: List) -> None:
+        """The GPU's samples and events (gpu/records.py), for the trailer."""
+        self.gpu = [record.to_json() for record in records]
+
     def close(self) -> None:
         """Write the trailer and the frames' length (when the file is seekable), close."""
         if self.stream.closed:
@@ -133,6 +139,8 @@ class SaveWriter:
             trailer["from_start"] = self.from_start
         if self.py_stacks:
             trailer["py_stacks"] = [[key, frames] for key, frames in self.py_stacks.items()]
+        if self.gpu:
+            trailer["gpu"] = self.gpu
         self.stream.write(json.dumps(trailer).encode())
         if self.stream.seekable():
             self.stream.seek(_FBYTES_AT)
@@ -193,6 +201,7 @@ class SavedTrace:
         self._trailer_losses: Optional[Losses] = None
         self.from_start = False  # (the trailer says; a killed writer's file has none)
         self.py_stacks: Dict[int, Tuple[PyFrame, ...]] = {}  # (the trailer says)
+        self.gpu: list = []  # the GPU's samples and events (gpu/records.py; the trailer's)
         with self._open() as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(_HEADER.size)
@@ -238,8 +247,9 @@ class SavedTrace:
                 self._trailer_losses = Losses.from_json(trailer["lost"])
             self.from_start = trailer.get("from_start") is True
             self.py_stacks = _py_stacks(trailer.get("py_stacks", []))
+            self.gpu = [gpu_record(obj) for obj in trailer.get("gpu", [])]
             return names
-        except (ValueError, TypeError, RecursionError) as err:
+        except (ValueError, TypeError, KeyError, RecursionError) as err:
             raise DecodeError("%s has a damaged trailer: %s" % (self.path, err)) from None
 
     @property

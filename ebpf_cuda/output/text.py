@@ -96,6 +96,19 @@ class TextWriter(LineWriter):
             lines.append(format_event(ev, self.timestamps, name, shown))
         return lines
 
+    def note_gpu(self, records: List) -> None:
+        """The GPU's events (an Xid, an ECC error) as lines at the end of the trace (its
+        samples are for the summary, the timeline and JSON)."""
+        lines = []
+        for record in records:
+            if getattr(record, "kind", None) is not None:
+                line = "[GPU EVENT] " + record.sentence()
+                if self.timestamps:
+                    clock = time.strftime("%H:%M:%S", time.localtime(record.ts))
+                    line = "%s.%06d %s" % (clock, int(record.ts * 1e6) % 1000000, line)
+                lines.append(line)
+        self._emit(lines)
+
     def _frame_lines(self, decoder: Decoder):
         from .lines import TextLines
 

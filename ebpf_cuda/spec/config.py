@@ -13,7 +13,8 @@ from typing import Callable, List, Optional, Sequence
 from ..errors import UsageError
 from . import apis, layout
 
-MAX_SAMPLE_RETURNS = 1 << 20  # (the draw's shift: 64 - log2(N) must stay positive)
+MAX_SAMPLE_RETURNS = 1 << 20
+MAX_GPU_SAMPLES = 1000  # (NVML's own counters update every 1 to 100 ms)  # (the draw's shift: 64 - log2(N) must stay positive)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,15 @@ class TraceConfig:
     sample_returns: int = 0
     per_process: bool = False
 
+    # -- the GPU's own state (gpu/sampler.py) ----------------------------------------------
+    # `gpu_samples`: NVML samples of every device and its processes a second (0: none), and
+    # its Xid and ECC events; `nvml`: the libnvidia-ml.so.1 to read (None: found as the
+    # loader finds it, then in the drivers' folders); `gpu_absent_ok`: no line when no library
+    # is found (the command line's default: a host without NVIDIA's driver says nothing)
+    gpu_samples: float = 0.0
+    nvml: Optional[str] = None
+    gpu_absent_ok: bool = False
+
     # -- progress notes --------------------------------------------------------------------
     log: Optional[Callable[[str], None]] = None  # told which files and offsets are probed
 
@@ -98,6 +108,9 @@ class TraceConfig:
             raise UsageError("the return sampling must be a power of two (1: every call) "
                              "up to %d, not %d" % (MAX_SAMPLE_RETURNS, n))
         _check_ring_size(self.ring_size)
+        if not 0 <= self.gpu_samples <= MAX_GPU_SAMPLES:
+            raise UsageError("--gpu-samples takes 0 (off) to %d samples a second, not %g"
+                             % (MAX_GPU_SAMPLES, self.gpu_samples))
         return self
 
     def rows(self) -> List[apis.Api]:

@@ -50,6 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with open(options.trace) as stream:
         objects = [json.loads(line) for line in stream if line.strip()]
+        objects = [o for o in objects if "type" not in o]  # (the GPU's samples: not calls)
     launches = [o for o in objects if is_launch(o)]
     named = [o for o in launches if o.get("kernel")]
     fraction = len(named) / len(launches) if launches else 0.0

@@ -159,7 +159,7 @@ def load_events(path: str) -> List[dict]:
     events = []
     with open(path) as f:
         for line in f:
-            if line.startswith("{"):
+            if line.startswith("{") and '"type":"gpu_' not in line:  # (calls only)
                 events.append(json.loads(line))
     return events
 

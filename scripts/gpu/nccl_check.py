@@ -120,7 +120,8 @@ def _count(event):
 
 
 def check_trace(trace_path: str, issued: dict) -> dict:
-    events = [json.loads(line) for line in open(trace_path) if line.startswith("{")]
+    events = [e for e in (json.loads(line) for line in open(trace_path)
+                          if line.startswith("{")) if "type" not in e]  # (calls only)
     exits = [e for e in events if e["phase"] == "exit"]
     result = {"events": len(events), "apis": {}}
     for e in exits:

@@ -418,7 +418,7 @@ def read_events(path: str) -> List[dict]:
     with open(path) as f:
         for line in f:
             line = line.strip()
-            if line.startswith("{"):
+            if line.startswith("{") and '"type":"gpu_' not in line:  # (calls only)
                 events.append(json.loads(line))
     return events
 

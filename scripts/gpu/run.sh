@@ -29,7 +29,7 @@
 # Knobs (environment): KERNEL_CASES (kernels: eager cudagraph compile triton cupy jax numba),
 # GRAPH_CASES (cudagraph compile), ATTACH_MODES (eager; compile too), LINES_COST_ROUNDS (0:
 # the py-stacks cost runs left out), PARALLEL (monitor: MLP children at once, 4),
-# MONITOR_ROUNDS (monitor-cost, 600), OVERHEAD_ROUNDS (overhead, 400), NVCC, NVCC_ARCH
+# MONITOR_ROUNDS (monitor-cost, 600), NVML_COST_TURNS (nvml: the sampler's cost turns, 3), OVERHEAD_ROUNDS (overhead, 400), NVCC, NVCC_ARCH
 # (-arch=native), PYTHON (python3).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -47,6 +47,7 @@ targets|45|180|basic02 (static and shared cudart) traced as -- COMMAND, -p PATH 
 late-load|20|120|CuPy'"'"'s runtime, linked into modules loaded later: cudaMalloc/cudaFree/cudaDeviceSynchronize = the program'"'"'s known counts
 zipapp|40|180|python3 -I PYZ (nothing installed used): basic02 = what it does; a Chrome timeline'"'"'s launch slices = the same run'"'"'s JSON launches
 nccl|60|300|torch.distributed NCCL calls = what the script issued (order, counts, dtypes, bytes, DDP gradient bytes, comm id and sequence); saved-trace reports
+nvml|150|420|GPU state beside a traced PyTorch loop (--gpu-samples): live allocations = memory_reserved(), NVML process memory = that + the gap, device memory = nvidia-smi, utilisation high in the loop and low in its sleep, GPM on Hopper, the sampler'"'"'s cost on the step time (issue 37)
 lines|100|360|--py-stacks: each call on the line of the loop that made it (lines known by construction); CI target: py_stack = the interpreter'"'"'s own stack
 graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhead): kernels and copies = CUPTI, checksums = untraced run, --summary alone = decoded table
 monitor|90|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed
@@ -108,6 +109,10 @@ check_lines() {
 
 check_nccl() {
     "$PY" "$HERE/nccl_check.py" --out "$W"
+}
+
+check_nvml() {
+    "$PY" "$HERE/nvml_check.py" --out "$W" --turns "${NVML_COST_TURNS:-3}"
 }
 
 check_driver_api() {
