@@ -80,6 +80,8 @@ class Request:
     by_device: bool = False  # the summary's tables once per device
     by_container: bool = False  # ... once per container
     py_stacks: bool = False  # events carry their Python stacks (the kernel cannot sum them)
+    analyze: bool = False  # --analyze: steps, wait bounds and findings at the end
+    step_at: Optional[str] = None  # --step-at FUNCTION: what starts a step
 
 
     def summary_only(self) -> bool:
@@ -87,7 +89,7 @@ class Request:
         return self.summary and not any((self.leaks, self.as_json, self.output, self.save,
                                          self.trace_out, self.report_html, self.pprof_out,
                                          self.by_device, self.by_container,
-                                         self.py_stacks))
+                                         self.py_stacks, self.analyze))
         # (devices and containers come with the events)
 
     def reports_to_stderr(self) -> bool:
@@ -118,7 +120,9 @@ class Plan:
 
         reports = []
         for analysis in self.analyses:
-            if not isinstance(analysis, LeakTracker):  # a Summary, or a SplitSummary
+            if getattr(analysis, "analyzes", False):  # (analyzer.Analyzer: its own report)
+                reports.append(analysis.report())
+            elif not isinstance(analysis, LeakTracker):  # a Summary, or a SplitSummary
                 in_kernel = tracer is not None and not tracer.emit
                 reports.append(analysis.report(tracer.aggregates() if in_kernel else None))
             else:
@@ -210,6 +214,10 @@ def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
         analyses.append(SplitSummary(namer, request.by_device, request.by_container))
     elif request.summary:
         analyses.append(Summary(namer=namer))
+    if request.analyze:
+        from ..analysis.analyzer import Analyzer
+
+        analyses.append(Analyzer(namer, request.step_at, as_json=request.as_json))
     if request.leaks:
         analyses.append(LeakTracker(on_warning=lambda w: warn("warning: %s" % w) if warn
                                     else None))

@@ -1,0 +1,200 @@
+"""analysis/ of `ebpf-cuda analyze` without probes: steps, wait bounds and rules on event
+lists made by hand (times exact), and the thresholds table against docs/analysis.md."""
+from pathlib import Path
+from typing import List, Optional
+
+from ebpf_cuda.analysis import thresholds
+from ebpf_cuda.analysis.analyzer import Analyzer
+from ebpf_cuda.decode.events import EXIT, Event, PyFrame
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "analysis.md"
+US = 1000
+
+
+class Script:
+    """Calls of one thread made back to back: each `call` starts where the last ended plus
+    `gap` ns and lasts `took` ns."""
+
+    def __init__(self, pid: int = 7, tid: int = 7) -> None:
+        self.now = 1_000_000
+        self.events: List[Event] = []
+        self.pid, self.tid = pid, tid
+
+    def call(self, api: str, took: int = 2 * US, gap: int = 1 * US, ret: int = 0,
+             line: Optional[int] = None, outs=None, **args) -> Event:
+        self.now += gap
+        start = self.now
+        self.now += took
+        stack = None if line is None else (PyFrame("/app/train.py", line, "train"),
+                                           PyFrame("/app/train.py", 90, "<module>"))
+        event = Event(self.now / 1e9, self.now, self.pid, self.tid, "app", api, EXIT, args,
+                      ret=ret, ret_name="e%d" % ret if ret else "cudaSuccess",
+                      duration_ns=took, outs=dict(outs or {}), py_stack=stack)
+        assert event.ts_ns - event.duration_ns == start
+        self.events.append(event)
+        return event
+
+    def launch(self, func: int = 0x100, line: Optional[int] = None, stream: int = 0,
+               took: int = 5 * US, **kw) -> Event:
+        return self.call("cudaLaunchKernel", took=took, line=line, func=func,
+                         grid=(1, 1, 1), block=(32, 1, 1), stream=stream, **kw)
+
+
+def analyzed(script: Script, step_at: Optional[str] = None) -> Analyzer:
+    analyzer = Analyzer(step_at=step_at)
+    analyzer.write(script.events)
+    return analyzer
+
+
+def rules(analyzer: Analyzer) -> List[str]:
+    return [f.rule for f in analyzer.findings()]
+
+
+def healthy(steps: int = 6) -> Script:
+    s = Script()
+    s.call("cudaMalloc", size=1 << 20, outs={"ptr": 0x7f0000000000})
+    for _ in range(steps):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=4096,
+               kind="HostToDevice", stream=0x5000)
+        for func in (0x100, 0x200, 0x100):
+            s.launch(func, stream=0x5000)
+        s.now += 50 * US  # the host's own work
+    s.call("cudaStreamSynchronize", took=300 * US, stream=0x5000)
+    return s
+
+
+def test_a_healthy_loop_has_its_steps_and_no_finding():
+    analyzer = analyzed(healthy(6))
+    loops = analyzer.context().loops
+    assert [len(loop.steps) for loop in loops] == [6]
+    assert all(len(step.launches) == 3 and len(step.copies) == 1 for step in loops[0].steps)
+    assert loops[0].steps[0].allocations  # the set-up allocation goes with the first step
+    assert analyzer.findings() == []
+    assert "Findings: 0" in analyzer.report()
+
+
+def test_no_loop_no_steps():
+    s = Script()
+    for func in (0x100, 0x200, 0x300, 0x100, 0x200):
+        s.launch(func)
+    s.call("cudaDeviceSynchronize")
+    analyzer = analyzed(s)
+    assert analyzer.context().loops == []
+    assert "Steps: none found" in analyzer.report()
+
+
+def test_steps_equal_iterations_with_a_nested_loop_and_an_epilogue():
+    s = Script()
+    for _ in range(5):
+        s.launch(0x900)
+        for _ in range(4):
+            s.launch(0x100)
+        s.call("cudaMemcpy", dst=0x1000, src=0x7f0000000000, size=4, kind="DeviceToHost")
+    s.call("cudaFree", ptr=0x7f0000000000)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 5
+    assert [len(st.launches) for st in loop.steps] == [5] * 5
+    assert loop.steps[-1].calls[-1].api == "cudaMemcpy"  # the free after the loop is no step
+
+
+def test_step_at_a_cuda_function_and_a_python_function():
+    s = Script()
+    for _ in range(4):
+        s.launch(0x100, line=11)
+        s.launch(0x200, line=12)
+    assert len(analyzed(s, step_at="cudaLaunchKernel").context().loops[0].steps) == 8
+    assert len(analyzed(s, step_at="train").context().loops[0].steps) == 4
+
+
+def test_sync_in_step_names_the_line_with_its_waits():
+    s = Script()
+    for _ in range(5):
+        s.launch(0x100, line=20)
+        s.call("cudaStreamSynchronize", took=400 * US, line=21, stream=0)
+        s.now += 200 * US
+    finding, = analyzed(s).findings()
+    assert finding.rule == "sync-in-step"
+    assert finding.where["python"] == "/app/train.py:21 train"
+    assert finding.evidence["calls"] == 4 and finding.evidence["steps"] == 4
+    assert finding.evidence["waited_ns"] == 4 * 400 * US
+    assert finding.evidence["idle_after_ns"] == 3 * (200 * US + 1 * US)  # to the next launch
+
+
+def test_wait_bounds_bracket_the_device_time():
+    s = Script()
+    s.launch(0x100, stream=0x5000)  # starts at t0
+    t0 = s.events[-1].ts_ns - s.events[-1].duration_ns
+    s.launch(0x100, stream=0x5000)
+    sync = s.call("cudaStreamSynchronize", took=900 * US, stream=0x5000)
+    window, = analyzed(s).context().waits.windows
+    low, high = window.outstanding_bounds()
+    assert low == sync.ts_ns - sync.duration_ns - t0 and high == sync.ts_ns - t0
+    assert window.blocked
+
+
+def test_pageable_async_copy_but_not_a_pinned_one():
+    s = Script()
+    s.call("cudaHostAlloc", size=1 << 20, flags=0, outs={"ptr": 0x7e0000000000})
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000 + 4096, size=1 << 19,
+           kind="HostToDevice", stream=0x5000, line=30)
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x55550000, size=1 << 19,
+           kind="HostToDevice", stream=0x5000, line=31)
+    s.call("cudaMemcpyAsync", dst=0x55550000, src=0x7f0000000000, size=4,
+           kind="DeviceToHost", stream=0x5000, line=32)  # small: no finding
+    finding, = analyzed(s).findings()
+    assert (finding.rule, finding.where["python"]) == ("pageable-copy", "/app/train.py:31 train")
+    assert finding.evidence["bytes"] == 1 << 19 and finding.evidence["calls"] == 1
+
+
+def test_alloc_churn_launch_bound_and_errors():
+    s = Script()
+    for _ in range(4):
+        s.call("cudaMalloc", size=4096, line=40, outs={"ptr": 0x7f0000000000})
+        for k in range(25):
+            s.launch(0x100 + k, line=41, took=4 * US, gap=0)
+        s.call("cudaFree", ptr=0x7f0000000000, line=42)
+    found = analyzed(s).findings()
+    assert [f.rule for f in found] == ["alloc-churn", "launch-bound"]
+    churn, bound = found
+    assert churn.evidence["allocations"] == 3 and churn.evidence["frees"] == 3
+    assert bound.evidence["launches_per_step"] == 25
+    assert bound.evidence["launch_ns_per_step"] == 100 * US
+    assert bound.evidence["graphs_would_save_ns_per_step"] == 96 * US
+    assert bound.where["python"] == "/app/train.py:41 in train"
+
+    s = Script()
+    s.call("cudaMemcpyAsync", ret=1, dst=0, src=0, size=4, kind="HostToDevice", stream=0x5000)
+    s.launch(0x100, stream=0x5000)
+    finding, = analyzed(s).findings()
+    assert finding.rule == "ignored-error" and finding.where["api"] == "cudaMemcpyAsync"
+
+
+def test_graph_replays_their_capture_and_fallback_steps():
+    s = Script()
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0, line=50)
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for i in range(6):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=16,
+               kind="HostToDevice", stream=0x5000, line=55)
+        if i == 3:
+            s.launch(0x100, stream=0x5000, line=57)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0x5000, line=56)
+    analyzer = analyzed(s)
+    loop, = analyzer.context().loops
+    assert [st.mode for st in loop.steps] == ["graph"] * 3 + ["eager"] + ["graph"] * 2
+    finding, = analyzer.findings()
+    assert finding.rule == "graph-fallback" and finding.evidence["fallback_steps"] == [3]
+    assert finding.where["captured_at"] == ["/app/train.py:50 train"]
+    assert "5  /app/train.py:50 train" in analyzer.report()
+
+
+def test_thresholds_are_documented_with_their_values():
+    text = DOCS.read_text()
+    for row in thresholds.TABLE:
+        line = next((ln for ln in text.splitlines() if ln.startswith("| `%s` |" % row.name)),
+                    None)
+        assert line is not None, row.name
+        assert ("| %g |" % row.value) in line.replace("  ", " "), line
