@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from ..spec.apis import Direction, Role
 from .findings import HIGH, LOW, MEDIUM, Context, Finding, median, region, thread_of
-from .steps import Loop, Step
+from .steps import Loop, Step, loop_lines
 from .thresholds import (CHURN_MIN_CALLS, LAUNCH_BOUND_MAX_BLOCKED, LAUNCH_BOUND_MIN_LAUNCHES,
                          LAUNCH_BOUND_MIN_SHARE, PAGEABLE_MIN_BYTES, STEADY_SHARE,
                          SYNC_MIN_BLOCKED_NS, SYNC_MIN_STEP_SHARE)
@@ -54,8 +54,8 @@ def sync_in_step(ctx: Context) -> List[Finding]:
             findings.append(Finding(
                 "sync-in-step", HIGH, "the host waits for the GPU inside every step",
                 evidence, {"python": site if calls[0].py_stack else None,
-                           "api": calls[0].api, "stream": calls[0].stream,
-                           "thread": thread_of(loop)},
+                           "in_loop": loop_lines(loop, calls), "api": calls[0].api,
+                           "stream": calls[0].stream, "thread": thread_of(loop)},
                 "keep the value on the GPU or read it once every N steps or after the loop "
                 "(.item(), .cpu(), .tolist(), nonzero() and printing a tensor synchronise)",
                 "%d calls in %d of %d steady steps waited %d ns (%d ns a step, %.1f%% of the "
@@ -153,7 +153,8 @@ def alloc_churn(ctx: Context) -> List[Finding]:
                     "call_ns_per_step": took // len(hit), "share_of_step": _share(took, wall)}
         findings.append(Finding(
             "alloc-churn", MEDIUM, "memory is allocated and freed in steady-state steps",
-            evidence, {"python": region(calls), "api": sorted({c.api for c in calls}),
+            evidence, {"python": loop_lines(loop, calls) or region(calls),
+                       "api": sorted({c.api for c in calls}),
                        "thread": thread_of(loop)},
             "allocate once before the loop and reuse the buffers (in PyTorch: no "
             "torch.cuda.empty_cache() in the loop; keep shapes stable for the caching "
@@ -210,7 +211,8 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
                 "graph_launch_ns": int(one), "graph_launch_measured": bool(graph_calls)}
     return Finding(
         "launch-bound", MEDIUM, "steps are launch-bound: CUDA graphs would save host time",
-        evidence, {"python": region(calls), "kernels": _sequence(steady),
+        evidence, {"python": loop_lines(loop, calls) or region(calls),
+                   "kernels": _sequence(steady),
                    "stream": sorted({c.stream for c in calls}), "thread": thread_of(loop)},
         "capture the step's launches once as a CUDA graph and replay it "
         "(torch.cuda.CUDAGraph / torch.compile(mode=\"reduce-overhead\"), or "
@@ -244,7 +246,8 @@ def graph_fallback(ctx: Context) -> List[Finding]:
             {"steps": len(steady), "graph_steps": len(graph), "eager_steps": len(eager),
              "fallback_steps": [s.number for s in eager],
              "launches_in_fallback": sum(len(s.launches) for s in eager)},
-            {"python": region([c for s in eager for c in s.launches]),
+            {"python": loop_lines(loop, [c for s in eager for c in s.launches])
+             or region([c for s in eager for c in s.launches]),
              "captured_at": sites, "thread": thread_of(loop)},
             "make the fallback steps' inputs match the capture (same shapes, dtypes and "
             "static buffers) so every step replays the graph",

@@ -12,7 +12,8 @@ No token repeating regularly: no steps (nothing is called an iteration by guess)
 
 `step_at` names the start instead: a CUDA function (each call starts a step) or a Python
 function (with --py-stacks: each new invocation of it, seen as the first call with a frame
-of it after calls without one, or whose line in it goes back to the step's first line).
+of it after calls without one, or whose line in it is before the previous call's: a
+function whose calls all come from one line is one step).
 """
 from collections import Counter
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ class Loop:
     how: str  # "repeating sequence starting at ..." or "--step-at ..."
     body: Tuple[Token, ...] = ()  # the common run of tokens of a step
     where: Optional[str] = None  # the loop's Python function and line range, when known
+    frame: Optional[Tuple[str, str, int]] = None  # (file, function, depth): _loop_frame
     deviating: Dict[int, str] = field(default_factory=dict)  # step number → what differed
 
     def steady(self) -> List[Step]:
@@ -146,15 +148,12 @@ def _starts_by_token(calls: Sequence[Call], anchor: Token) -> List[int]:
 def _python_starts(calls: Sequence[Call], function: str) -> List[int]:
     """Indexes of the calls that begin a new invocation of Python function `function`."""
     starts: List[int] = []
-    first_line = None
+    previous = None
     for call in calls:
         line = _line_in(call, function)
-        if line is None:
-            first_line = None
-            continue
-        if first_line is None or line <= first_line:
+        if line is not None and (previous is None or line < previous):
             starts.append(call.index)
-            first_line = line
+        previous = line
     return starts
 
 
@@ -187,7 +186,8 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
         starts = _starts_by_token(calls, anchor)
         how = "a repeating sequence of %d calls, starting at %s" % (len(body), _show(anchor))
     loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
-    loop.where = _where(loop.steps)
+    loop.frame = _loop_frame(loop.steps)
+    loop.where = loop_lines(loop, [c for step in loop.steps for c in step.calls])
     loop.deviating = _deviations(loop)
     return loop
 
@@ -238,9 +238,10 @@ def _last_end(calls: Sequence[Call], begin: int, body: Tuple[Token, ...]) -> int
     return len(calls)
 
 
-def _where(steps: Sequence[Step]) -> Optional[str]:
-    """`FILE:FIRST-LAST in FUNCTION`: the outermost Python frame that differs between the
-    calls of the steps (the loop's function) and the lines of it the steps' calls ran."""
+def _loop_frame(steps: Sequence[Step]) -> Optional[Tuple[str, str, int]]:
+    """(file, function, depth from the outermost frame) of the loop's Python frame: the
+    outermost frame whose line differs between the steps' calls (None: no Python stacks, or
+    the calls' stacks part before such a frame)."""
     stacks = [c.py_stack for s in steps for c in s.calls if c.py_stack]
     if not stacks:
         return None
@@ -250,11 +251,27 @@ def _where(steps: Sequence[Step]) -> Optional[str]:
         if len({(f.file, f.function) for f in frames}) > 1:
             return None
         if len(frames) > 1:
-            lines = sorted(f.line for f in frames if f.line is not None)
             frame = next(iter(frames))
-            return "%s:%d-%d in %s" % (frame.file, lines[0], lines[-1], frame.function) \
-                if lines else "%s in %s" % (frame.file, frame.function)
-    return None
+            return frame.file, frame.function, back
+    # Every call from the same lines (a one-line loop body): the outermost function called
+    # from the module's code, or the module's code itself.
+    back = 2 if depth >= 2 and stacks[0][-1].function == "<module>" else 1
+    return stacks[0][-back].file, stacks[0][-back].function, back
+
+
+def loop_lines(loop: "Loop", calls: Sequence[Call]) -> Optional[str]:
+    """`FILE:FIRST-LAST in FUNCTION`: the lines of the loop's function that made `calls`."""
+    if loop.frame is None:
+        return None
+    file, function, back = loop.frame
+    lines = sorted({c.py_stack[-back].line for c in calls  # type: ignore[index]
+                    if c.py_stack and len(c.py_stack) >= back
+                    and c.py_stack[-back].function == function
+                    and c.py_stack[-back].line is not None})
+    if not lines:
+        return "%s in %s" % (file, function)
+    span = "%d" % lines[0] if lines[0] == lines[-1] else "%d-%d" % (lines[0], lines[-1])
+    return "%s:%s in %s" % (file, span, function)
 
 
 def _deviations(loop: Loop) -> Dict[int, str]:

@@ -106,7 +106,7 @@ def make_call(event: Event, namer: Optional[Namer] = None) -> Optional[Call]:
         call.kernel = name or "0x%x" % event.args["func"]
     elif api.role == Role.GRAPH_LAUNCH:
         call.kernels_run = _kernels_run(event.outs.get("nodes"))
-    if api.role in (Role.COPY, Role.MEMSET, Role.ALLOC):
+    if api.role in (Role.COPY, Role.MEMSET, Role.ALLOC, Role.HOST_REGISTER):
         call.bytes = byte_count(api, values) or 0
     if api.role == Role.COPY:
         call.direction = direction_of(api, event.args.get("kind"))

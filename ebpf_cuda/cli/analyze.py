@@ -46,5 +46,6 @@ def analyze_cmd(paths: Tuple[str, ...], as_json: bool, step_at: Optional[str],
         if incomplete or losses.sentence():
             say("%s: %s (the analysis sees only the calls recorded)"
                 % (path, incomplete or losses.sentence()))
-    if not print_report("\n".join(texts) if as_json else "\n\n".join(texts)) or failed:
+    text = "\n".join(t for t in texts if t) if as_json else "\n\n".join(texts)
+    if (text and not print_report(text)) or failed:
         sys.exit(1)

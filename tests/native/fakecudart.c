@@ -105,6 +105,8 @@
  * legacy stream first; cudaStreamQuery(s) and cudaEventQuery(e) answer 600 while the work is
  * not done, else 0; cudaEventElapsedTime gives the simulated interval between its events'
  * completion times, in ms. Off (the default): none of this, the results above.
+ * FAKECUDA_LAUNCH_US (read at the first launch): each successful launch also spins that many
+ * microseconds on the host before it returns (a launch's host cost), simulated device or not.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -238,6 +240,7 @@ HELPER cudaError_t no_op(int variant) {
 
 #define SIM_SLOTS 64
 static long long sim_device_ns = -1;                 /* -1: not read yet; 0: off */
+static long long sim_launch_ns = -1;                 /* FAKECUDA_LAUNCH_US, in ns */
 static uintptr_t sim_handles[SIM_SLOTS];             /* stream or event handle of each slot */
 static unsigned long long sim_done[SIM_SLOTS];       /* when its work is done (monotonic ns) */
 static unsigned long long sim_event_done[SIM_SLOTS];
@@ -277,10 +280,20 @@ static uintptr_t sim_stream(cudaStream_t stream) {
     return handle == 1 ? 0 : handle;
 }
 
-/* A launch on `stream`: the device time queued after what the stream had queued. */
+/* A launch on `stream`: its host cost spent, the device time queued after what the stream
+ * had queued. */
 static void sim_launch(cudaStream_t stream) {
     unsigned long long now;
     int slot;
+    if (sim_launch_ns < 0) {
+        const char *text = getenv("FAKECUDA_LAUNCH_US");
+        long long us = text ? atoll(text) : 0;
+        sim_launch_ns = us > 0 ? us * 1000 : 0;
+    }
+    if (sim_launch_ns > 0) {
+        unsigned long long until = sim_now() + (unsigned long long)sim_launch_ns;
+        while (sim_now() < until) {}
+    }
     if (!sim_on())
         return;
     now = sim_now();
