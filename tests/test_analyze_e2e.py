@@ -126,6 +126,15 @@ def test_pageable_copy_but_not_pinned_or_registered_ones(lib, tmp_path):
                                    "call_ns": sum(e["duration_ns"] for e in copies)}
 
 
+def test_the_html_report_has_the_findings(lib, tmp_path):
+    page = tmp_path / "report.html"
+    records, _ = trace(tmp_path, lib, "pageable", 0, "--report", str(page))
+    text = page.read_text()  # (written live, then again offline)
+    assert "Findings (--analyze)" in text and "pageable-copy" in text
+    assert "%s:%d" % (PROGRAM, LINES["pageable"]) in text
+    assert "Steps of thread" in text
+
+
 def test_allocator_churn(lib, tmp_path):
     records, exits = trace(tmp_path, lib, "churn")
     finding, = findings(records)

@@ -198,3 +198,23 @@ def test_thresholds_are_documented_with_their_values():
                     None)
         assert line is not None, row.name
         assert ("| %g |" % row.value) in line.replace("  ", " "), line
+
+
+def test_the_html_report_shows_the_findings_and_steps():
+    import io
+
+    from ebpf_cuda.output.html_report import HtmlReport
+
+    s = Script()
+    for _ in range(5):
+        s.launch(0x100, line=20)
+        s.call("cudaStreamSynchronize", took=400 * US, line=21, stream=0)
+    out = io.StringIO()
+    out.close = lambda: None  # (kept open to be read)
+    report = HtmlReport(out)
+    report.analyzer = analyzed(s)
+    report.write(s.events)
+    report.close()
+    page = out.getvalue()
+    assert "sync-in-step" in page and "/app/train.py:21 train" in page
+    assert "Steps of thread 7/7: 5" in page

@@ -3,7 +3,7 @@ finds the steps (steps.py), the wait bounds (waits.py) and the findings (rules.p
 renders them as text (`report()`) or JSON records (`records()`). Live and saved traces go
 through the same sink, so they give the same findings."""
 import json
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..decode.events import Event
 from ._table import integer, table
@@ -103,13 +103,8 @@ def _steps_record(loop: Loop) -> Dict[str, Any]:
             "modes": [s.mode for s in steps], "deviating": loop.deviating}
 
 
-def steps_text(loop: Loop) -> str:
-    """A loop's steps: how found, where, the per-step figures (p50/p95/p99 over all
-    steps), modes and the steps that deviate."""
-    steps = loop.steps
-    head = " Steps of thread %d/%d: %d, found as %s%s" % (
-        loop.pid, loop.tid, len(steps), loop.how,
-        "; loop at %s" % loop.where if loop.where else "")
+def step_rows(loop: Loop) -> List[Tuple[str, ...]]:
+    """(figure, p50, p95, p99, total) rows of a loop's steps, as cell strings."""
     rows = []
     for name, value in (("wall (ns)", lambda s: s.wall_ns),
                         ("host blocked (ns)", lambda s: s.blocked_ns),
@@ -120,8 +115,19 @@ def steps_text(loop: Loop) -> str:
                         ("copied (bytes)", lambda s: sum(c.bytes for c in s.copies)),
                         ("allocations", lambda s: len(s.allocations)),
                         ("frees", lambda s: len(s.frees))):
-        values = per_step(steps, value)
+        values = per_step(loop.steps, value)
         rows.append((name,) + tuple(integer(v) for v in _pcts(values)) + (integer(sum(values)),))
+    return rows
+
+
+def steps_text(loop: Loop) -> str:
+    """A loop's steps: how found, where, the per-step figures (p50/p95/p99 over all
+    steps), modes and the steps that deviate."""
+    steps = loop.steps
+    head = " Steps of thread %d/%d: %d, found as %s%s" % (
+        loop.pid, loop.tid, len(steps), loop.how,
+        "; loop at %s" % loop.where if loop.where else "")
+    rows = step_rows(loop)
     text = head + "\n\n" + table(("per step", "p50", "p95", "p99", "total"), rows, left=(0,))
     modes: Dict[str, List[int]] = {}
     for step in steps:

@@ -38,7 +38,10 @@ def analyze_cmd(paths: Tuple[str, ...], as_json: bool, step_at: Optional[str],
         sinks = [analyzer]
         if report_html:
             request = plan.Request(report_html=report_html)
-            sinks += plan.for_replay(request, saved, warn=say).sinks  # (the HTML writer)
+            html = plan.for_replay(request, saved, warn=say).sinks  # (the HTML writer)
+            for sink in html:
+                sink.analyzer = analyzer  # (its analysis section)
+            sinks += html
         outputs, losses, _ = plan.replay(saved, sinks, notice=say)
         failed = failed or bool(outputs.failures)
         texts.append(analyzer.report())

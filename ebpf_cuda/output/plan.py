@@ -146,7 +146,7 @@ def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html or request.save or request.pprof_out))
-    sinks += _file_sinks(request, namer)
+    sinks += _file_sinks(request, namer, analyses)
     if request.pprof_out:  # (only when asked for)
         from .pprof import PprofWriter
 
@@ -166,7 +166,8 @@ def for_replay(request: Request, saved, warn: Optional[Warn] = None) -> Plan:
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, saved.namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html))
-    return Plan(analyses, sinks + _file_sinks(request, saved.namer), namer=saved.namer)
+    return Plan(analyses, sinks + _file_sinks(request, saved.namer, analyses),
+                namer=saved.namer)
 
 
 def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
@@ -238,8 +239,9 @@ def _event_sinks(request: Request, namer, events_wanted: bool = True) -> List[Si
                    request.output)]
 
 
-def _file_sinks(request: Request, namer) -> List[Sink]:
-    """The timeline (--trace-out) and HTML report (--report) writers."""
+def _file_sinks(request: Request, namer, analyses: Sequence[Sink] = ()) -> List[Sink]:
+    """The timeline (--trace-out) and HTML report (--report) writers (the report shows the
+    analysis of --analyze: the Analyzer among `analyses`)."""
     sinks: List[Sink] = []
     if request.trace_out:
         from .chrome_trace import ChromeTraceWriter  # only when asked for
@@ -249,8 +251,9 @@ def _file_sinks(request: Request, namer) -> List[Sink]:
     if request.report_html:
         from .html_report import HtmlReport  # only when asked for
 
-        sinks.append(_named(HtmlReport(open_output(request.report_html, request.stdout_closed),
-                                       namer=namer), request.report_html))
+        report = HtmlReport(open_output(request.report_html, request.stdout_closed), namer=namer)
+        report.analyzer = next((a for a in analyses if getattr(a, "analyzes", False)), None)
+        sinks.append(_named(report, request.report_html))
     return sinks
 
 
