@@ -67,7 +67,23 @@ def test_a_healthy_loop_gets_its_steps_and_no_finding(lib, tmp_path):
     records, _ = trace(tmp_path, lib, "healthy")
     loop, = steps(records)
     assert loop["steps"] == STEPS and loop["modes"] == ["eager"] * STEPS
+    first = LINES["healthy"]  # the loop's three launch lines
+    assert loop["where"] == "%s:%d-%d in healthy" % (PROGRAM, first, first + 2)
     assert findings(records) == []
+
+
+def test_several_files_each_analysed_and_labelled(lib, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    trace(tmp_path / "a", lib, "sync")
+    trace(tmp_path / "b", lib, "error")
+    files = [str(tmp_path / name / "run.ebpfcuda") for name in "ab"]
+    done = run_cli("analyze", "--json", *files)
+    assert done.returncode == 0, done.stderr
+    labelled = [(r["file"], r["type"], r.get("rule")) for r in map(json.loads,
+                                                                   done.stdout.splitlines())]
+    assert labelled == [(files[0], "steps", None), (files[0], "finding", "sync-in-step"),
+                        (files[1], "steps", None), (files[1], "finding", "ignored-error")]
 
 
 def test_no_loop_no_steps(lib, tmp_path):

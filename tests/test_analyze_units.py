@@ -218,3 +218,18 @@ def test_the_html_report_shows_the_findings_and_steps():
     page = out.getvalue()
     assert "sync-in-step" in page and "/app/train.py:21 train" in page
     assert "Steps of thread 7/7: 5" in page
+
+
+def test_the_slow_tail_and_deviating_steps_are_named():
+    s = Script()
+    for i in range(8):
+        s.launch(0x100)
+        s.launch(0x200)
+        if i == 5:
+            s.call("cudaDeviceSynchronize", took=50 * US)
+        s.now += 100 * US if i != 4 else 900 * US
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 8
+    assert sorted(loop.deviating) == [4, 5]
+    assert "the median step time" in loop.deviating[4]
+    assert "+1 sync cudaDeviceSynchronize" in loop.deviating[5]

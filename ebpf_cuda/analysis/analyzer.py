@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..decode.events import Event
 from ._table import integer, table
 from .findings import Context, Finding, capture_sites, per_step
-from .rules import run_rules
+from .rules import graph_saving, run_rules
 from .statistics import percentile
 from .steps import Loop, find_loops
 from .timeline import Namer, Timeline
@@ -60,7 +60,7 @@ class Analyzer:
     def records(self) -> List[Dict[str, Any]]:
         """JSON records: one `steps` record per loop, then one `finding` record each."""
         ctx = self.context()
-        out = [_steps_record(loop) for loop in ctx.loops]
+        out = [_steps_record(ctx, loop) for loop in ctx.loops]
         out += [f.to_json() for f in self.findings()]
         if self.label:
             for record in out:
@@ -74,7 +74,7 @@ class Analyzer:
             return "\n".join(json.dumps(record, sort_keys=True) for record in self.records())
         ctx = self.context()
         parts = [TITLE + (" of %s" % self.label if self.label else "")]
-        parts += [steps_text(loop) for loop in ctx.loops] or [
+        parts += [steps_text(loop, ctx) for loop in ctx.loops] or [
             " Steps: none found (no sequence of calls repeats; --step-at FUNCTION names the "
             "step)"]
         parts.append(waits_text(ctx))
@@ -95,12 +95,19 @@ def _pcts(values: Sequence[float]) -> List[int]:
     return [int(percentile(ordered, p)) for p in (50, 95, 99)]
 
 
-def _steps_record(loop: Loop) -> Dict[str, Any]:
+def _steps_record(ctx: Context, loop: Loop) -> Dict[str, Any]:
     steps = loop.steps
+    eager = [s for s in loop.steady() if s.mode == "eager"]
+    launch_ns, one, save, measured = graph_saving(ctx, eager)
     return {"type": "steps", "pid": loop.pid, "tid": loop.tid, "steps": len(steps),
             "found_by": loop.how, "where": loop.where,
             "wall_ns_p50_p95_p99": _pcts([s.wall_ns for s in steps]),
-            "modes": [s.mode for s in steps], "deviating": loop.deviating}
+            "blocked_ns_p50": _pcts([s.blocked_ns for s in steps])[0],
+            "launches_p50": _pcts([len(s.launches) for s in steps])[0],
+            "modes": [s.mode for s in steps],
+            "deviating": {str(k): v for k, v in loop.deviating.items()},
+            "eager_launch_ns_p50": launch_ns, "graphs_would_save_ns": save,
+            "graph_launch_ns": one, "graph_launch_measured": measured}
 
 
 def step_rows(loop: Loop) -> List[Tuple[str, ...]]:
@@ -120,7 +127,7 @@ def step_rows(loop: Loop) -> List[Tuple[str, ...]]:
     return rows
 
 
-def steps_text(loop: Loop) -> str:
+def steps_text(loop: Loop, ctx: Optional[Context] = None) -> str:
     """A loop's steps: how found, where, the per-step figures (p50/p95/p99 over all
     steps), modes and the steps that deviate."""
     steps = loop.steps
@@ -134,6 +141,13 @@ def steps_text(loop: Loop) -> str:
         modes.setdefault(step.mode, []).append(step.number)
     text += "\n\n Mode of each step: " + "; ".join(
         "%s: %s" % (mode, _numbers(numbers)) for mode, numbers in sorted(modes.items()))
+    eager = [s for s in loop.steady() if s.mode == "eager"]
+    if ctx is not None and eager:
+        launch_ns, one, save, measured = graph_saving(ctx, eager)
+        text += ("\n Eager steps: launch calls take %s ns a step (median); one graph launch "
+                 "(%s ns, %s) instead would save ~%s ns a step"
+                 % (integer(launch_ns), integer(one), "measured" if measured
+                    else "as one kernel launch", integer(save)))
     if loop.deviating:
         text += "\n Steps that deviate:" + "".join(
             "\n   step %d: %s" % item for item in sorted(loop.deviating.items()))

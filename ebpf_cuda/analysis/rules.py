@@ -196,11 +196,22 @@ def launch_bound(ctx: Context) -> List[Finding]:
     return findings
 
 
+def graph_saving(ctx: Context, steps: Sequence[Step]) -> Tuple[int, int, int, bool]:
+    """What CUDA graphs would save a step of `steps` (their eager launches made one graph
+    launch): (median launch ns a step, one graph launch's ns, the saving, whether that graph
+    launch's cost was measured in this trace: else it is one kernel launch's)."""
+    graph_calls = [c for c in ctx.calls if c.role == Role.GRAPH_LAUNCH and c.is_work]
+    launches = [c for s in steps for c in s.launches]
+    if not launches:
+        return 0, 0, 0, bool(graph_calls)
+    launch_ns = median([sum(c.duration_ns for c in s.launches) for s in steps])
+    one = median([c.duration_ns for c in (graph_calls or launches)])
+    return int(launch_ns), int(one), max(0, int(launch_ns - one)), bool(graph_calls)
+
+
 def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launches: float,
                        launch_ns: float, wall: float) -> Finding:
-    graph_calls = [c for c in ctx.calls if c.role == Role.GRAPH_LAUNCH and c.is_work]
-    one = median([c.duration_ns for c in (graph_calls or steady[0].launches)])
-    save = max(0, int(launch_ns - one))
+    _, one, save, measured = graph_saving(ctx, steady)
     calls = [c for s in steady for c in s.launches]
     grids = [_threads(c.args.get("grid")) for c in calls]
     evidence = {"steps": len(steady), "launches_per_step": int(launches),
@@ -208,7 +219,7 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
                 "share_of_step": _share(launch_ns, wall),
                 "median_grid_blocks": int(median([g for g in grids if g])) if any(grids) else None,
                 "graphs_would_save_ns_per_step": save,
-                "graph_launch_ns": int(one), "graph_launch_measured": bool(graph_calls)}
+                "graph_launch_ns": int(one), "graph_launch_measured": measured}
     return Finding(
         "launch-bound", MEDIUM, "steps are launch-bound: CUDA graphs would save host time",
         evidence, {"python": loop_lines(loop, calls) or region(calls),
@@ -220,7 +231,7 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
         "%d launches a step take %d ns of a %d ns step (%.1f%%), the host hardly waits for "
         "the GPU; one graph launch instead (%d ns%s) would save ~%d ns a step (%.1f%%)"
         % (launches, launch_ns, wall, 100 * _share(launch_ns, wall), one,
-           ", measured" if graph_calls else ", as one kernel launch", save,
+           ", measured" if measured else ", as one kernel launch", save,
            100 * _share(save, wall)))
 
 

@@ -186,8 +186,9 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
         starts = _starts_by_token(calls, anchor)
         how = "a repeating sequence of %d calls, starting at %s" % (len(body), _show(anchor))
     loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
-    loop.frame = _loop_frame(loop.steps)
-    loop.where = loop_lines(loop, [c for step in loop.steps for c in step.calls])
+    loop.frame = _loop_frame(loop.steps)  # (the first step's calls include the set-up's)
+    loop.where = loop_lines(loop, [c for step in (loop.steady() or loop.steps)
+                                   for c in step.calls])
     loop.deviating = _deviations(loop)
     return loop
 

@@ -59,7 +59,7 @@ def device(size: int = MB):
 def healthy() -> None:
     s, x = stream(), device()
     for _ in range(STEPS):
-        launch(0x1000, s)
+        launch(0x1000, s)  # <- healthy
         launch(0x2000, s)
         launch(0x3000, s)
     lib.cudaStreamSynchronize(s)
