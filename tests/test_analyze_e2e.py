@@ -32,11 +32,12 @@ def at(name: str) -> str:
     return "%s:%d %s" % (PROGRAM, LINES[name], function)
 
 
-def trace(tmp_path: Path, lib: Path, scenario: str, launch_us: int = 0, *options: str):
-    """(live records, offline records, events) of one scenario."""
+def trace(tmp_path: Path, lib: Path, scenario: str, launch_us: int = 0, *options: str,
+          device_us: int = DEVICE_US):
+    """(live records, exit events) of one scenario; the offline records checked equal."""
     need_root()
     events, saved = tmp_path / "events.jsonl", tmp_path / "run.ebpfcuda"
-    env = cli_env(FAKECUDA_DEVICE_US=str(DEVICE_US), FAKECUDA_LAUNCH_US=str(launch_us))
+    env = cli_env(FAKECUDA_DEVICE_US=str(device_us), FAKECUDA_LAUNCH_US=str(launch_us))
     live = run_cli("--py-stacks", "--analyze", "--json", "-o", events, "--save", saved,
                    "-p", lib, *options, "--", sys.executable, PROGRAM, scenario, lib,
                    env=env, timeout=180)
@@ -162,15 +163,24 @@ def test_allocator_churn(lib, tmp_path):
 
 
 def test_launch_bound_says_what_graphs_would_save(lib, tmp_path):
-    records, exits = trace(tmp_path, lib, "launch_bound", 50)
+    # each launch spins 30 us on the host and queues 1 us of device time: the GPU keeps up
+    records, exits = trace(tmp_path, lib, "launch_bound", 30, device_us=1)
     assert steps(records)[0]["steps"] == STEPS
     finding, = findings(records)
     assert finding["rule"] == "launch-bound"
     evidence = finding["evidence"]
     assert evidence["launches_per_step"] == 30
     assert finding["where"]["python"] == "%s:%d in launch_bound" % (PROGRAM, LINES["launches"])
-    assert evidence["launch_ns_per_step"] >= 30 * 50_000  # each launch spins 50 us
-    assert 0 < evidence["graphs_would_save_ns_per_step"] < evidence["launch_ns_per_step"]
+    launches = [e for e in exits if e["api"] == "cudaLaunchKernel"]
+    per_step = sorted(sum(e["duration_ns"] for e in launches[i:i + 30])
+                      for i in range(30, len(launches), 30))  # the steady steps'
+    assert evidence["launch_ns_per_step"] == per_step[len(per_step) // 2]
+    assert evidence["launch_ns_per_step"] >= 30 * 30_000
+    assert 0 < evidence["graphs_would_save_ns_per_step"] < evidence["launch_ns_per_step"] \
+        <= evidence["graphs_would_save_at_most_ns_per_step"] + evidence["graph_launch_ns"]
+    # the same loop whose GPU is far behind (2 ms a launch): not launch-bound
+    records, _ = trace(tmp_path, lib, "launch_bound", 30, device_us=2000)
+    assert findings(records) == []
 
 
 def test_graph_replays_their_capture_and_the_step_that_fell_back(lib, tmp_path):

@@ -153,6 +153,8 @@ def test_alloc_churn_launch_bound_and_errors():
         for k in range(25):
             s.launch(0x100 + k, line=41, took=4 * US, gap=0)
         s.call("cudaFree", ptr=0x7f0000000000, line=42)
+    assert [f.rule for f in analyzed(s).findings()] == ["alloc-churn"]  # nothing shows the
+    s.call("cudaDeviceSynchronize", took=5 * US, line=43)  # GPU kept up; now this does
     found = analyzed(s).findings()
     assert [f.rule for f in found] == ["alloc-churn", "launch-bound"]
     churn, bound = found
@@ -160,7 +162,10 @@ def test_alloc_churn_launch_bound_and_errors():
     assert bound.evidence["launches_per_step"] == 25
     assert bound.evidence["launch_ns_per_step"] == 100 * US
     assert bound.evidence["graphs_would_save_ns_per_step"] == 96 * US
+    assert bound.evidence["graphs_would_save_at_most_ns_per_step"] == 96 * US  # back to back
     assert bound.where["python"] == "/app/train.py:41 in train"
+    s.call("cudaDeviceSynchronize", took=3000 * US, line=43)  # the GPU was far behind
+    assert [f.rule for f in analyzed(s).findings()] == ["alloc-churn"]
 
     s = Script()
     s.call("cudaMemcpyAsync", ret=1, dst=0, src=0, size=4, kind="HostToDevice", stream=0x5000)

@@ -8,8 +8,8 @@ from ..spec.apis import Direction, Role
 from .findings import HIGH, LOW, MEDIUM, Context, Finding, median, region, thread_of
 from .steps import Loop, Step, loop_lines
 from .thresholds import (CHURN_MIN_CALLS, LAUNCH_BOUND_MAX_BLOCKED, LAUNCH_BOUND_MIN_LAUNCHES,
-                         LAUNCH_BOUND_MIN_SHARE, PAGEABLE_MIN_BYTES, STEADY_SHARE,
-                         SYNC_MIN_BLOCKED_NS, SYNC_MIN_STEP_SHARE)
+                         LAUNCH_BOUND_MIN_SHARE, LAUNCH_MAX_CALL_NS, PAGEABLE_MIN_BYTES,
+                         STEADY_SHARE, SYNC_MIN_BLOCKED_NS, SYNC_MIN_STEP_SHARE)
 from .timeline import LEGACY_STREAM, PER_THREAD_STREAM, Call
 
 # Errors that report a state, not a failure: a query's not-ready, peer access already on,
@@ -154,6 +154,7 @@ def alloc_churn(ctx: Context) -> List[Finding]:
         findings.append(Finding(
             "alloc-churn", MEDIUM, "memory is allocated and freed in steady-state steps",
             evidence, {"python": loop_lines(loop, calls) or region(calls),
+                       "sites": sorted({c.site for c in calls if c.py_stack})[:8],
                        "api": sorted({c.api for c in calls}),
                        "thread": thread_of(loop)},
             "allocate once before the loop and reuse the buffers (in PyTorch: no "
@@ -178,22 +179,44 @@ def _sequence(steps: Sequence[Step]) -> List[str]:
 
 
 def launch_bound(ctx: Context) -> List[Finding]:
-    """Eager steps with many launches whose host launch time is a large share of the step
-    while the host hardly waits for the GPU: what CUDA graphs would save."""
+    """Eager steps with many launches, whose launch sequence spans a large share of the step,
+    while the GPU is shown to keep up: the thread waits little for it, in the steps and in
+    the synchronising calls after them (without such a call nothing shows the GPU kept up:
+    no finding), and the launch calls themselves do not wait (a full launch queue)."""
     findings = []
     for loop in ctx.loops:
         steady = [s for s in loop.steady() if s.mode == "eager"]
-        if len(steady) < max(1, STEADY_SHARE * len(loop.steady())):
+        if not steady or len(steady) < STEADY_SHARE * len(loop.steady()):
+            continue
+        after = _waits_after(ctx, loop)
+        if after is None:
             continue
         launches = median([len(s.launches) for s in steady])
-        launch_ns = median([sum(c.duration_ns for c in s.launches) for s in steady])
+        span = median([_launch_span(s) for s in steady])
         wall = median([s.wall_ns for s in steady])
-        blocked = median([s.blocked_ns for s in steady])
-        if launches < LAUNCH_BOUND_MIN_LAUNCHES or _share(launch_ns, wall) < \
-                LAUNCH_BOUND_MIN_SHARE or _share(blocked, wall) > LAUNCH_BOUND_MAX_BLOCKED:
+        blocked = sum(s.blocked_ns for s in steady) + after
+        call = median([c.duration_ns for s in steady for c in s.launches])
+        if launches < LAUNCH_BOUND_MIN_LAUNCHES or _share(span, wall) < LAUNCH_BOUND_MIN_SHARE \
+                or _share(blocked, sum(s.wall_ns for s in steady)) > LAUNCH_BOUND_MAX_BLOCKED \
+                or call > LAUNCH_MAX_CALL_NS:
             continue
-        findings.append(_graphs_would_save(ctx, loop, steady, launches, launch_ns, wall))
+        findings.append(_graphs_would_save(ctx, loop, steady, launches, span, wall))
     return findings
+
+
+def _waits_after(ctx: Context, loop: Loop) -> Optional[int]:
+    """ns the loop's thread waited in blocking calls after its last step; None when it made
+    none (nothing then shows whether the GPU had kept up)."""
+    last = loop.steps[-1].calls[-1].index
+    calls = ctx.timeline.threads.get((loop.pid, loop.tid), [])
+    waits = [c.duration_ns for c in calls[last + 1:] if c.blocking and not c.failed]
+    return sum(waits) if waits else None
+
+
+def _launch_span(step: Step) -> int:
+    """Host time from the step's first launch call's start to its last one's end."""
+    launches = step.launches
+    return launches[-1].end_ns - launches[0].start_ns if launches else 0
 
 
 def graph_saving(ctx: Context, steps: Sequence[Step]) -> Tuple[int, int, int, bool]:
@@ -210,15 +233,17 @@ def graph_saving(ctx: Context, steps: Sequence[Step]) -> Tuple[int, int, int, bo
 
 
 def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launches: float,
-                       launch_ns: float, wall: float) -> Finding:
-    _, one, save, measured = graph_saving(ctx, steady)
+                       span: float, wall: float) -> Finding:
+    launch_ns, one, save, measured = graph_saving(ctx, steady)
+    most = max(0, int(span - one))  # the host time that issues the sequence, replaced
     calls = [c for s in steady for c in s.launches]
     grids = [_threads(c.args.get("grid")) for c in calls]
     evidence = {"steps": len(steady), "launches_per_step": int(launches),
-                "launch_ns_per_step": int(launch_ns), "step_ns": int(wall),
-                "share_of_step": _share(launch_ns, wall),
+                "launch_ns_per_step": int(launch_ns), "launch_span_ns_per_step": int(span),
+                "step_ns": int(wall), "share_of_step": _share(span, wall),
                 "median_grid_blocks": int(median([g for g in grids if g])) if any(grids) else None,
                 "graphs_would_save_ns_per_step": save,
+                "graphs_would_save_at_most_ns_per_step": most,
                 "graph_launch_ns": int(one), "graph_launch_measured": measured}
     return Finding(
         "launch-bound", MEDIUM, "steps are launch-bound: CUDA graphs would save host time",
@@ -228,11 +253,11 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
         "capture the step's launches once as a CUDA graph and replay it "
         "(torch.cuda.CUDAGraph / torch.compile(mode=\"reduce-overhead\"), or "
         "cudaStreamBeginCapture ... cudaGraphLaunch)",
-        "%d launches a step take %d ns of a %d ns step (%.1f%%), the host hardly waits for "
-        "the GPU; one graph launch instead (%d ns%s) would save ~%d ns a step (%.1f%%)"
-        % (launches, launch_ns, wall, 100 * _share(launch_ns, wall), one,
-           ", measured" if measured else ", as one kernel launch", save,
-           100 * _share(save, wall)))
+        "%d launches a step, issued over %d ns of a %d ns step (%.1f%%), %d ns of it in the "
+        "launch calls, while the GPU kept up; one graph launch instead (%d ns%s) would save "
+        "at least ~%d ns a step (the launch calls) and at most ~%d ns (the host time issuing "
+        "them)" % (launches, span, wall, 100 * _share(span, wall), launch_ns, one,
+                   ", measured" if measured else ", as one kernel launch", save, most))
 
 
 def _threads(grid: Any) -> int:

@@ -43,11 +43,15 @@ TABLE: Tuple[Threshold, ...] = (
     Threshold("LAUNCH_BOUND_MIN_LAUNCHES", 20, "launches per step",
               "a few launches cost a few tens of us; graphs pay off from tens of launches"),
     Threshold("LAUNCH_BOUND_MIN_SHARE", 0.3, "share of step",
-              "when launch calls take under 30% of the host's step, the host's own "
-              "Python/C++ work dominates and graphs would save little"),
-    Threshold("LAUNCH_BOUND_MAX_BLOCKED", 0.1, "share of step",
-              "a host blocked more than 10% of its step waits for a GPU that is busy: the "
-              "step is GPU-bound, not launch-bound"),
+              "when issuing the launch sequence takes under 30% of the host's step, the "
+              "host's other work dominates and a graph of the sequence would save little"),
+    Threshold("LAUNCH_BOUND_MAX_BLOCKED", 0.1, "share of steps' time",
+              "a thread that waits for the GPU more than 10% of its steps' time (in them or "
+              "in the synchronising calls after the loop) has a busy GPU: GPU-bound, not "
+              "launch-bound"),
+    Threshold("LAUNCH_MAX_CALL_NS", 50000, "ns",
+              "a launch call costs a few us of host time; a median over 50 us means the "
+              "calls wait for room in a full launch queue: the GPU is behind"),
     Threshold("IDLE_GAP_MIN_NS", 100000, "ns",
               "gaps under 100 us between a stream's completion and new work are the "
               "host's normal turnaround"),
@@ -68,5 +72,6 @@ CHURN_MIN_CALLS = int(_VALUES["CHURN_MIN_CALLS"])
 LAUNCH_BOUND_MIN_LAUNCHES = int(_VALUES["LAUNCH_BOUND_MIN_LAUNCHES"])
 LAUNCH_BOUND_MIN_SHARE = _VALUES["LAUNCH_BOUND_MIN_SHARE"]
 LAUNCH_BOUND_MAX_BLOCKED = _VALUES["LAUNCH_BOUND_MAX_BLOCKED"]
+LAUNCH_MAX_CALL_NS = int(_VALUES["LAUNCH_MAX_CALL_NS"])
 IDLE_GAP_MIN_NS = int(_VALUES["IDLE_GAP_MIN_NS"])
 IDLE_MIN_STEP_SHARE = _VALUES["IDLE_MIN_STEP_SHARE"]

@@ -120,11 +120,12 @@ def churn() -> None:
         lib.cudaFree(x)
 
 
-def launch_bound(fallback_step=None) -> None:
+def launch_bound() -> None:
     s = stream()
     for _ in range(STEPS):
         for kernel in range(30):
             launch(0x1000 + kernel, s)  # <- launches
+    lib.cudaStreamSynchronize(s)
 
 
 def graphs() -> None:
