@@ -191,6 +191,9 @@ def test_graph_replays_their_capture_and_the_step_that_fell_back(lib, tmp_path):
     finding, = findings(records)
     assert finding["rule"] == "graph-fallback"
     assert finding["evidence"]["fallback_steps"] == [3]
+    replays, = [r for r in records if r["type"] == "graph_replays"]
+    assert replays == {"type": "graph_replays", "replays": STEPS - 1,
+                       "captured_at": "%s:%d graphs" % (PROGRAM, LINES["capture"])}
     assert finding["where"]["captured_at"] == ["%s:%d graphs" % (PROGRAM, LINES["capture"])]
 
 

@@ -238,3 +238,13 @@ def test_the_slow_tail_and_deviating_steps_are_named():
     assert sorted(loop.deviating) == [4, 5]
     assert "the median step time" in loop.deviating[4]
     assert "+1 sync cudaDeviceSynchronize" in loop.deviating[5]
+
+
+def test_the_gpu_checks_judges_pass_right_records_and_fail_wrong_ones():
+    import subprocess
+    import sys
+
+    script = DOCS.parent.parent / "scripts" / "gpu" / "analyze_check.py"
+    done = subprocess.run([sys.executable, str(script), "self-test"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.endswith("self-test ok\n"), done.stdout

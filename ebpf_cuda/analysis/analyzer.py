@@ -61,6 +61,8 @@ class Analyzer:
         """JSON records: one `steps` record per loop, then one `finding` record each."""
         ctx = self.context()
         out = [_steps_record(ctx, loop) for loop in ctx.loops]
+        out += [{"type": "graph_replays", "captured_at": site, "replays": n}
+                for site, n in sorted(replays_by_capture(ctx).items())]
         out += [f.to_json() for f in self.findings()]
         if self.label:
             for record in out:
@@ -116,6 +118,8 @@ def step_rows(loop: Loop) -> List[Tuple[str, ...]]:
     for name, value in (("wall (ns)", lambda s: s.wall_ns),
                         ("host blocked (ns)", lambda s: s.blocked_ns),
                         ("host busy (ns)", lambda s: s.wall_ns - s.blocked_ns),
+                        ("GPU-bound share (%)",  # (the share of the step the host waited)
+                         lambda s: 100.0 * s.blocked_ns / s.wall_ns if s.wall_ns else 0),
                         ("launches", lambda s: len(s.launches)),
                         ("graph launches", lambda s: len(s.graph_launches)),
                         ("copies", lambda s: len(s.copies)),
@@ -123,7 +127,8 @@ def step_rows(loop: Loop) -> List[Tuple[str, ...]]:
                         ("allocations", lambda s: len(s.allocations)),
                         ("frees", lambda s: len(s.frees))):
         values = per_step(loop.steps, value)
-        rows.append((name,) + tuple(integer(v) for v in _pcts(values)) + (integer(sum(values)),))
+        total = "-" if name.endswith("(%)") else integer(sum(values))
+        rows.append((name,) + tuple(integer(v) for v in _pcts(values)) + (total,))
     return rows
 
 
@@ -193,14 +198,20 @@ def waits_text(ctx: Context) -> str:
                    "next work queued on the stream (the stream may have gone idle earlier).")
 
 
-def graphs_text(ctx: Context) -> str:
-    """Graph replays by the Python line of the capture they were made from."""
+def replays_by_capture(ctx: Context) -> Dict[str, int]:
+    """Graph launches that ran, by the site (Python line) of the capture of their graph."""
     counts: Dict[str, int] = {}
     for call in ctx.calls:
         if call.role == "graph-launch" and call.is_work:
             site = ctx.captures.get((call.pid, call.args.get("graphExec")),
                                     "(capture not in the trace)")
             counts[site] = counts.get(site, 0) + 1
+    return counts
+
+
+def graphs_text(ctx: Context) -> str:
+    """Graph replays by the Python line of the capture they were made from."""
+    counts = replays_by_capture(ctx)
     if not counts:
         return ""
     return " CUDA graph replays by the capture's Python line:\n\n" + table(

@@ -29,17 +29,17 @@ class Finding:
                 "advice": self.advice}
 
     def text(self) -> str:
-        where = ", ".join("%s %s" % (k, _show(v)) for k, v in self.where.items()
+        where = ", ".join("%s %s" % (k, _show(v, k == "stream")) for k, v in self.where.items()
                           if v not in (None, [], ""))
         return "[%s] %s: %s\n   %s\n   where: %s\n   change: %s" % (
             self.severity, self.rule, self.title, self.summary, where, self.advice)
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, handle: bool = False) -> str:
     if isinstance(value, (list, tuple)):
-        return "[%s]" % ", ".join(map(str, value))
-    if isinstance(value, int) and value > 0xFFFF:
-        return "0x%x" % value
+        return "[%s]" % ", ".join(_show(v, handle) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool) and (handle or value > 0xFFFF):
+        return "0x%x" % value if value else "0 (legacy default)"
     return str(value)
 
 

@@ -59,9 +59,10 @@ def sync_in_step(ctx: Context) -> List[Finding]:
                 "keep the value on the GPU or read it once every N steps or after the loop "
                 "(.item(), .cpu(), .tolist(), nonzero() and printing a tensor synchronise)",
                 "%d calls in %d of %d steady steps waited %d ns (%d ns a step, %.1f%% of the "
-                "step time); the stream then stayed idle >= %d ns until the host queued more"
-                % (len(calls), len(hit), len(steady), waited, waited // len(hit),
-                   100 * _share(waited, wall), idle)))
+                "step time)%s" % (len(calls), len(hit), len(steady), waited, waited // len(hit),
+                                  100 * _share(waited, wall),
+                                  "; the stream then stayed idle >= %d ns until the host "
+                                  "queued more" % idle if idle else "")))
     return findings
 
 
