@@ -248,3 +248,57 @@ def test_the_gpu_checks_judges_pass_right_records_and_fail_wrong_ones():
     done = subprocess.run([sys.executable, str(script), "self-test"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.endswith("self-test ok\n"), done.stdout
+
+
+def _graph_set_up(s: Script) -> None:
+    for size in (1 << 18, 1 << 10) * 4:  # a model's weights and biases uploaded
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=size,
+               kind="HostToDevice", stream=0)
+    for _ in range(3):  # a warm-up loop: the step's kernels, no input copy
+        for func in (0x100, 0x200, 0x300):
+            s.launch(func)
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0)
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+
+
+def _input(s: Script) -> None:
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=1 << 16,
+           kind="HostToDevice", stream=0)
+
+
+def test_steps_are_the_main_loops_after_set_up_and_warm_up():
+    s = Script()
+    _graph_set_up(s)
+    for _ in range(10):
+        _input(s)
+        s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 10 and {st.mode for st in loop.steps} == {"graph"}
+
+
+def test_steps_of_a_compiled_loop_count_its_eager_warm_up_iterations():
+    s = Script()
+    _graph_set_up(s)
+    for i in range(10):  # as cudagraph trees: a warm-up step runs eagerly, then replays
+        _input(s)
+        if i == 0:
+            for func in (0x100, 0x200, 0x300):
+                s.launch(func)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
+    loop, = analyzed(s).context().loops
+    assert [st.mode for st in loop.steps] == ["eager"] + ["graph"] * 9
+
+
+def test_an_outer_loop_over_identical_layers():
+    s = Script()
+    for _ in range(6):
+        s.launch(0x50)  # the embedding
+        for _ in range(12):  # twelve identical layers
+            for func in (0x100, 0x200, 0x300):
+                s.launch(func)
+        s.launch(0x900)  # the optimizer
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 6 and all(len(st.launches) == 38 for st in loop.steps)

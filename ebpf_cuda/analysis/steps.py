@@ -1,14 +1,18 @@
 """The iterations of a program's loop, found without annotations.
 
 Per thread, the calls that put work on the GPU or wait for it (launches by kernel, copies by
-direction, memsets, graph launches by exec, synchronising calls by function) form a sequence
-of tokens. A loop repeats a run of them. For each token seen at least MIN_STEPS times, the
-runs between its consecutive occurrences are compared: a token that starts the loop's body
-repeats the same run (allowing a share of deviating iterations, STEP_REGULAR_SHARE). Of the
-tokens that qualify, the one whose identical runs cover most calls is the step's start (an
-outer loop wins over an inner one); ties go to the earliest. Calls that are no tokens
+direction and size, memsets by size, graph launches by exec, synchronising calls by function)
+form a sequence of tokens. A loop repeats a run of them. For each token seen at least
+MIN_STEPS times, the runs between its consecutive occurrences are compared: a token that
+starts the loop's body repeats the same run (allowing a share of deviating iterations,
+STEP_REGULAR_SHARE). `_anchor` picks the step's start among them (an outer loop over an
+inner one, the token that marks every iteration over one missing in some). The last step
+ends after one run of tokens (what follows the loop is no step). Calls that are no tokens
 (allocations, event records, queries) belong to the step whose first token follows them.
-No token repeating regularly: no steps (nothing is called an iteration by guess).
+No token repeating regularly: no steps (nothing is called an iteration by guess). A loop
+whose body repeats one token only (the same kernel, nothing else) cannot be told from a
+loop of one call; a token that comes once every k iterations, perfectly regular, can win
+over one marking every iteration whose runs alternate (steps then span k iterations).
 
 `step_at` names the start instead: a CUDA function (each call starts a step) or a Python
 function (with --py-stacks: each new invocation of it, seen as the first call with a frame
@@ -35,10 +39,10 @@ def token(call: Call) -> Optional[Token]:
         return ("launch", call.kernel)
     if call.role == Role.GRAPH_LAUNCH:
         return ("graph", call.args.get("graphExec"))
-    if call.role == Role.COPY:
-        return ("copy", call.direction)
+    if call.role == Role.COPY:  # (by size too: a batch's copy is not a weight's upload)
+        return ("copy", "%s of %d bytes" % (call.direction, call.bytes))
     if call.role == Role.MEMSET:
-        return ("memset", call.api)
+        return ("memset", "%s of %d bytes" % (call.api, call.bytes))
     if call.blocking:
         return ("sync", call.api)
     return None
@@ -117,28 +121,36 @@ def _segments(tokens: Sequence[Token], positions: Sequence[int]) -> List[Tuple[T
 
 
 def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[Token, Tuple[Token, ...]]]:
-    """(the token that starts each step, the common run) or None when nothing repeats. Of the
-    tokens whose runs are nearly as regular as the most regular one (ANCHOR_SHARE_SLACK),
-    the longest run wins (the outer loop), then the earliest token."""
+    """(the token that starts each step, the common run) or None when nothing repeats.
+
+    Candidates: tokens seen MIN_STEPS times whose runs (occurrence to occurrence) are mostly
+    one run (STEP_REGULAR_SHARE). A candidate whose token comes twice or more in another
+    candidate's run belongs to an inner loop: dropped. Of those nearly as regular as the
+    most regular (ANCHOR_SHARE_SLACK), the one seen most often wins (it marks every
+    iteration, also those that deviate: an eager fallback among graph replays), then the
+    longest run, then the earliest token."""
     first_seen: Dict[Token, int] = {}
+    positions: Dict[Token, List[int]] = {}
     for i, tok in enumerate(tokens):
         first_seen.setdefault(tok, i)
+        positions.setdefault(tok, []).append(i)
     candidates = []
-    for tok, count in Counter(tokens).items():
-        if count < MIN_STEPS:
+    for tok, places in positions.items():
+        if len(places) < MIN_STEPS:
             continue
-        positions = [i for i, t in enumerate(tokens) if t == tok]
-        segments = _segments(tokens, positions)
+        segments = _segments(tokens, places)
         common, times = Counter(segments).most_common(1)[0]
         if times >= 2 and times >= STEP_REGULAR_SHARE * len(segments):
-            candidates.append((times / len(segments), len(common), -first_seen[tok], tok,
-                               common))
-    if not candidates:
+            candidates.append((times / len(segments), len(places), len(common),
+                               -first_seen[tok], tok, common))
+    outer = [c for c in candidates
+             if not any(other[5].count(c[4]) >= 2 for other in candidates)]
+    if not outer:
         return None
-    best_share = max(c[0] for c in candidates)
-    near = [c for c in candidates if c[0] >= best_share - ANCHOR_SHARE_SLACK]
-    chosen = max(near, key=lambda c: (c[1], c[2]))
-    return chosen[3], chosen[4]
+    best_share = max(c[0] for c in outer)
+    near = [c for c in outer if c[0] >= best_share - ANCHOR_SHARE_SLACK]
+    chosen = max(near, key=lambda c: (c[1], c[2], c[3]))
+    return chosen[4], chosen[5]
 
 
 def _starts_by_token(calls: Sequence[Call], anchor: Token) -> List[int]:
