@@ -6,13 +6,16 @@ are the program's and times that are the trace's own (the JSON events of the sam
 healthy loop gets no finding; steps equal the loop's iterations; a program without a loop
 gets no steps. Every run is also saved and analysed offline: the same records."""
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List
 
 import pytest
 
-from helpers import REPO, cli_env, need_root, run_cli
+from helpers import REPO, cli_argv, cli_env, need_root, run_cli, slowdown
 
 pytestmark = pytest.mark.kernel
 
@@ -235,3 +238,40 @@ def test_step_at_names_the_step(lib, tmp_path):
     assert steps(records)[0]["steps"] == STEPS  # each invocation of the function
     records, _ = trace(tmp_path, lib, "healthy", 0, "--step-at", "cudaLaunchKernel")
     assert steps(records)[0]["steps"] == 3 * STEPS
+
+
+def test_analyze_on_attach(lib, tmp_path):
+    """-d PID: the tracer attached to a running Python program before its loop."""
+    need_root()
+    env = cli_env(FAKECUDA_DEVICE_US=str(DEVICE_US))
+    program = subprocess.Popen([sys.executable, str(PROGRAM), "attach_sync", str(lib)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               env=env)
+    tracer = None
+    try:
+        assert program.stdout.readline().strip() == "ready"
+        tracer = subprocess.Popen(cli_argv("-d", program.pid, "-p", lib, "--py-stacks",
+                                           "--analyze", "--json", "-o", os.devnull),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, cwd=str(REPO))
+        for line in tracer.stderr:
+            if line.startswith("ebpf-cuda: probing"):
+                break
+        # (calls made before the tracer has read the attached interpreter have no Python
+        # stack: docs/usage.md, Python stacks; give it that time)
+        time.sleep(1.0 * slowdown())
+        program.stdin.write("go\n")
+        program.stdin.close()
+        assert program.wait(timeout=120) == 0
+        out, err = tracer.communicate(timeout=120)
+        assert tracer.returncode == 0, err
+    finally:
+        for proc in (program, tracer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert steps(records)[0]["steps"] == STEPS
+    finding, = findings(records)
+    assert finding["rule"] == "sync-in-step" and finding["where"]["python"] == \
+        "%s:%d sync" % (PROGRAM, LINES["sync"])
+    assert finding["evidence"]["calls"] == STEPS - 1

@@ -178,7 +178,14 @@ def timed() -> None:
     print("elapsed_ms=%.3f" % elapsed.value)
 
 
+def attach_sync() -> None:
+    """`sync`, once a line comes on stdin (a tracer attached with -d meanwhile)."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+    sync()
+
+
 if __name__ == "__main__":
-    {"healthy": healthy, "no_loop": no_loop, "step_function": step_function, "sync": sync, "pageable": pageable,
+    {"attach_sync": attach_sync, "healthy": healthy, "no_loop": no_loop, "step_function": step_function, "sync": sync, "pageable": pageable,
      "churn": churn, "launch_bound": launch_bound, "graphs": graphs,
      "default_stream": default_stream, "error": error, "timed": timed}[sys.argv[1]]()
