@@ -46,7 +46,8 @@ def sync_in_step(ctx: Context) -> List[Finding]:
             wall = sum(s.wall_ns for s in hit)
             if not hit or _share(waited, wall) < SYNC_MIN_STEP_SHARE:
                 continue
-            idle = sum(g.ns for g in ctx.waits.gaps if g.after in calls)
+            mine = set(calls)
+            idle = sum(g.ns for g in ctx.waits.gaps if g.after in mine)
             evidence = {"steps": len(hit), "steady_steps": len(steady), "calls": len(calls),
                         "waited_ns": waited, "waited_ns_per_step": waited // len(hit),
                         "share_of_step": _share(waited, wall),
@@ -112,7 +113,8 @@ def pageable_copy(ctx: Context) -> List[Finding]:
     for (site, direction, asynchronous), calls in sorted(groups.items()):
         if not asynchronous:
             loop = in_steps[id(calls[0])]
-            if not _mostly(loop.steady(), lambda s: any(c in calls for c in s.calls)):
+            mine = set(calls)
+            if not _mostly(loop.steady(), lambda s: any(c in mine for c in s.calls)):
                 continue
         moved = sum(c.bytes for c in calls)
         took = sum(c.duration_ns for c in calls)

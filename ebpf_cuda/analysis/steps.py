@@ -19,6 +19,7 @@ function (with --py-stacks: each new invocation of it, seen as the first call wi
 of it after calls without one, or whose line in it is before the previous call's: a
 function whose calls all come from one line is one step).
 """
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -116,8 +117,30 @@ class Loop:
         return self.steps[1:]
 
 
-def _segments(tokens: Sequence[Token], positions: Sequence[int]) -> List[Tuple[Token, ...]]:
-    return [tuple(tokens[a:b]) for a, b in zip(positions, positions[1:])]
+_MOD = (1 << 61) - 1  # segments compared by a polynomial hash of their tokens (and length)
+_BASE = 1_000_003
+
+
+class _Runs:
+    """The token sequence with prefix hashes: any run's hash in O(1)."""
+
+    def __init__(self, tokens: Sequence[Token]) -> None:
+        ids: Dict[Token, int] = {}
+        self.prefix, self.power = [0], [1]
+        self.positions: Dict[Token, List[int]] = {}
+        for i, tok in enumerate(tokens):
+            code = ids.setdefault(tok, len(ids) + 1)
+            self.prefix.append((self.prefix[-1] * _BASE + code) % _MOD)
+            self.power.append(self.power[-1] * _BASE % _MOD)
+            self.positions.setdefault(tok, []).append(i)
+
+    def key(self, a: int, b: int) -> Tuple[int, int]:
+        """(hash, length) of tokens[a:b]."""
+        return (self.prefix[b] - self.prefix[a] * self.power[b - a]) % _MOD, b - a
+
+    def count_in(self, tok: Token, a: int, b: int) -> int:
+        places = self.positions[tok]
+        return bisect_left(places, b) - bisect_left(places, a)
 
 
 def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[Token, Tuple[Token, ...]]]:
@@ -129,28 +152,26 @@ def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[Token, Tuple[Token, ...]]
     most regular (ANCHOR_SHARE_SLACK), the one seen most often wins (it marks every
     iteration, also those that deviate: an eager fallback among graph replays), then the
     longest run, then the earliest token."""
-    first_seen: Dict[Token, int] = {}
-    positions: Dict[Token, List[int]] = {}
-    for i, tok in enumerate(tokens):
-        first_seen.setdefault(tok, i)
-        positions.setdefault(tok, []).append(i)
+    runs = _Runs(tokens)
     candidates = []
-    for tok, places in positions.items():
+    for tok, places in runs.positions.items():
         if len(places) < MIN_STEPS:
             continue
-        segments = _segments(tokens, places)
-        common, times = Counter(segments).most_common(1)[0]
-        if times >= 2 and times >= STEP_REGULAR_SHARE * len(segments):
-            candidates.append((times / len(segments), len(places), len(common),
-                               -first_seen[tok], tok, common))
+        keys = Counter(runs.key(a, b) for a, b in zip(places, places[1:]))
+        common, times = keys.most_common(1)[0]
+        if times >= 2 and times >= STEP_REGULAR_SHARE * (len(places) - 1):
+            start = next(a for a, b in zip(places, places[1:]) if runs.key(a, b) == common)
+            candidates.append((times / (len(places) - 1), len(places), common[1], -places[0],
+                               tok, (start, start + common[1])))
     outer = [c for c in candidates
-             if not any(other[5].count(c[4]) >= 2 for other in candidates)]
+             if not any(runs.count_in(c[4], *other[5]) >= 2 for other in candidates)]
     if not outer:
         return None
     best_share = max(c[0] for c in outer)
     near = [c for c in outer if c[0] >= best_share - ANCHOR_SHARE_SLACK]
     chosen = max(near, key=lambda c: (c[1], c[2], c[3]))
-    return chosen[4], chosen[5]
+    a, b = chosen[5]
+    return chosen[4], tuple(tokens[a:b])
 
 
 def _starts_by_token(calls: Sequence[Call], anchor: Token) -> List[int]:

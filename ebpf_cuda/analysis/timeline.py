@@ -22,9 +22,10 @@ PER_THREAD_STREAM = 2  # cudaStreamPerThread
 WORK_ROLES = (Role.LAUNCH, Role.COPY, Role.MEMSET, Role.GRAPH_LAUNCH)
 
 
-@dataclass
+@dataclass(eq=False)
 class Call:
-    """One completed call, as the analyses see it. Times are CLOCK_MONOTONIC ns."""
+    """One completed call, as the analyses see it (compared by identity). Times are
+    CLOCK_MONOTONIC ns."""
 
     pid: int
     tid: int
