@@ -302,3 +302,20 @@ def test_an_outer_loop_over_identical_layers():
         s.launch(0x900)  # the optimizer
     loop, = analyzed(s).context().loops
     assert len(loop.steps) == 6 and all(len(st.launches) == 38 for st in loop.steps)
+
+
+def test_queries_that_find_work_busy_raise_the_lower_bound():
+    s = Script()
+    first = s.launch(0x100, stream=0x5000)
+    s.call("cudaEventRecord", event=0xe000, stream=0x5000)
+    busy = s.call("cudaEventQuery", event=0xe000, ret=600)
+    s.call("cudaStreamQuery", stream=0x5000, ret=600)
+    done = s.call("cudaEventQuery", event=0xe000)
+    waits = analyzed(s).context().waits
+    assert waits.not_ready == {(7, 0x5000): 2}
+    window, = waits.windows
+    start = first.ts_ns - first.duration_ns
+    later_busy = s.events[3]
+    assert window.outstanding_bounds() == (
+        later_busy.ts_ns - later_busy.duration_ns - start, done.ts_ns - start)
+    assert busy.ret == 600

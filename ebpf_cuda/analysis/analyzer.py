@@ -174,7 +174,9 @@ def waits_text(ctx: Context) -> str:
     """Per stream: the windows of work proven done, the bounds on how long the work was
     outstanding, the certain idle gaps; then the sync sites."""
     rows = []
-    for key in sorted({w.stream for w in ctx.waits.windows} | {g.stream for g in ctx.waits.gaps}):
+    keys = {w.stream for w in ctx.waits.windows} | {g.stream for g in ctx.waits.gaps} | set(
+        ctx.waits.not_ready)
+    for key in sorted(keys):
         windows = [w for w in ctx.waits.windows if w.stream == key]
         gaps = [g for g in ctx.waits.gaps if g.stream == key]
         low = sum(w.outstanding_bounds()[0] for w in windows)
@@ -182,20 +184,25 @@ def waits_text(ctx: Context) -> str:
         rows.append(("%d" % key[0], "0x%x" % key[1] if key[1] else "0 (legacy)",
                      integer(len(windows)), integer(sum(w.blocked for w in windows)),
                      integer(low), integer(high), integer(len(gaps)),
-                     integer(sum(g.ns for g in gaps))))
+                     integer(sum(g.ns for g in gaps)),
+                     integer(ctx.waits.not_ready.get(key, 0))))
     text = " Where the host waits on the GPU (host-derived bounds, no GPU timestamps):"
     if not rows:
         return text + " no call proved a stream's work done"
     text += "\n\n" + table(("pid", "stream", "waits", "blocked", "outstanding >= (ns)",
-                            "outstanding <= (ns)", "idle gaps", "idle >= (ns)"), rows)
+                            "outstanding <= (ns)", "idle gaps", "idle >= (ns)",
+                            "queries: busy"), rows)
     sites = ctx.waits.sync_sites(ctx.calls)
-    text += "\n\n" + table(("calls", "blocked", "waited (ns)", "synchronising call site"),
-                           [(integer(n), integer(b), integer(ns), site)
-                            for site, n, b, ns in sites[:10]], left=(3,))
+    if sites:
+        text += "\n\n" + table(("calls", "blocked", "waited (ns)", "synchronising call site"),
+                               [(integer(n), integer(b), integer(ns), site)
+                                for site, n, b, ns in sites[:10]], left=(3,))
     return text + ("\n\n outstanding: from the first work queued after the stream was last "
                    "known done to the return of the call that waited for it (at least to "
                    "its start when it blocked);\n idle >= : from a proof of completion to the "
-                   "next work queued on the stream (the stream may have gone idle earlier).")
+                   "next work queued on the stream (the stream may have gone idle earlier);"
+                   "\n queries: busy: cudaStreamQuery/cudaEventQuery calls that found its "
+                   "work not done.")
 
 
 def replays_by_capture(ctx: Context) -> Dict[str, int]:

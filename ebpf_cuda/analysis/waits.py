@@ -13,7 +13,8 @@ an event recorded on it (the work queued before the record), a synchronous copy 
 - after a proof of completion at time t, the stream is empty until the host queues its next
   work at t': [t, t'] is certain idle time of that stream (`gaps`), a lower bound of its
   idle time (it may have gone idle earlier);
-- a query answering not-ready proves work outstanding at its time.
+- a query answering not-ready proves the work outstanding at its time (raising the lower
+  bound of its window).
 
 cudaEventElapsedTime's results are GPU-measured intervals the program computed: kept as
 they are (`elapsed`).
@@ -38,10 +39,12 @@ class Window:
     submits: int
     proof: Call  # the call whose return proves the work done
     blocked: bool  # the proof call waited (the work was not done when it started)
+    busy_at_ns: int = 0  # the latest query that found the work not done (0: none)
 
     def outstanding_bounds(self) -> Tuple[int, int]:
         """(at least, at most) ns the stream had this window's work outstanding."""
-        low = self.proof.start_ns - self.first_submit_ns if self.blocked else 0
+        seen_busy = max(self.proof.start_ns if self.blocked else 0, self.busy_at_ns)
+        low = seen_busy - self.first_submit_ns if seen_busy else 0
         return max(0, low), max(0, self.proof.end_ns - self.first_submit_ns)
 
 
@@ -88,6 +91,7 @@ class _Stream:
         self.submits = 0
         self.done_at: Optional[Call] = None  # the last proof, while no work came after it
         self.last_submit: Optional[Call] = None
+        self.busy_at = 0  # the start of the latest query that found work not done
 
 
 def derive(calls: Sequence[Call]) -> Waits:
@@ -105,10 +109,24 @@ def derive(calls: Sequence[Call]) -> Waits:
             waits.elapsed.append(call)
         for key in _proves(call, streams, events):
             _prove(waits, streams, key, call)
-        if call.ret == NOT_READY and call.stream is not None:
-            key = (call.pid, call.stream)
-            waits.not_ready[key] = waits.not_ready.get(key, 0) + 1
+        if call.ret == NOT_READY:
+            _busy(waits, streams, call, events)
     return waits
+
+
+def _busy(waits: Waits, streams: Dict[StreamKey, _Stream], call: Call,
+          events: Dict[Tuple[int, int], Tuple[StreamKey, int]]) -> None:
+    """A query found work not done: on its stream, or the stream its event was recorded on."""
+    if call.stream is not None:
+        key: Optional[StreamKey] = (call.pid, call.stream)
+    else:
+        found = events.get((call.pid, call.args.get("event")))
+        key = found[0] if found is not None else None
+    if key is not None:
+        waits.not_ready[key] = waits.not_ready.get(key, 0) + 1
+        state = streams.get(key)
+        if state is not None and state.first_submit is not None:
+            state.busy_at = call.start_ns
 
 
 def _submit(waits: Waits, streams: Dict[StreamKey, _Stream], call: Call) -> None:
@@ -154,6 +172,6 @@ def _prove(waits: Waits, streams: Dict[StreamKey, _Stream], key: StreamKey, call
     state = streams.setdefault(key, _Stream())
     if state.first_submit is not None and state.first_submit is not call:
         waits.windows.append(Window(key, state.first_submit.start_ns, state.submits, call,
-                                    call.duration_ns >= SYNC_MIN_BLOCKED_NS))
-    state.first_submit, state.submits = None, 0
+                                    call.duration_ns >= SYNC_MIN_BLOCKED_NS, state.busy_at))
+    state.first_submit, state.submits, state.busy_at = None, 0, 0
     state.done_at = call
