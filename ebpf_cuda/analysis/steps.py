@@ -36,8 +36,8 @@ def token(call: Call) -> Optional[Token]:
     """What a call is in the loop's pattern (None: no part of it)."""
     if call.failed or call.captured:
         return None
-    if call.role == Role.LAUNCH:
-        return ("launch", call.kernel)
+    if call.role == Role.LAUNCH:  # (by address: a name may be learned only later)
+        return ("launch", call.func)
     if call.role == Role.GRAPH_LAUNCH:
         return ("graph", call.args.get("graphExec"))
     if call.role == Role.COPY:  # (by size too: a batch's copy is not a weight's upload)
@@ -230,6 +230,8 @@ def _show(tok: Token) -> str:
     kind, what = tok
     if kind == "graph":
         return "graph launch of exec 0x%x" % what if isinstance(what, int) else "graph launch"
+    if kind == "launch":
+        return "launch of 0x%x" % what if isinstance(what, int) else "launch"
     return "%s %s" % (kind, what)
 
 

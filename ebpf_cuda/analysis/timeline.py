@@ -43,11 +43,13 @@ class Call:
     outs: Dict[str, Any]
     py_stack: Optional[Tuple[PyFrame, ...]] = None
     kernel: Optional[str] = None  # launches: the kernel's name (else its address in hex)
+    func: Optional[int] = None  # launches: the kernel's address or handle (steps key on it)
     bytes: int = 0  # copies, memsets, allocations
     direction: Optional[str] = None  # copies: a Direction
     captured: bool = False  # recorded into a stream capture, not run
     kernels_run: int = 0  # graph launches: the kernels its nodes run
     index: int = 0  # position in its thread's list
+    unnamed: Optional[Event] = None  # a launch not named yet: named again at the end
 
     @property
     def duration_ns(self) -> int:
@@ -103,8 +105,11 @@ def make_call(event: Event, namer: Optional[Namer] = None) -> Optional[Call]:
                 event.ret_name, stream, blocks(api), api.asynchronous, event.args, event.outs,
                 event.py_stack, captured=bool(event.outs.get("captured")))
     if api.role == Role.LAUNCH and "func" in event.args:
-        name = namer(event, event.args["func"]) if namer is not None else None
-        call.kernel = name or "0x%x" % event.args["func"]
+        call.func = event.args["func"]
+        name = namer(event, call.func) if namer is not None else None
+        call.kernel = name or "0x%x" % call.func
+        if name is None and namer is not None:
+            call.unnamed = event  # (a name learned later, live, names it at the end)
     elif api.role == Role.GRAPH_LAUNCH:
         call.kernels_run = _kernels_run(event.outs.get("nodes"))
     if api.role in (Role.COPY, Role.MEMSET, Role.ALLOC, Role.HOST_REGISTER):
@@ -151,6 +156,10 @@ class Timeline:
     def finish(self) -> None:
         for held in self._layers.flush():
             self._keep(held)
+        for call in self.calls:
+            if call.unnamed is not None:
+                name = self.namer(call.unnamed, call.func)  # type: ignore[misc]
+                call.kernel, call.unnamed = name or call.kernel, None
         self.calls.sort(key=lambda c: (c.start_ns, c.end_ns))
         self.threads = {}
         for call in self.calls:
