@@ -12,7 +12,8 @@ from .common import print_report, say
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", metavar="FILE...", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True,
-              help="JSON Lines: a `steps` record per loop, a `finding` record per finding.")
+              help="JSON Lines: a `steps` record per loop, a `graph_replays` record per "
+                   "capture site, a `finding` record per finding.")
 @click.option("--step-at", metavar="FUNCTION",
               help="Each call of this CUDA function, or each invocation of this Python "
                    "function (traces with --py-stacks), starts a step.")

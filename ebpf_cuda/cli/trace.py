@@ -75,7 +75,8 @@ from .signals import stopper
               help="With --analyze: each call of this CUDA function, or each invocation of "
                    "this Python function (--py-stacks), starts a step.")
 @click.option("--save", metavar="FILE",
-              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` later.")
+              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` (or "
+                   "`analyze FILE`) later.")
 @click.option("--trace-out", metavar="FILE.json",
               help="Write a timeline in Chrome trace format (open in Perfetto UI).")
 @click.option("--report", "report_html", metavar="FILE.html",
