@@ -319,3 +319,18 @@ def test_queries_that_find_work_busy_raise_the_lower_bound():
     assert window.outstanding_bounds() == (
         later_busy.ts_ns - later_busy.duration_ns - start, done.ts_ns - start)
     assert busy.ret == 600
+
+
+def test_default_stream_work_only_beside_other_streams():
+    def program(other_stream: bool) -> Script:
+        s = Script()
+        for _ in range(4):
+            s.launch(0x100, stream=0x5000 if other_stream else 0)
+            s.call("cudaMemcpyAsync", dst=0x7f0000100000, src=0x7f0000000000, size=4096,
+                   kind="DeviceToDevice", stream=0, line=60)
+        return s
+    assert analyzed(program(False)).findings() == []  # one stream: nothing to serialise with
+    finding, = analyzed(program(True)).findings()
+    assert (finding.rule, finding.evidence) == ("default-stream-work",
+                                                {"calls": 4, "bytes": 4 * 4096})
+    assert finding.where["python"] == "/app/train.py:60 train"
