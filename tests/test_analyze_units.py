@@ -322,8 +322,9 @@ def test_queries_that_find_work_busy_raise_the_lower_bound():
 
 
 def test_default_stream_work_only_beside_other_streams():
-    def program(other_stream: bool) -> Script:
+    def program(other_stream: bool, flags: int = 0) -> Script:
         s = Script()
+        s.call("cudaStreamCreateWithFlags", flags=flags, outs={"stream": 0x5000})
         for _ in range(4):
             s.launch(0x100, stream=0x5000 if other_stream else 0)
             s.call("cudaMemcpyAsync", dst=0x7f0000100000, src=0x7f0000000000, size=4096,
@@ -334,3 +335,23 @@ def test_default_stream_work_only_beside_other_streams():
     assert (finding.rule, finding.evidence) == ("default-stream-work",
                                                 {"calls": 4, "bytes": 4 * 4096})
     assert finding.where["python"] == "/app/train.py:60 train"
+    # a non-blocking stream does not wait for the legacy stream, nor it for it
+    assert analyzed(program(True, flags=1)).findings() == []
+
+
+def test_a_pageable_copy_synchronised_at_once_is_a_synchronous_one():
+    s = Script()
+    for size in (1 << 20, 1 << 22, 1 << 21):  # a model's weights uploaded the way PyTorch's
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x55550000, size=size,  # blocking
+               kind="HostToDevice", stream=0, line=70)  # copy does: cudaMemcpyAsync, then
+        s.call("cudaStreamSynchronize", stream=0, line=70)  # cudaStreamSynchronize
+    assert analyzed(s).findings() == []  # (synchronous ones are flagged in steady steps)
+
+
+def test_a_failed_call_retried_is_no_ignored_error():
+    s = Script()
+    s.call("cudaMalloc", ret=2, size=1 << 40)  # out of memory: the allocator frees, retries
+    s.call("cudaFree", ptr=0x7f0000000000)
+    s.call("cudaMalloc", size=1 << 40, outs={"ptr": 0x7f0000000000})
+    s.launch(0x100)
+    assert analyzed(s).findings() == []

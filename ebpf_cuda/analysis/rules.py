@@ -94,6 +94,14 @@ def _is_pinned(live: Dict[Tuple[int, int], int], pid: int, address: int) -> bool
                for (p, start), size in live.items())
 
 
+def _synced_at_once(ctx: Context, call: Call) -> bool:
+    """An async copy whose thread's next call waits for the GPU (PyTorch's blocking copies:
+    cudaMemcpyAsync then cudaStreamSynchronize): synchronous in effect."""
+    calls = ctx.timeline.threads.get((call.pid, call.tid), [])
+    following = calls[call.index + 1] if call.index + 1 < len(calls) else None
+    return following is not None and following.blocking and following.role is None
+
+
 def pageable_copy(ctx: Context) -> List[Finding]:
     """Copies of at least PAGEABLE_MIN_BYTES between the GPU and host memory no CUDA call
     allocated page-locked or registered: async ones anywhere, synchronous ones when in most
@@ -106,8 +114,9 @@ def pageable_copy(ctx: Context) -> List[Finding]:
         host = _host_pointer(call)
         if host is None or _is_pinned(live, call.pid, host):
             continue
-        if call.asynchronous or id(call) in in_steps:
-            groups.setdefault((call.site, call.direction or "", call.asynchronous),
+        asynchronous = call.asynchronous and not _synced_at_once(ctx, call)
+        if asynchronous or id(call) in in_steps:
+            groups.setdefault((call.site, call.direction or "", asynchronous),
                               []).append(call)
     findings = []
     for (site, direction, asynchronous), calls in sorted(groups.items()):
@@ -295,11 +304,27 @@ def graph_fallback(ctx: Context) -> List[Finding]:
     return findings
 
 
+# Stream creations whose new stream the legacy default stream serialises with: created
+# without cudaStreamNonBlocking (flags 0; cudaStreamCreate has none).
+BLOCKING_STREAM_CREATES = ("cudaStreamCreate", "cudaStreamCreateWithFlags",
+                           "cudaStreamCreateWithPriority", "cuStreamCreate",
+                           "cuStreamCreateWithPriority")
+
+
+def _blocking_streams(calls: Sequence[Call]) -> set:
+    """(pid, stream) of the streams seen created blocking (streams created before the trace
+    or non-blocking are not: nothing is claimed about them)."""
+    return {(c.pid, c.outs.get("stream")) for c in calls
+            if c.api in BLOCKING_STREAM_CREATES and not c.failed
+            and not (c.args.get("flags") or c.args.get("Flags") or 0) & 1}
+
+
 def default_stream_work(ctx: Context) -> List[Finding]:
     """Memsets and device-to-device copies on the legacy default stream of a process that
-    also uses other streams (the legacy stream serialises with them)."""
-    others = {c.pid for c in ctx.calls if c.is_work and c.stream not in (None, LEGACY_STREAM,
-                                                                          PER_THREAD_STREAM)}
+    also queues work on streams created blocking (the legacy stream serialises with them)."""
+    blocking = _blocking_streams(ctx.calls)
+    others = {c.pid for c in ctx.calls if c.is_work and c.stream not in (
+        None, LEGACY_STREAM, PER_THREAD_STREAM) and (c.pid, c.stream) in blocking}
     groups: Dict[Tuple[int, str, str], List[Call]] = {}
     for call in ctx.calls:
         if call.pid in others and call.is_work and call.stream == LEGACY_STREAM and (
@@ -312,7 +337,7 @@ def default_stream_work(ctx: Context) -> List[Finding]:
          "thread": "%d/%d" % (calls[0].pid, calls[0].tid)},
         "issue them on the stream whose work they belong to (cudaMemsetAsync/"
         "cudaMemcpyAsync with that stream): the legacy stream waits for every other stream",
-        "%d calls (%d bytes) on the legacy default stream while the process uses other "
+        "%d calls (%d bytes) on the legacy default stream while the process uses blocking "
         "streams" % (len(calls), sum(c.bytes for c in calls)))
         for (pid, site, api), calls in sorted(groups.items())]
 
@@ -325,7 +350,7 @@ def ignored_error(ctx: Context) -> List[Finding]:
         for i, call in enumerate(calls):
             if not call.failed or call.ret in EXPECTED_ERRORS or call.api in ERROR_CHECKS:
                 continue
-            after = _next_work(calls[i + 1:], call.stream)
+            after = _next_work(calls[i + 1:], call)
             if after is not None:
                 groups.setdefault((call.site, call.api, call.ret_name), []).append((call, after))
     return [Finding(
@@ -340,11 +365,14 @@ def ignored_error(ctx: Context) -> List[Finding]:
         for (site, api, name), pairs in sorted(groups.items(), key=lambda g: str(g[0]))]
 
 
-def _next_work(calls: Sequence[Call], stream: Optional[int]) -> Optional[Call]:
+def _next_work(calls: Sequence[Call], failed: Call) -> Optional[Call]:
+    """The work queued after a failed call on its stream (on any, for calls that name
+    none), unless the program asked for the error or made the same call again first and
+    it worked (a retry: PyTorch's allocator after an out-of-memory error)."""
     for call in calls:
-        if call.api in ERROR_CHECKS:
-            return None  # the program asked
-        if call.is_work and (stream is None or call.stream == stream):
+        if call.api in ERROR_CHECKS or (call.api == failed.api and not call.failed):
+            return None
+        if call.is_work and (failed.stream is None or call.stream == failed.stream):
             return call
     return None
 
