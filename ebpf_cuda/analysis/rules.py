@@ -279,12 +279,14 @@ def _threads(grid: Any) -> int:
 
 
 def graph_fallback(ctx: Context) -> List[Finding]:
-    """A loop whose steps mostly replay CUDA graphs but some ran eagerly."""
+    """A loop whose steps replay CUDA graphs, some of which, after the first replay, ran
+    eagerly (the eager steps before it are the warm-up and capture: torch.compile's)."""
     findings = []
     for loop in ctx.loops:
         steady = loop.steady()
         graph = [s for s in steady if s.mode == "graph"]
-        eager = [s for s in steady if s.mode in ("eager", "mixed")]
+        eager = [s for s in steady if s.mode in ("eager", "mixed")
+                 and graph and s.number > graph[0].number]
         if not graph or not eager:
             continue
         sites = sorted({ctx.captures.get((c.pid, c.args.get("graphExec")), "?")
