@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kernel
 
 PROGRAM = REPO / "tests" / "analyze" / "loops.py"
 STEPS = 6
-DEVICE_US = 2000  # device time per launch (the stand-in's simulated device)
+DEVICE_US = 5000  # device time per launch (the stand-in's simulated device)
 LINES = {}
 for _number, _text in enumerate(PROGRAM.read_text().splitlines(), 1):
     if "# <- " in _text:
