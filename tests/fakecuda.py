@@ -41,7 +41,8 @@ MORE_FUNCTIONS = (
     "cudaStreamQuery", "cudaEventCreateWithFlags", "cudaEventDestroy", "cudaEventQuery",
     "cudaEventElapsedTime", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel",
     "cudaGraphLaunch", "cudaGraphInstantiate", "cudaStreamBeginCapture", "cudaStreamEndCapture",
-    "cudaGetLastError", "cudaPeekAtLastError", "cudaGetKernel",
+    "cudaGetLastError", "cudaPeekAtLastError", "cudaGetKernel", "cudaHostRegister",
+    "cudaHostUnregister",
 )
 VARIANT_FUNCTIONS = (
     "cudaLaunchKernel_ptsz", "cudaMemcpy_ptds", "cudaMemcpyAsync_ptsz", "cudaMemsetAsync_ptsz",

@@ -59,7 +59,8 @@ def test_the_seed_functions_lead_the_table():
 
 ROLE_OF_CATEGORY = {"launch": apis.Role.LAUNCH, "memcpy": apis.Role.COPY,
                     "memset": apis.Role.MEMSET}
-ROLES = {apis.Role.ALLOC, apis.Role.FREE, apis.Role.COPY, apis.Role.MEMSET, apis.Role.LAUNCH}
+ROLES = {apis.Role.ALLOC, apis.Role.FREE, apis.Role.COPY, apis.Role.MEMSET, apis.Role.LAUNCH,
+         apis.Role.HOST_REGISTER, apis.Role.HOST_UNREGISTER}
 GRAPH_ROLES = {apis.Role.CAPTURE_BEGIN, apis.Role.CAPTURE_END, apis.Role.GRAPH_CREATE,
                apis.Role.KERNEL_NODE, apis.Role.COPY_NODE, apis.Role.MEMSET_NODE,
                apis.Role.CHILD_NODE, apis.Role.EMPTY_NODE, apis.Role.INSTANTIATE,
@@ -81,7 +82,8 @@ def test_every_row_of_the_analysed_categories_has_its_role():
     for api in apis.TABLE:
         assert api.role in ROLES | GRAPH_ROLES | set(CAPTURE_JOINS.values()) | {None}, api.name
         if api.category == "memory":
-            assert api.role in (apis.Role.ALLOC, apis.Role.FREE), api.name
+            assert api.role in (apis.Role.ALLOC, apis.Role.FREE, apis.Role.HOST_REGISTER,
+                                apis.Role.HOST_UNREGISTER), api.name
         elif api.category in ROLE_OF_CATEGORY:
             assert api.role == ROLE_OF_CATEGORY[api.category], api.name
         elif api.category == "graph":  # (the capture mode exchange changes no graph)

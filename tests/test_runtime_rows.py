@@ -54,7 +54,8 @@ OPS = (
     "graphdestroy:@2", "execdestroy:last",
     "setdevice:1", "getdevice", "setdevice:7", "getlasterror", "peeklasterror",
     "eventdestroy:@1", "streamdestroy:@0", "streamdestroy:0",
-    "free", "freehost", "freeasync:last:@1", "devreset",
+    "free", "freehost", "freeasync:last:@1", "hostregister:4096:1", "hostregister:0",
+    "hostunregister", "devreset",
 )
 
 NOT_DEFAULT = {"cudaGetLastError", "cudaPeekAtLastError", "cudaGetDevice"}
@@ -87,6 +88,7 @@ ARGS: Dict[str, Callable[[Call], Dict[str, Any]]] = {
     "cudaMallocAsync": _n("size", "stream"), "cudaMallocPitch": _n("width", "height"),
     "cudaMallocHost": _n("size"), "cudaHostAlloc": _n("size", "flags"),
     "cudaFree": _n("ptr"), "cudaFreeHost": _n("ptr"), "cudaFreeAsync": _n("ptr", "stream"),
+    "cudaHostRegister": _n("ptr", "size", "flags"), "cudaHostUnregister": _n("ptr"),
     "cudaMemcpy": _copy, "cudaMemcpyAsync": _copy, "cudaMemcpy2D": _copy_2d,
     "cudaMemcpy2DAsync": _copy_2d,
     "cudaMemcpyPeer": _n("dst", "dstDevice", "src", "srcDevice", size="count"),

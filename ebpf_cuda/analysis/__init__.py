@@ -15,6 +15,7 @@ _HOMES = {
     "python_lines": ("PythonLines", "frame_text", "user_frame", "user_line"),
     "summary": ("Summary", "copy_operation"),
     "statistics": ("Stats", "percentile", "stats"),
+    "analyzer": ("Analyzer",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_MODULE_OF)

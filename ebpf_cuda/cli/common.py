@@ -100,3 +100,11 @@ def check_split(summary: bool, by_device: bool, by_container: bool) -> None:
     for given, option in ((by_device, "--by-device"), (by_container, "--by-container")):
         if given and not summary:
             raise UsageError("%s splits the summary: give --summary too" % option)
+
+
+def check_analyze(analyze: bool, step_at: Optional[str], no_returns: bool = False) -> None:
+    """--step-at goes with --analyze; the analysis needs each call's return (its duration)."""
+    if step_at is not None and not analyze:
+        raise UsageError("--step-at names the step for --analyze: give --analyze too")
+    if analyze and no_returns:
+        raise UsageError("--analyze needs each call's duration: not with -r/--no-returns")

@@ -1,10 +1,10 @@
 """The `ebpf-cuda` command: the entry point, which picks the command (trace, the default;
-`report`; `monitor`) and turns what goes wrong into one line and an exit code. Only this
-package (cli/) prints, exits or installs signal handlers.
+`report`; `analyze`; `monitor`) and turns what goes wrong into one line and an exit code.
+Only this package (cli/) prints, exits or installs signal handlers.
 
 trace.py is imported with this module (it is the command that runs most, and a start that
-drops privileges must have imported what the tracer needs); report.py and monitor.py when
-their command is given."""
+drops privileges must have imported what the tracer needs); report.py, analyze.py and
+monitor.py when their command is given."""
 import errno
 import sys
 from typing import List, Optional
@@ -78,6 +78,11 @@ def _run(args: List[str]) -> None:
 
         unblock_stop_signals()  # (Python's signals)
         report_cmd.main(args=args[1:], prog_name="ebpf-cuda report", standalone_mode=False)
+    elif args[:1] == ["analyze"]:
+        from .analyze import analyze_cmd
+
+        unblock_stop_signals()  # (Python's signals)
+        analyze_cmd.main(args=args[1:], prog_name="ebpf-cuda analyze", standalone_mode=False)
     elif args[:1] == ["monitor"]:
         from .monitor import monitor_cmd
 

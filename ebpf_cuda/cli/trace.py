@@ -9,7 +9,8 @@ from ..output import plan
 from ..spec import apis
 from ..spec.config import TraceConfig
 from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
-from .common import check_split, echo, print_report, say, split_functions, stdout_closed_at_start
+from .common import (check_analyze, check_split, echo, print_report, say, split_functions,
+                     stdout_closed_at_start)
 from .signals import stopper
 
 
@@ -66,8 +67,16 @@ from .signals import stopper
               help="Each call carries its thread's Python stack (file, executing line, "
                    "function), walked by the probe: JSON `py_stack`, ` at FILE:LINE (FUNCTION)` "
                    "on text lines, a summary table by Python line. CPython 3.8-3.14.")
+@click.option("--analyze", is_flag=True,
+              help="At the end: the program's steps (loop iterations), where the host waits "
+                   "on the GPU, and findings (what to change); with --json as JSON records. "
+                   "Best with --py-stacks (findings name Python lines). See docs/analysis.md.")
+@click.option("--step-at", metavar="FUNCTION",
+              help="With --analyze: each call of this CUDA function, or each invocation of "
+                   "this Python function (--py-stacks), starts a step.")
 @click.option("--save", metavar="FILE",
-              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` later.")
+              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` (or "
+                   "`analyze FILE`) later.")
 @click.option("--trace-out", metavar="FILE.json",
               help="Write a timeline in Chrome trace format (open in Perfetto UI).")
 @click.option("--report", "report_html", metavar="FILE.html",
@@ -90,7 +99,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           no_follow: bool, as_json: bool, output: Optional[str],
           ring_size: Optional[str], spool_size: Optional[str], entries: bool,
           list_functions: bool, summary: bool, by_device: bool, by_container: bool,
-          leaks: bool, stacks: bool, py_stacks: bool,
+          leaks: bool, stacks: bool, py_stacks: bool, analyze: bool, step_at: Optional[str],
           save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
           gpu_samples: Optional[float], nvml_path: Optional[str],
@@ -106,9 +115,11 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
             sys.exit(1)
         return
     check_split(summary, by_device, by_container)
+    check_analyze(analyze, step_at, no_returns)
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
-                           stdout_closed_at_start(), by_device, by_container, py_stacks)
+                           stdout_closed_at_start(), by_device, by_container, py_stacks,
+                           analyze, step_at)
     in_kernel = request.summary_only() and not no_returns  # the kernel sums the calls up
     stopper.checkpoint()
     if pid is not None:

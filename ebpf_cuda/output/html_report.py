@@ -120,6 +120,8 @@ class HtmlReport:
         # --py-stacks: calls by Python line, as the summary's table (`py_stacks`: see it)
         self.python_lines = PythonLines(py_stacks)
         self.gpu = GpuState()  # the GPU's samples and events (note_gpu)
+        # --analyze: the analysis/analyzer.Analyzer fed the same events (its section)
+        self.analyzer = None
 
     def header(self) -> None:
         """Nothing is written before the end."""
@@ -302,8 +304,9 @@ def render(report: HtmlReport) -> str:
     """The whole page."""
     warning = ('<p class="lost"><strong>Not counted:</strong> %s</p>' % _esc(report.lost)
                if report.lost else "")
-    parts = [warning, _overview(report), _function_table(report), _time_plots(report),
-             _gpu_section(report), _histograms(report), _copy_table(report), _memory_table(report),
+    parts = [warning, _overview(report), _analysis_section(report), _function_table(report),
+             _time_plots(report), _gpu_section(report), _histograms(report),
+             _copy_table(report), _memory_table(report),
              _kernel_section(report), _python_table(report), _nccl_table(report),
              _error_table(report)]
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -482,3 +485,25 @@ def _error_table(r: HtmlReport) -> str:
         return ""
     rows = [(api, name, n) for (api, name), n in sorted(r.errors.items(), key=lambda kv: -kv[1])]
     return '<h2 class="err">Failed calls</h2>' + table(["function", "error", "calls"], rows)
+
+
+def _analysis_section(r: HtmlReport) -> str:
+    """--analyze: the findings, then each loop's steps (analysis/analyzer.py)."""
+    if r.analyzer is None:
+        return ""
+    from ..analysis.analyzer import step_rows
+
+    findings = r.analyzer.findings()
+    text = "<h2>Findings (--analyze)</h2>"
+    if not findings:
+        text += "<p>No finding.</p>"
+    else:
+        text += table(["severity", "rule", "what", "evidence", "where", "change"], [
+            (f.severity, f.rule, f.title, f.summary,
+             "; ".join("%s: %s" % (k, v) for k, v in f.where.items() if v not in (None, [])),
+             f.advice) for f in findings])
+    for loop in r.analyzer.context().loops:
+        text += "<h2>Steps of thread %d/%d: %d (%s)</h2>" % (loop.pid, loop.tid,
+                                                            len(loop.steps), _esc(loop.how))
+        text += table(["per step", "p50", "p95", "p99", "total"], step_rows(loop))
+    return text

@@ -80,6 +80,8 @@ class Request:
     by_device: bool = False  # the summary's tables once per device
     by_container: bool = False  # ... once per container
     py_stacks: bool = False  # events carry their Python stacks (the kernel cannot sum them)
+    analyze: bool = False  # --analyze: steps, wait bounds and findings at the end
+    step_at: Optional[str] = None  # --step-at FUNCTION: what starts a step
 
 
     def summary_only(self) -> bool:
@@ -87,7 +89,7 @@ class Request:
         return self.summary and not any((self.leaks, self.as_json, self.output, self.save,
                                          self.trace_out, self.report_html, self.pprof_out,
                                          self.by_device, self.by_container,
-                                         self.py_stacks))
+                                         self.py_stacks, self.analyze))
         # (devices and containers come with the events)
 
     def reports_to_stderr(self) -> bool:
@@ -118,7 +120,9 @@ class Plan:
 
         reports = []
         for analysis in self.analyses:
-            if not isinstance(analysis, LeakTracker):  # a Summary, or a SplitSummary
+            if getattr(analysis, "analyzes", False):  # (analyzer.Analyzer: its own report)
+                reports.append(analysis.report())
+            elif not isinstance(analysis, LeakTracker):  # a Summary, or a SplitSummary
                 in_kernel = tracer is not None and not tracer.emit
                 reports.append(analysis.report(tracer.aggregates() if in_kernel else None))
             else:
@@ -142,7 +146,7 @@ def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html or request.save or request.pprof_out))
-    sinks += _file_sinks(request, namer)
+    sinks += _file_sinks(request, namer, analyses)
     if request.pprof_out:  # (only when asked for)
         from .pprof import PprofWriter
 
@@ -162,7 +166,8 @@ def for_replay(request: Request, saved, warn: Optional[Warn] = None) -> Plan:
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, saved.namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html))
-    return Plan(analyses, sinks + _file_sinks(request, saved.namer), namer=saved.namer)
+    return Plan(analyses, sinks + _file_sinks(request, saved.namer, analyses),
+                namer=saved.namer)
 
 
 def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
@@ -214,6 +219,10 @@ def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
         analyses.append(SplitSummary(namer, request.by_device, request.by_container))
     elif request.summary:
         analyses.append(Summary(namer=namer))
+    if request.analyze:
+        from ..analysis.analyzer import Analyzer
+
+        analyses.append(Analyzer(namer, request.step_at, as_json=request.as_json))
     if request.leaks:
         analyses.append(LeakTracker(on_warning=lambda w: warn("warning: %s" % w) if warn
                                     else None))
@@ -234,8 +243,9 @@ def _event_sinks(request: Request, namer, events_wanted: bool = True) -> List[Si
                    request.output)]
 
 
-def _file_sinks(request: Request, namer) -> List[Sink]:
-    """The timeline (--trace-out) and HTML report (--report) writers."""
+def _file_sinks(request: Request, namer, analyses: Sequence[Sink] = ()) -> List[Sink]:
+    """The timeline (--trace-out) and HTML report (--report) writers (the report shows the
+    analysis of --analyze: the Analyzer among `analyses`)."""
     sinks: List[Sink] = []
     if request.trace_out:
         from .chrome_trace import ChromeTraceWriter  # only when asked for
@@ -245,8 +255,9 @@ def _file_sinks(request: Request, namer) -> List[Sink]:
     if request.report_html:
         from .html_report import HtmlReport  # only when asked for
 
-        sinks.append(_named(HtmlReport(open_output(request.report_html, request.stdout_closed),
-                                       namer=namer), request.report_html))
+        report = HtmlReport(open_output(request.report_html, request.stdout_closed), namer=namer)
+        report.analyzer = next((a for a in analyses if getattr(a, "analyzes", False)), None)
+        sinks.append(_named(report, request.report_html))
     return sinks
 
 

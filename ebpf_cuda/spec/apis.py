@@ -18,7 +18,8 @@ from .row import (  # noqa: F401 (re-exported: the table's vocabulary is importa
 # The rows in function-id order: saved traces and golden listings depend on it, so rows are
 # only ever appended (the graph rows came last so that earlier rows kept their ids).
 TABLE: Tuple[Api, ...] = (rows_runtime.ROWS + rows_driver.ROWS + rows_nccl.ROWS
-                          + rows_graphs.ROWS)
+                          + rows_graphs.ROWS + rows_runtime.LATER_ROWS
+                          + rows_driver.LATER_ROWS)
 
 # The seed tool's eleven functions: `--functions` with these reproduces it exactly.
 SEED_FUNCTIONS = tuple(api.name for api in TABLE[:11])

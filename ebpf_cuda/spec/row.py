@@ -85,6 +85,9 @@ class Role:
     GRAPH_LAUNCH = "graph-launch"  # runs `graphExec` on `stream`
     EVENT_RECORD = "event-record"  # `event` recorded on `stream` (captures join by events)
     STREAM_WAIT = "stream-wait"  # `stream` waits for `event`
+    # Host memory at argument `ptr`, `size` bytes, page-locked for the GPU (or no more).
+    HOST_REGISTER = "host-register"
+    HOST_UNREGISTER = "host-unregister"
 
 
 # What a stream capture records instead of running (graphs.py follows them, and the

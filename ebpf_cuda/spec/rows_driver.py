@@ -123,3 +123,12 @@ ROWS: Tuple[Api, ...] = (
     Api("cuFuncGetName", D, (_hidden("pName", 0), _a("function", K.HANDLE, 1)),
         (Out("name_ptr", K.PTR, 0),), "module", learn_name=("function", "name_ptr")),
 )
+
+# Rows added after the graph rows (their function ids follow every earlier row's: apis.TABLE).
+LATER_ROWS: Tuple[Api, ...] = (
+    Api("cuMemHostRegister_v2", D, (_a("ptr", K.PTR, 0), _a("size", K.SIZE, 1),
+                                    _a("flags", K.UINT, 2)), (), "memory",
+        role=Role.HOST_REGISTER, ptr="ptr", size=("size",)),
+    Api("cuMemHostUnregister", D, (_a("ptr", K.PTR, 0),), (), "memory",
+        role=Role.HOST_UNREGISTER, ptr="ptr"),
+)

@@ -131,3 +131,13 @@ ROWS: Tuple[Api, ...] = (
     Api("cudaGetLastError", R, (), (), "error", default=False),
     Api("cudaPeekAtLastError", R, (), (), "error", default=False),
 )
+
+# Rows added after the graph rows (their function ids follow every earlier row's: apis.TABLE).
+# Host memory page-locked for the GPU after its allocation (analyze's pageable-copy rule).
+LATER_ROWS: Tuple[Api, ...] = (
+    Api("cudaHostRegister", R, (_a("ptr", K.PTR, 0), _a("size", K.SIZE, 1),
+                                _a("flags", K.UINT, 2)), (), "memory",
+        role=Role.HOST_REGISTER, ptr="ptr", size=("size",)),
+    Api("cudaHostUnregister", R, (_a("ptr", K.PTR, 0),), (), "memory",
+        role=Role.HOST_UNREGISTER, ptr="ptr"),
+)

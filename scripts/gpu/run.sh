@@ -50,6 +50,7 @@ nccl|60|300|torch.distributed NCCL calls = what the script issued (order, counts
 nvml|150|420|GPU state beside a traced PyTorch loop (--gpu-samples): live allocations = memory_reserved(), NVML process memory = that + the gap, device memory = nvidia-smi, utilisation high in the loop and low in its sleep, GPM on Hopper, the sampler'"'"'s cost on the step time (issue 37)
 lines|100|360|--py-stacks: each call on the line of the loop that made it (lines known by construction); CI target: py_stack = the interpreter'"'"'s own stack
 graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhead): kernels and copies = CUPTI, checksums = untraced run, --summary alone = decoded table
+analyze|150|480|--analyze on PyTorch loops: planted .item(), pageable non_blocking copy, empty_cache found at their lines and nothing else; steps = iterations; CUDA graph and torch.compile replays attributed to the capturing line, each step'"'"'s mode; graphs would save vs measured (issue 38)
 monitor|90|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed
 monitor-cost|150|420|the monitor in turns on its own library copies: tiny op <= 1.02x bare entry probes, MLP step <= 1.02x untraced (issue 21)
 overhead|150|420|the CLI tracer in turns: tiny op trace <= 1.10x, --summary <= 1.05x a bare probe pair; MLP step <= 1.03x untraced (issue 7)'
@@ -105,6 +106,10 @@ check_lines() {
     local loop=$?
     "$PY" "$HERE/py_stacks_target_check.py" --out "$W/target"
     combine $loop $?
+}
+
+check_analyze() {
+    "$PY" "$HERE/analyze_check.py" --out "$W" --tracer "$TRACER"
 }
 
 check_nccl() {

@@ -36,6 +36,8 @@
  *   allochost:SIZE                      cuMemAllocHost_v2        out = host pointer
  *   mallocpitch:W:H[:ELEM=4]            cuMemAllocPitch_v2       out = device pointer, pitch=
  *   freehost[:HOSTPTR]                  cuMemFreeHost
+ *   hostregister:SIZE[:FLAGS=0]         cuMemHostRegister_v2 of the static host buffer
+ *   hostunregister                      cuMemHostUnregister of the static host buffer
  *   free[:PTR]                          cuMemFree_v2
  *   freeasync[:PTR[:STREAM=0]]          cuMemFreeAsync (freeasyncptsz: _ptsz)
  *   memcpy:N[:DST[:SRC]]                cuMemcpy (memcpyptds)    dst, src default: last device ptr
@@ -143,6 +145,8 @@ CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
 CUresult cuMemHostAlloc(void **, size_t, unsigned int);
 CUresult cuMemAllocHost_v2(void **, size_t);
 CUresult cuMemFreeHost(void *);
+CUresult cuMemHostRegister_v2(void *, size_t, unsigned int);
+CUresult cuMemHostUnregister(void *);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
@@ -504,7 +508,18 @@ static void do_alloc(const struct op *op, struct outcome *r) {
 
 static void do_free(const struct op *op, struct outcome *r) {
     CUdeviceptr ptr = ref_at(op, 1, DEV);
-    if (is(op, "freehost")) {
+    if (is(op, "hostregister")) {
+        size_t size = need_num(op, 1);
+        unsigned flags = num_at(op, 2, 0);
+        r->fn = "cuMemHostRegister_v2";
+        r->ret = cuMemHostRegister_v2(host_buffer, size, flags);
+        add(r, " ptr=0x%lx size=%zu flags=%u", (unsigned long)(uintptr_t)host_buffer, size,
+            flags);
+    } else if (is(op, "hostunregister")) {
+        r->fn = "cuMemHostUnregister";
+        r->ret = cuMemHostUnregister(host_buffer);
+        add(r, " ptr=0x%lx", (unsigned long)(uintptr_t)host_buffer);
+    } else if (is(op, "freehost")) {
         void *host = (void *)(uintptr_t)ref_at(op, 1, HOST);
         r->fn = "cuMemFreeHost";
         r->ret = cuMemFreeHost(host);
@@ -923,7 +938,8 @@ static const struct {
     {"setctx", do_context}, {"pushctx", do_context}, {"popctx", do_context},
     {"malloc", do_alloc}, {"mallocasync", do_alloc}, {"mallocasyncptsz", do_alloc},
     {"mallocmanaged", do_alloc}, {"hostalloc", do_alloc}, {"mallocpitch", do_alloc},
-    {"allochost", do_alloc}, {"freehost", do_free},
+    {"allochost", do_alloc}, {"freehost", do_free}, {"hostregister", do_free},
+    {"hostunregister", do_free},
     {"free", do_free}, {"freeasync", do_free}, {"freeasyncptsz", do_free},
     {"memcpy", do_copy}, {"memcpyptds", do_copy}, {"htod", do_copy}, {"htodptds", do_copy},
     {"dtoh", do_copy}, {"dtohptds", do_copy}, {"dtod", do_copy}, {"dtodptds", do_copy},

@@ -32,6 +32,8 @@
  *   hostalloc:SIZE[:FLAGS=0]         cudaHostAlloc          out = host pointer
  *   free[:PTR]                       cudaFree
  *   freehost[:HOSTPTR]               cudaFreeHost
+ *   hostregister:SIZE[:FLAGS=0]      cudaHostRegister of the static host buffer
+ *   hostunregister                   cudaHostUnregister of the static host buffer
  *   freeasync[:PTR[:STREAM=0]]       cudaFreeAsync
  *   memcpy:COUNT:KIND[:DST:SRC]      cudaMemcpy             (also memcpyptds: cudaMemcpy_ptds)
  *   memcpyasync:COUNT:KIND[:STREAM[:DST:SRC]]   cudaMemcpyAsync (memcpyasyncptsz: _ptsz)
@@ -131,6 +133,8 @@ cudaError_t cudaMallocHost(void **, size_t);
 cudaError_t cudaHostAlloc(void **, size_t, unsigned int);
 cudaError_t cudaFree(void *);
 cudaError_t cudaFreeHost(void *);
+cudaError_t cudaHostRegister(void *, size_t, unsigned int);
+cudaError_t cudaHostUnregister(void *);
 cudaError_t cudaFreeAsync(void *, cudaStream_t);
 cudaError_t cudaMemcpy(void *, const void *, size_t, int);
 cudaError_t cudaMemcpy_ptds(void *, const void *, size_t, int);
@@ -987,6 +991,16 @@ static void do_free(const struct op *op, struct outcome *r) {
         r->fn = "cudaFreeHost";
         r->ret = cudaFreeHost(ptr);
         add(r, " ptr=%p", ptr);
+    } else if (strcmp(name, "hostregister") == 0) {
+        size_t size = need_num(op, 1);
+        unsigned flags = (unsigned)num_at(op, 2, 0);
+        r->fn = "cudaHostRegister";
+        r->ret = cudaHostRegister(host_buffer, size, flags);
+        add(r, " ptr=%p size=%zu flags=%u", (void *)host_buffer, size, flags);
+    } else if (strcmp(name, "hostunregister") == 0) {
+        r->fn = "cudaHostUnregister";
+        r->ret = cudaHostUnregister(host_buffer);
+        add(r, " ptr=%p", (void *)host_buffer);
     } else {   /* freeasync */
         void *ptr = ref_at(op, 1, DEV), *stream = ref_or(op, 2, STREAM, 0);
         r->fn = "cudaFreeAsync";
@@ -1004,6 +1018,7 @@ static const struct {
     {"malloc", do_alloc}, {"mallocmanaged", do_alloc}, {"mallocasync", do_alloc},
     {"mallocpitch", do_alloc}, {"mallochost", do_alloc}, {"hostalloc", do_alloc},
     {"free", do_free}, {"freehost", do_free}, {"freeasync", do_free},
+    {"hostregister", do_free}, {"hostunregister", do_free},
     {"memcpy", do_copy}, {"memcpyptds", do_copy}, {"memcpyasync", do_copy},
     {"memcpyasyncptsz", do_copy}, {"memcpy2d", do_copy}, {"memcpy2dasync", do_copy},
     {"memcpypeer", do_copy},

@@ -43,6 +43,8 @@
  *   cuMemHostAlloc(p, n, flags)        1 if p NULL or flags > 15; 2 if n > 1<<40
  *   cuMemFree_v2, cuMemFreeAsync(+_ptsz)   0 (NULL too)
  *   cuMemAllocHost_v2(p, n)            a host pointer, as cuMemHostAlloc; cuMemFreeHost 0
+ *   cuMemHostRegister_v2(p, n, flags)  1 (INVALID_VALUE) if p NULL or n 0; cuMemHostUnregister(p)
+ *                                      1 if p NULL
  *   cuMemAllocPitch_v2(p, pitch, w, h, e)  *pitch = w rounded up to 512, a device pointer of
  *                                      pitch * h bytes; 1 if pitch NULL or e not 4, 8 or 16
  *   cuMemcpy*(dst, src, n[, stream])   1 if dst or src is 0; copies nothing (all variants)
@@ -332,6 +334,19 @@ EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
 }
 
 EXPORT CUresult cuMemFreeHost(void *p) { (void)p; return ready(91); }
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags) {
+    (void)flags;
+    if (ready(93) == CUDA_SUCCESS && (p == NULL || bytesize == 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    return ready(93);
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+    if (ready(94) == CUDA_SUCCESS && p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return ready(94);
+}
 
 /* pitch = width rounded up to 512 bytes; the allocation is pitch * height bytes. */
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width,

@@ -93,9 +93,25 @@
  *   cudaGraphDestroy(g), cudaGraphExecDestroy(x)   400 if NULL
  *   cudaGetLastError()                   the thread's last error, then resets it to 0
  *   cudaPeekAtLastError()                the thread's last error, without resetting it
+ *   cudaHostRegister(p, size, flags)     1 if p NULL or size 0; cudaHostUnregister(p): 1 if p NULL
+ *
+ * A simulated device, on when FAKECUDA_DEVICE_US (read at the first call) is a positive
+ * number of microseconds: each successful kernel launch queues that much device time on its
+ * stream (0 and 1 are the legacy default stream; streams are not otherwise ordered), after
+ * what the stream queued before (CLOCK_MONOTONIC). Then the calls that wait, wait:
+ * cudaStreamSynchronize(s) sleeps until s's queued work is done; cudaDeviceSynchronize until
+ * every stream's is; cudaEventRecord(e, s) marks e done when s's work queued so far is;
+ * cudaEventSynchronize(e) sleeps until then; cudaMemcpy/cudaMemset (synchronous) wait for the
+ * legacy stream first; cudaStreamQuery(s) and cudaEventQuery(e) answer 600 while the work is
+ * not done, else 0; cudaEventElapsedTime gives the simulated interval between its events'
+ * completion times, in ms. Off (the default): none of this, the results above.
+ * FAKECUDA_LAUNCH_US (read at the first launch): each successful launch also spins that many
+ * microseconds on the host before it returns (a launch's host cost), simulated device or not.
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
 
 /* A tail call (`jmp helper`) or shrink-wrapping would skip or delay the exported function's frame
  * setup, and identical-code folding could merge variants: forbid them here,
@@ -219,6 +235,122 @@ HELPER cudaError_t no_op(int variant) {
     return cudaSuccess;
 }
 
+
+/* ---- the simulated device (FAKECUDA_DEVICE_US) ---- */
+
+#define SIM_SLOTS 64
+static long long sim_device_ns = -1;                 /* -1: not read yet; 0: off */
+static long long sim_launch_ns = -1;                 /* FAKECUDA_LAUNCH_US, in ns */
+static uintptr_t sim_handles[SIM_SLOTS];             /* stream or event handle of each slot */
+static unsigned long long sim_done[SIM_SLOTS];       /* when its work is done (monotonic ns) */
+static unsigned long long sim_event_done[SIM_SLOTS];
+static uintptr_t sim_events[SIM_SLOTS];
+static int sim_lock;
+
+static unsigned long long sim_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+static int sim_on(void) {
+    if (sim_device_ns < 0) {
+        const char *text = getenv("FAKECUDA_DEVICE_US");
+        long long us = text ? atoll(text) : 0;
+        sim_device_ns = us > 0 ? us * 1000 : 0;
+    }
+    return sim_device_ns > 0;
+}
+
+static void sim_acquire(void) { while (__atomic_exchange_n(&sim_lock, 1, __ATOMIC_ACQUIRE)) {} }
+static void sim_release(void) { __atomic_store_n(&sim_lock, 0, __ATOMIC_RELEASE); }
+
+/* The slot of a handle in `table` (a new one when unseen; the last one when full). */
+static int sim_slot(uintptr_t *table, uintptr_t handle) {
+    int i;
+    for (i = 0; i < SIM_SLOTS - 1 && table[i] != 0; i++)
+        if (table[i] == handle + 1)
+            return i;
+    table[i] = handle + 1;
+    return i;
+}
+
+static uintptr_t sim_stream(cudaStream_t stream) {
+    uintptr_t handle = (uintptr_t)stream;
+    return handle == 1 ? 0 : handle;
+}
+
+/* A launch on `stream`: its host cost spent, the device time queued after what the stream
+ * had queued. */
+static void sim_launch(cudaStream_t stream) {
+    unsigned long long now;
+    int slot;
+    if (sim_launch_ns < 0) {
+        const char *text = getenv("FAKECUDA_LAUNCH_US");
+        long long us = text ? atoll(text) : 0;
+        sim_launch_ns = us > 0 ? us * 1000 : 0;
+    }
+    if (sim_launch_ns > 0) {
+        unsigned long long until = sim_now() + (unsigned long long)sim_launch_ns;
+        while (sim_now() < until) {}
+    }
+    if (!sim_on())
+        return;
+    now = sim_now();
+    sim_acquire();
+    slot = sim_slot(sim_handles, sim_stream(stream));
+    sim_done[slot] = (sim_done[slot] > now ? sim_done[slot] : now) + sim_device_ns;
+    sim_release();
+}
+
+static unsigned long long sim_stream_done(cudaStream_t stream) {
+    unsigned long long done;
+    sim_acquire();
+    done = sim_done[sim_slot(sim_handles, sim_stream(stream))];
+    sim_release();
+    return done;
+}
+
+static unsigned long long sim_all_done(void) {
+    unsigned long long done = 0;
+    int i;
+    sim_acquire();
+    for (i = 0; i < SIM_SLOTS; i++)
+        done = sim_done[i] > done ? sim_done[i] : done;
+    sim_release();
+    return done;
+}
+
+static void sim_wait_until(unsigned long long when) {
+    struct timespec ts;
+    if (when <= sim_now())
+        return;
+    ts.tv_sec = (time_t)(when / 1000000000ULL);
+    ts.tv_nsec = (long)(when % 1000000000ULL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {}
+}
+
+static void sim_record(cudaEvent_t event, cudaStream_t stream) {
+    unsigned long long now, done;
+    int slot;
+    if (!sim_on())
+        return;
+    now = sim_now();
+    done = sim_stream_done(stream);
+    sim_acquire();
+    slot = sim_slot(sim_events, (uintptr_t)event);
+    sim_event_done[slot] = done > now ? done : now;
+    sim_release();
+}
+
+static unsigned long long sim_event(cudaEvent_t event) {
+    unsigned long long done;
+    sim_acquire();
+    done = sim_event_done[sim_slot(sim_events, (uintptr_t)event)];
+    sim_release();
+    return done;
+}
+
 static int valid_device(int device) { return device >= 0 && device < DEVICE_COUNT; }
 
 /* ---- memory ---- */
@@ -264,6 +396,8 @@ EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream) {
 
 EXPORT cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
     (void)dst; (void)src; (void)count;
+    if (sim_on())
+        sim_wait_until(sim_stream_done(NULL));
     return copy(kind, 1);
 }
 
@@ -315,6 +449,8 @@ EXPORT cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int
 
 EXPORT cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
     (void)devPtr; (void)value; (void)count;
+    if (sim_on())
+        sim_wait_until(sim_stream_done(NULL));
     return no_op(4);
 }
 
@@ -360,7 +496,11 @@ EXPORT cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
-EXPORT cudaError_t cudaDeviceSynchronize(void) { return no_op(7); }
+EXPORT cudaError_t cudaDeviceSynchronize(void) {
+    if (sim_on())
+        sim_wait_until(sim_all_done());
+    return no_op(7);
+}
 EXPORT cudaError_t cudaDeviceReset(void) { return no_op(8); }
 
 /* ---- streams ---- */
@@ -384,7 +524,11 @@ EXPORT cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned 
 
 EXPORT cudaError_t cudaStreamDestroy(cudaStream_t stream) { return need_handle(stream); }
 
-EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) { (void)stream; return no_op(9); }
+EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (sim_on())
+        sim_wait_until(sim_stream_done(stream));
+    return no_op(9);
+}
 
 EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
     (void)stream;
@@ -392,6 +536,8 @@ EXPORT cudaError_t cudaStreamSynchronize_ptsz(cudaStream_t stream) {
 }
 
 EXPORT cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    if (sim_on())
+        return result(sim_stream_done(stream) > sim_now() ? cudaErrorNotReady : cudaSuccess);
     return result(((uintptr_t)stream & 1) ? cudaErrorNotReady : cudaSuccess);
 }
 
@@ -418,7 +564,8 @@ HELPER cudaError_t record(cudaEvent_t event, int variant) {
 }
 
 EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    (void)stream;
+    if (event != NULL)
+        sim_record(event, stream);
     return record(event, 1);
 }
 
@@ -427,11 +574,17 @@ EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) 
     return record(event, 2);
 }
 
-EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) { return need_handle(event); }
+EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (event != NULL && sim_on())
+        sim_wait_until(sim_event(event));
+    return need_handle(event);
+}
 
 EXPORT cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (event == NULL)
         return result(cudaErrorInvalidResourceHandle);
+    if (sim_on())
+        return result(sim_event(event) > sim_now() ? cudaErrorNotReady : cudaSuccess);
     return result(((uintptr_t)event & 1) ? cudaErrorNotReady : cudaSuccess);
 }
 
@@ -442,7 +595,8 @@ EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_
         return result(cudaErrorInvalidValue);
     if (start == NULL || end == NULL)
         return result(cudaErrorInvalidResourceHandle);
-    *ms = 1.5f;
+    *ms = sim_on() ? (float)((double)((long long)(sim_event(end) - sim_event(start))) / 1e6)
+                   : 1.5f;
     return cudaSuccess;
 }
 
@@ -450,14 +604,22 @@ EXPORT cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_
 
 EXPORT cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                                     size_t sharedMem, cudaStream_t stream) {
-    (void)args; (void)sharedMem; (void)stream;
-    return launch(func, gridDim, blockDim, 1);
+    cudaError_t code;
+    (void)args; (void)sharedMem;
+    code = launch(func, gridDim, blockDim, 1);
+    if (code == cudaSuccess)
+        sim_launch(stream);
+    return code;
 }
 
 EXPORT cudaError_t cudaLaunchKernel_ptsz(const void *func, dim3 gridDim, dim3 blockDim,
                                          void **args, size_t sharedMem, cudaStream_t stream) {
-    (void)args; (void)sharedMem; (void)stream;
-    return launch(func, gridDim, blockDim, 2);
+    cudaError_t code;
+    (void)args; (void)sharedMem;
+    code = launch(func, gridDim, blockDim, 2);
+    if (code == cudaSuccess)
+        sim_launch(stream);
+    return code;
 }
 
 EXPORT cudaError_t cudaLaunchCooperativeKernel(const void *func, dim3 gridDim, dim3 blockDim,
@@ -769,3 +931,17 @@ EXPORT cudaError_t cudaGetLastError(void) {
 }
 
 EXPORT cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+/* ---- page-locking host memory ---- */
+
+HELPER cudaError_t check_pointer(const void *ptr, size_t size, int variant) {
+    (void)variant;
+    return result(ptr == NULL || size == 0 ? cudaErrorInvalidValue : cudaSuccess);
+}
+
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+    (void)flags;
+    return check_pointer(ptr, size, 1);
+}
+
+EXPORT cudaError_t cudaHostUnregister(void *ptr) { return check_pointer(ptr, 1, 2); }

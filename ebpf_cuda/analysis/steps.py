@@ -1,0 +1,346 @@
+"""The iterations of a program's loop, found without annotations.
+
+Per thread, the calls that put work on the GPU or wait for it (launches by kernel, copies by
+direction and size, memsets by size, graph launches by exec, synchronising calls by function)
+form a sequence of tokens. A loop repeats a run of them. For each token seen at least
+MIN_STEPS times, the runs between its consecutive occurrences are compared: a token that
+starts the loop's body repeats the same run (allowing a share of deviating iterations,
+STEP_REGULAR_SHARE). `_anchor` picks the step's start among them (an outer loop over an
+inner one, the token that marks every iteration over one missing in some). The last step
+ends after one run of tokens (what follows the loop is no step). Calls that are no tokens
+(allocations, event records, queries) belong to the step whose first token follows them.
+No token repeating regularly: no steps (nothing is called an iteration by guess). A loop
+whose body repeats one token only (the same kernel, nothing else) cannot be told from a
+loop of one call; a token that comes once every k iterations, perfectly regular, can win
+over one marking every iteration whose runs alternate (steps then span k iterations).
+
+`step_at` names the start instead: a CUDA function (each call starts a step) or a Python
+function (with --py-stacks: each new invocation of it, seen as the first call with a frame
+of it after calls without one, or whose line in it is before the previous call's: a
+function whose calls all come from one line is one step).
+"""
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..spec.apis import Role
+from .statistics import percentile
+from .thresholds import ANCHOR_SHARE_SLACK, MIN_STEPS, STEP_REGULAR_SHARE
+from .timeline import Call
+
+Token = Tuple[str, object]
+
+
+def token(call: Call) -> Optional[Token]:
+    """What a call is in the loop's pattern (None: no part of it)."""
+    if call.failed or call.captured:
+        return None
+    if call.role == Role.LAUNCH:  # (by address: a name may be learned only later)
+        return ("launch", call.func)
+    if call.role == Role.GRAPH_LAUNCH:
+        return ("graph", call.args.get("graphExec"))
+    if call.role == Role.COPY:  # (by size too: a batch's copy is not a weight's upload)
+        return ("copy", "%s of %d bytes" % (call.direction, call.bytes))
+    if call.role == Role.MEMSET:
+        return ("memset", "%s of %d bytes" % (call.api, call.bytes))
+    if call.blocking:
+        return ("sync", call.api)
+    return None
+
+
+@dataclass
+class Step:
+    """One iteration: its thread's calls [first, last] (indexes into the thread's list)."""
+
+    number: int
+    pid: int
+    tid: int
+    calls: List[Call]
+    start_ns: int
+    end_ns: int  # the next step's start; the last step: its last call's end
+    tokens: Tuple[Token, ...] = ()
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def blocked_ns(self) -> int:
+        """Time the thread spent in calls that wait for the GPU."""
+        return sum(c.duration_ns for c in self.calls if c.blocking)
+
+    @property
+    def launches(self) -> List[Call]:
+        return [c for c in self.calls if c.role == Role.LAUNCH and c.is_work]
+
+    @property
+    def graph_launches(self) -> List[Call]:
+        return [c for c in self.calls if c.role == Role.GRAPH_LAUNCH and c.is_work]
+
+    @property
+    def copies(self) -> List[Call]:
+        return [c for c in self.calls if c.role == Role.COPY and not c.failed]
+
+    @property
+    def allocations(self) -> List[Call]:
+        return [c for c in self.calls if c.role == Role.ALLOC and not c.failed]
+
+    @property
+    def frees(self) -> List[Call]:
+        return [c for c in self.calls if c.role == Role.FREE and not c.failed]
+
+    @property
+    def mode(self) -> str:
+        """How its kernels ran: `graph` (graph launches only), `eager` (kernel launches only),
+        `mixed`, or `-` (neither)."""
+        graphs, eager = bool(self.graph_launches), bool(self.launches)
+        return "mixed" if graphs and eager else "graph" if graphs else "eager" if eager else "-"
+
+
+@dataclass
+class Loop:
+    """The steps of one thread, with what found them."""
+
+    pid: int
+    tid: int
+    steps: List[Step]
+    how: str  # "repeating sequence starting at ..." or "--step-at ..."
+    body: Tuple[Token, ...] = ()  # the common run of tokens of a step
+    where: Optional[str] = None  # the loop's Python function and line range, when known
+    frame: Optional[Tuple[str, str, int]] = None  # (file, function, depth): _loop_frame
+    deviating: Dict[int, str] = field(default_factory=dict)  # step number → what differed
+
+    def steady(self) -> List[Step]:
+        """The steps after the first (which pays for first-time work: allocations the
+        caching allocators keep, kernel loading, graph capture)."""
+        return self.steps[1:]
+
+
+_MOD = (1 << 61) - 1  # segments compared by a polynomial hash of their tokens (and length)
+_BASE = 1_000_003
+
+
+class _Runs:
+    """The token sequence with prefix hashes: any run's hash in O(1)."""
+
+    def __init__(self, tokens: Sequence[Token]) -> None:
+        ids: Dict[Token, int] = {}
+        self.prefix, self.power = [0], [1]
+        self.positions: Dict[Token, List[int]] = {}
+        for i, tok in enumerate(tokens):
+            code = ids.setdefault(tok, len(ids) + 1)
+            self.prefix.append((self.prefix[-1] * _BASE + code) % _MOD)
+            self.power.append(self.power[-1] * _BASE % _MOD)
+            self.positions.setdefault(tok, []).append(i)
+
+    def key(self, a: int, b: int) -> Tuple[int, int]:
+        """(hash, length) of tokens[a:b]."""
+        return (self.prefix[b] - self.prefix[a] * self.power[b - a]) % _MOD, b - a
+
+    def count_in(self, tok: Token, a: int, b: int) -> int:
+        places = self.positions[tok]
+        return bisect_left(places, b) - bisect_left(places, a)
+
+
+def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[Token, Tuple[Token, ...]]]:
+    """(the token that starts each step, the common run) or None when nothing repeats.
+
+    Candidates: tokens seen MIN_STEPS times whose runs (occurrence to occurrence) are mostly
+    one run (STEP_REGULAR_SHARE). A candidate whose token comes twice or more in another
+    candidate's run belongs to an inner loop: dropped. Of those nearly as regular as the
+    most regular (ANCHOR_SHARE_SLACK), the one seen most often wins (it marks every
+    iteration, also those that deviate: an eager fallback among graph replays), then the
+    longest run, then the earliest token."""
+    runs = _Runs(tokens)
+    candidates = []
+    for tok, places in runs.positions.items():
+        if len(places) < MIN_STEPS:
+            continue
+        keys = Counter(runs.key(a, b) for a, b in zip(places, places[1:]))
+        common, times = keys.most_common(1)[0]
+        if times >= 2 and times >= STEP_REGULAR_SHARE * (len(places) - 1):
+            start = next(a for a, b in zip(places, places[1:]) if runs.key(a, b) == common)
+            candidates.append((times / (len(places) - 1), len(places), common[1], -places[0],
+                               tok, (start, start + common[1])))
+    outer = [c for c in candidates
+             if not any(runs.count_in(c[4], *other[5]) >= 2 for other in candidates)]
+    if not outer:
+        return None
+    best_share = max(c[0] for c in outer)
+    near = [c for c in outer if c[0] >= best_share - ANCHOR_SHARE_SLACK]
+    chosen = max(near, key=lambda c: (c[1], c[2], c[3]))
+    a, b = chosen[5]
+    return chosen[4], tuple(tokens[a:b])
+
+
+def _starts_by_token(calls: Sequence[Call], anchor: Token) -> List[int]:
+    return [c.index for c in calls if token(c) == anchor]
+
+
+def _python_starts(calls: Sequence[Call], function: str) -> List[int]:
+    """Indexes of the calls that begin a new invocation of Python function `function`."""
+    starts: List[int] = []
+    previous = None
+    for call in calls:
+        line = _line_in(call, function)
+        if line is not None and (previous is None or line < previous):
+            starts.append(call.index)
+        previous = line
+    return starts
+
+
+def _line_in(call: Call, function: str) -> Optional[int]:
+    for frame in call.py_stack or ():
+        if frame.function == function or frame.function.endswith("." + function):
+            return frame.line if frame.line is not None else 0
+    return None
+
+
+def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[Loop]:
+    """The steps of one thread's calls (in time order, `index` their position), or None."""
+    if not calls:
+        return None
+    body: Tuple[Token, ...] = ()
+    if step_at is not None:
+        apis = {c.api for c in calls}
+        starts = ([c.index for c in calls if c.api == step_at] if step_at in apis
+                  else _python_starts(calls, step_at))
+        how = "--step-at %s" % step_at
+        if not starts:
+            return None
+    else:
+        tokens = [(c.index, token(c)) for c in calls]
+        tokens = [(i, t) for i, t in tokens if t is not None]
+        found = _anchor([t for _, t in tokens])
+        if found is None:
+            return None
+        anchor, body = found
+        starts = _starts_by_token(calls, anchor)
+        how = "a repeating sequence of %d calls, starting at %s" % (len(body), _show(anchor))
+    loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
+    loop.frame = _loop_frame(loop.steps)  # (the first step's calls include the set-up's)
+    loop.where = loop_lines(loop, [c for step in (loop.steady() or loop.steps)
+                                   for c in step.calls])
+    loop.deviating = _deviations(loop)
+    return loop
+
+
+def _show(tok: Token) -> str:
+    kind, what = tok
+    if kind == "graph":
+        return "graph launch of exec 0x%x" % what if isinstance(what, int) else "graph launch"
+    if kind == "launch":
+        return "launch of 0x%x" % what if isinstance(what, int) else "launch"
+    return "%s %s" % (kind, what)
+
+
+def _cut(calls: Sequence[Call], starts: List[int], body: Tuple[Token, ...]) -> List[Step]:
+    """The steps beginning at the calls `starts`; the calls between the previous step's
+    last token and a step's first token go with that step."""
+    steps: List[Step] = []
+    for number, begin in enumerate(starts):
+        end = starts[number + 1] if number + 1 < len(starts) else _last_end(calls, begin, body)
+        lead = begin
+        while lead > 0 and (number == 0 or lead - 1 >= starts[number - 1]) \
+                and token(calls[lead - 1]) is None:
+            lead -= 1
+        own = list(calls[lead:end])
+        steps.append(Step(number, calls[0].pid, calls[0].tid, own, own[0].start_ns, 0,
+                          tuple(t for t in map(token, own) if t is not None)))
+    for step, following in zip(steps, steps[1:]):
+        step.calls = [c for c in step.calls if c.index < following.calls[0].index]
+        step.tokens = tuple(t for t in map(token, step.calls) if t is not None)
+        step.end_ns = following.start_ns
+    if steps:
+        steps[-1].end_ns = max(c.end_ns for c in steps[-1].calls)
+    return steps
+
+
+def _last_end(calls: Sequence[Call], begin: int, body: Tuple[Token, ...]) -> int:
+    """Where the last step ends: after as many tokens as a step has (the calls after its
+    loop are no step), or at the thread's end when the body is not known."""
+    if not body:
+        return len(calls)
+    seen = 0
+    for call in calls[begin:]:
+        tok = token(call)
+        if tok is not None:
+            if tok != body[seen]:
+                return call.index
+            seen += 1
+            if seen == len(body):
+                return call.index + 1
+    return len(calls)
+
+
+def _loop_frame(steps: Sequence[Step]) -> Optional[Tuple[str, str, int]]:
+    """(file, function, depth from the outermost frame) of the loop's Python frame: the
+    outermost frame whose line differs between the steps' calls (None: no Python stacks, or
+    the calls' stacks part before such a frame)."""
+    stacks = [c.py_stack for s in steps for c in s.calls if c.py_stack]
+    if not stacks:
+        return None
+    depth = min(len(s) for s in stacks)
+    for back in range(1, depth + 1):  # from the outermost frame inwards
+        frames = {s[-back] for s in stacks}
+        if len({(f.file, f.function) for f in frames}) > 1:
+            return None
+        if len(frames) > 1:
+            frame = next(iter(frames))
+            return frame.file, frame.function, back
+    # Every call from the same lines (a one-line loop body): the outermost function called
+    # from the module's code, or the module's code itself.
+    back = 2 if depth >= 2 and stacks[0][-1].function == "<module>" else 1
+    return stacks[0][-back].file, stacks[0][-back].function, back
+
+
+def loop_lines(loop: "Loop", calls: Sequence[Call]) -> Optional[str]:
+    """`FILE:FIRST-LAST in FUNCTION`: the lines of the loop's function that made `calls`."""
+    if loop.frame is None:
+        return None
+    file, function, back = loop.frame
+    lines = sorted({c.py_stack[-back].line for c in calls  # type: ignore[index]
+                    if c.py_stack and len(c.py_stack) >= back
+                    and c.py_stack[-back].function == function
+                    and c.py_stack[-back].line is not None})
+    if not lines:
+        return "%s in %s" % (file, function)
+    span = "%d" % lines[0] if lines[0] == lines[-1] else "%d-%d" % (lines[0], lines[-1])
+    return "%s:%s in %s" % (file, span, function)
+
+
+def _deviations(loop: Loop) -> Dict[int, str]:
+    """The steps whose tokens differ from the common run, and the slow tail (wall time over
+    SLOW_STEP_FACTOR × the median of the steady steps): what differed in each."""
+    from .thresholds import SLOW_STEP_FACTOR
+
+    steady = loop.steady()
+    walls = sorted(s.wall_ns for s in steady)
+    median = percentile(walls, 50) if walls else 0
+    out: Dict[int, str] = {}
+    for step in steady:
+        notes = []
+        if step.wall_ns > SLOW_STEP_FACTOR * median > 0:
+            notes.append("%.1fx the median step time" % (step.wall_ns / median))
+        if loop.body and step.tokens != loop.body and step is not loop.steps[-1]:
+            notes.append(_difference(loop.body, step.tokens))
+        if notes:
+            out[step.number] = "; ".join(notes)
+    return out
+
+
+def _difference(body: Sequence[Token], tokens: Sequence[Token]) -> str:
+    extra = Counter(tokens) - Counter(body)
+    missing = Counter(body) - Counter(tokens)
+    parts = ["+%d %s" % (n, _show(t)) for t, n in sorted(extra.items(), key=str)]
+    parts += ["-%d %s" % (n, _show(t)) for t, n in sorted(missing.items(), key=str)]
+    return "calls differ: " + ", ".join(parts) if parts else "calls in another order"
+
+
+def find_loops(threads: Dict[Tuple[int, int], List[Call]],
+               step_at: Optional[str] = None) -> List[Loop]:
+    """The loop of every thread that has one, the threads with most steps first."""
+    loops = [loop for calls in threads.values()
+             for loop in [find_loop(calls, step_at)] if loop is not None]
+    return sorted(loops, key=lambda lp: (-len(lp.steps), lp.pid, lp.tid))

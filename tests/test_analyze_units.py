@@ -1,0 +1,360 @@
+"""analysis/ of `ebpf-cuda analyze` without probes: steps, wait bounds and rules on event
+lists made by hand (times exact), and the thresholds table against docs/analysis.md."""
+from pathlib import Path
+from typing import List, Optional
+
+from ebpf_cuda.analysis import thresholds
+from ebpf_cuda.analysis.analyzer import Analyzer
+from ebpf_cuda.decode.events import EXIT, Event, PyFrame
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "analysis.md"
+US = 1000
+
+
+class Script:
+    """Calls of one thread made back to back: each `call` starts where the last ended plus
+    `gap` ns and lasts `took` ns."""
+
+    def __init__(self, pid: int = 7, tid: int = 7) -> None:
+        self.now = 1_000_000
+        self.events: List[Event] = []
+        self.pid, self.tid = pid, tid
+
+    def call(self, api: str, took: int = 2 * US, gap: int = 1 * US, ret: int = 0,
+             line: Optional[int] = None, outs=None, **args) -> Event:
+        self.now += gap
+        start = self.now
+        self.now += took
+        stack = None if line is None else (PyFrame("/app/train.py", line, "train"),
+                                           PyFrame("/app/train.py", 90, "<module>"))
+        event = Event(self.now / 1e9, self.now, self.pid, self.tid, "app", api, EXIT, args,
+                      ret=ret, ret_name="e%d" % ret if ret else "cudaSuccess",
+                      duration_ns=took, outs=dict(outs or {}), py_stack=stack)
+        assert event.ts_ns - event.duration_ns == start
+        self.events.append(event)
+        return event
+
+    def launch(self, func: int = 0x100, line: Optional[int] = None, stream: int = 0,
+               took: int = 5 * US, **kw) -> Event:
+        return self.call("cudaLaunchKernel", took=took, line=line, func=func,
+                         grid=(1, 1, 1), block=(32, 1, 1), stream=stream, **kw)
+
+
+def analyzed(script: Script, step_at: Optional[str] = None) -> Analyzer:
+    analyzer = Analyzer(step_at=step_at)
+    analyzer.write(script.events)
+    return analyzer
+
+
+def rules(analyzer: Analyzer) -> List[str]:
+    return [f.rule for f in analyzer.findings()]
+
+
+def healthy(steps: int = 6) -> Script:
+    s = Script()
+    s.call("cudaMalloc", size=1 << 20, outs={"ptr": 0x7f0000000000})
+    for _ in range(steps):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=4096,
+               kind="HostToDevice", stream=0x5000)
+        for func in (0x100, 0x200, 0x100):
+            s.launch(func, stream=0x5000)
+        s.now += 50 * US  # the host's own work
+    s.call("cudaStreamSynchronize", took=300 * US, stream=0x5000)
+    return s
+
+
+def test_a_healthy_loop_has_its_steps_and_no_finding():
+    analyzer = analyzed(healthy(6))
+    loops = analyzer.context().loops
+    assert [len(loop.steps) for loop in loops] == [6]
+    assert all(len(step.launches) == 3 and len(step.copies) == 1 for step in loops[0].steps)
+    assert loops[0].steps[0].allocations  # the set-up allocation goes with the first step
+    assert analyzer.findings() == []
+    assert "Findings: 0" in analyzer.report()
+
+
+def test_no_loop_no_steps():
+    s = Script()
+    for func in (0x100, 0x200, 0x300, 0x100, 0x200):
+        s.launch(func)
+    s.call("cudaDeviceSynchronize")
+    analyzer = analyzed(s)
+    assert analyzer.context().loops == []
+    assert "Steps: none found" in analyzer.report()
+
+
+def test_steps_equal_iterations_with_a_nested_loop_and_an_epilogue():
+    s = Script()
+    for _ in range(5):
+        s.launch(0x900)
+        for _ in range(4):
+            s.launch(0x100)
+        s.call("cudaMemcpy", dst=0x1000, src=0x7f0000000000, size=4, kind="DeviceToHost")
+    s.call("cudaFree", ptr=0x7f0000000000)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 5
+    assert [len(st.launches) for st in loop.steps] == [5] * 5
+    assert loop.steps[-1].calls[-1].api == "cudaMemcpy"  # the free after the loop is no step
+
+
+def test_step_at_a_cuda_function_and_a_python_function():
+    s = Script()
+    for _ in range(4):
+        s.launch(0x100, line=11)
+        s.launch(0x200, line=12)
+    assert len(analyzed(s, step_at="cudaLaunchKernel").context().loops[0].steps) == 8
+    assert len(analyzed(s, step_at="train").context().loops[0].steps) == 4
+
+
+def test_sync_in_step_names_the_line_with_its_waits():
+    s = Script()
+    for _ in range(5):
+        s.launch(0x100, line=20)
+        s.call("cudaStreamSynchronize", took=400 * US, line=21, stream=0)
+        s.now += 200 * US
+    finding, = analyzed(s).findings()
+    assert finding.rule == "sync-in-step"
+    assert finding.where["python"] == "/app/train.py:21 train"
+    assert finding.evidence["calls"] == 4 and finding.evidence["steps"] == 4
+    assert finding.evidence["waited_ns"] == 4 * 400 * US
+    assert finding.evidence["idle_after_ns"] == 3 * (200 * US + 1 * US)  # to the next launch
+
+
+def test_wait_bounds_bracket_the_device_time():
+    s = Script()
+    s.launch(0x100, stream=0x5000)  # starts at t0
+    t0 = s.events[-1].ts_ns - s.events[-1].duration_ns
+    s.launch(0x100, stream=0x5000)
+    sync = s.call("cudaStreamSynchronize", took=900 * US, stream=0x5000)
+    window, = analyzed(s).context().waits.windows
+    low, high = window.outstanding_bounds()
+    assert low == sync.ts_ns - sync.duration_ns - t0 and high == sync.ts_ns - t0
+    assert window.blocked
+
+
+def test_pageable_async_copy_but_not_a_pinned_one():
+    s = Script()
+    s.call("cudaHostAlloc", size=1 << 20, flags=0, outs={"ptr": 0x7e0000000000})
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000 + 4096, size=1 << 19,
+           kind="HostToDevice", stream=0x5000, line=30)
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x55550000, size=1 << 19,
+           kind="HostToDevice", stream=0x5000, line=31)
+    s.call("cudaMemcpyAsync", dst=0x55550000, src=0x7f0000000000, size=4,
+           kind="DeviceToHost", stream=0x5000, line=32)  # small: no finding
+    finding, = analyzed(s).findings()
+    assert (finding.rule, finding.where["python"]) == ("pageable-copy", "/app/train.py:31 train")
+    assert finding.evidence["bytes"] == 1 << 19 and finding.evidence["calls"] == 1
+
+
+def test_alloc_churn_launch_bound_and_errors():
+    s = Script()
+    for _ in range(4):
+        s.call("cudaMalloc", size=4096, line=40, outs={"ptr": 0x7f0000000000})
+        for k in range(25):
+            s.launch(0x100 + k, line=41, took=4 * US, gap=0)
+        s.call("cudaFree", ptr=0x7f0000000000, line=42)
+    assert [f.rule for f in analyzed(s).findings()] == ["alloc-churn"]  # nothing shows the
+    s.call("cudaDeviceSynchronize", took=5 * US, line=43)  # GPU kept up; now this does
+    found = analyzed(s).findings()
+    assert [f.rule for f in found] == ["alloc-churn", "launch-bound"]
+    churn, bound = found
+    assert churn.evidence["allocations"] == 3 and churn.evidence["frees"] == 3
+    assert bound.evidence["launches_per_step"] == 25
+    assert bound.evidence["launch_ns_per_step"] == 100 * US
+    assert bound.evidence["graphs_would_save_ns_per_step"] == 96 * US
+    assert bound.evidence["graphs_would_save_at_most_ns_per_step"] == 96 * US  # back to back
+    assert bound.where["python"] == "/app/train.py:41 in train"
+    s.call("cudaDeviceSynchronize", took=3000 * US, line=43)  # the GPU was far behind
+    assert [f.rule for f in analyzed(s).findings()] == ["alloc-churn"]
+
+    s = Script()
+    s.call("cudaMemcpyAsync", ret=1, dst=0, src=0, size=4, kind="HostToDevice", stream=0x5000)
+    s.launch(0x100, stream=0x5000)
+    finding, = analyzed(s).findings()
+    assert finding.rule == "ignored-error" and finding.where["api"] == "cudaMemcpyAsync"
+
+
+def test_graph_replays_their_capture_and_fallback_steps():
+    s = Script()
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0, line=50)
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for i in range(6):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=16,
+               kind="HostToDevice", stream=0x5000, line=55)
+        if i == 3:
+            s.launch(0x100, stream=0x5000, line=57)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0x5000, line=56)
+    analyzer = analyzed(s)
+    loop, = analyzer.context().loops
+    assert [st.mode for st in loop.steps] == ["graph"] * 3 + ["eager"] + ["graph"] * 2
+    finding, = analyzer.findings()
+    assert finding.rule == "graph-fallback" and finding.evidence["fallback_steps"] == [3]
+    assert finding.where["captured_at"] == ["/app/train.py:50 train"]
+    assert "5  /app/train.py:50 train" in analyzer.report()
+
+
+def test_thresholds_are_documented_with_their_values():
+    text = DOCS.read_text()
+    for row in thresholds.TABLE:
+        line = next((ln for ln in text.splitlines() if ln.startswith("| `%s` |" % row.name)),
+                    None)
+        assert line is not None, row.name
+        assert ("| %g |" % row.value) in line.replace("  ", " "), line
+
+
+def test_the_html_report_shows_the_findings_and_steps():
+    import io
+
+    from ebpf_cuda.output.html_report import HtmlReport
+
+    s = Script()
+    for _ in range(5):
+        s.launch(0x100, line=20)
+        s.call("cudaStreamSynchronize", took=400 * US, line=21, stream=0)
+    out = io.StringIO()
+    out.close = lambda: None  # (kept open to be read)
+    report = HtmlReport(out)
+    report.analyzer = analyzed(s)
+    report.write(s.events)
+    report.close()
+    page = out.getvalue()
+    assert "sync-in-step" in page and "/app/train.py:21 train" in page
+    assert "Steps of thread 7/7: 5" in page
+
+
+def test_the_slow_tail_and_deviating_steps_are_named():
+    s = Script()
+    for i in range(8):
+        s.launch(0x100)
+        s.launch(0x200)
+        if i == 5:
+            s.call("cudaDeviceSynchronize", took=50 * US)
+        s.now += 100 * US if i != 4 else 900 * US
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 8
+    assert sorted(loop.deviating) == [4, 5]
+    assert "the median step time" in loop.deviating[4]
+    assert "+1 sync cudaDeviceSynchronize" in loop.deviating[5]
+
+
+def test_the_gpu_checks_judges_pass_right_records_and_fail_wrong_ones():
+    import subprocess
+    import sys
+
+    script = DOCS.parent.parent / "scripts" / "gpu" / "analyze_check.py"
+    done = subprocess.run([sys.executable, str(script), "self-test"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.endswith("self-test ok\n"), done.stdout
+
+
+def _graph_set_up(s: Script) -> None:
+    s.call("cudaHostAlloc", size=1 << 22, flags=0, outs={"ptr": 0x7e0000000000})  # pinned
+    for size in (1 << 18, 1 << 10) * 4:  # a model's weights and biases uploaded
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=size,
+               kind="HostToDevice", stream=0)
+    for _ in range(3):  # a warm-up loop: the step's kernels, no input copy
+        for func in (0x100, 0x200, 0x300):
+            s.launch(func)
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0)
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+
+
+def _input(s: Script) -> None:
+    s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=1 << 16,
+           kind="HostToDevice", stream=0)
+
+
+def test_steps_are_the_main_loops_after_set_up_and_warm_up():
+    s = Script()
+    _graph_set_up(s)
+    for _ in range(10):
+        _input(s)
+        s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 10 and {st.mode for st in loop.steps} == {"graph"}
+
+
+def test_steps_of_a_compiled_loop_count_its_eager_warm_up_iterations():
+    s = Script()
+    _graph_set_up(s)
+    for i in range(10):  # as cudagraph trees: a warm-up step runs eagerly, then replays
+        _input(s)
+        if i == 0:
+            for func in (0x100, 0x200, 0x300):
+                s.launch(func)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
+    analyzer = analyzed(s)
+    loop, = analyzer.context().loops
+    assert [st.mode for st in loop.steps] == ["eager"] + ["graph"] * 9
+    assert analyzer.findings() == []  # an eager warm-up before the replays is no fallback
+
+
+def test_an_outer_loop_over_identical_layers():
+    s = Script()
+    for _ in range(6):
+        s.launch(0x50)  # the embedding
+        for _ in range(12):  # twelve identical layers
+            for func in (0x100, 0x200, 0x300):
+                s.launch(func)
+        s.launch(0x900)  # the optimizer
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 6 and all(len(st.launches) == 38 for st in loop.steps)
+
+
+def test_queries_that_find_work_busy_raise_the_lower_bound():
+    s = Script()
+    first = s.launch(0x100, stream=0x5000)
+    s.call("cudaEventRecord", event=0xe000, stream=0x5000)
+    busy = s.call("cudaEventQuery", event=0xe000, ret=600)
+    s.call("cudaStreamQuery", stream=0x5000, ret=600)
+    done = s.call("cudaEventQuery", event=0xe000)
+    waits = analyzed(s).context().waits
+    assert waits.not_ready == {(7, 0x5000): 2}
+    window, = waits.windows
+    start = first.ts_ns - first.duration_ns
+    later_busy = s.events[3]
+    assert window.outstanding_bounds() == (
+        later_busy.ts_ns - later_busy.duration_ns - start, done.ts_ns - start)
+    assert busy.ret == 600
+
+
+def test_default_stream_work_only_beside_other_streams():
+    def program(other_stream: bool, flags: int = 0) -> Script:
+        s = Script()
+        s.call("cudaStreamCreateWithFlags", flags=flags, outs={"stream": 0x5000})
+        for _ in range(4):
+            s.launch(0x100, stream=0x5000 if other_stream else 0)
+            s.call("cudaMemcpyAsync", dst=0x7f0000100000, src=0x7f0000000000, size=4096,
+                   kind="DeviceToDevice", stream=0, line=60)
+        return s
+    assert analyzed(program(False)).findings() == []  # one stream: nothing to serialise with
+    finding, = analyzed(program(True)).findings()
+    assert (finding.rule, finding.evidence) == ("default-stream-work",
+                                                {"calls": 4, "bytes": 4 * 4096})
+    assert finding.where["python"] == "/app/train.py:60 train"
+    # a non-blocking stream does not wait for the legacy stream, nor it for it
+    assert analyzed(program(True, flags=1)).findings() == []
+
+
+def test_a_pageable_copy_synchronised_at_once_is_a_synchronous_one():
+    s = Script()
+    for size in (1 << 20, 1 << 22, 1 << 21):  # a model's weights uploaded the way PyTorch's
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x55550000, size=size,  # blocking
+               kind="HostToDevice", stream=0, line=70)  # copy does: cudaMemcpyAsync, then
+        s.call("cudaStreamSynchronize", stream=0, line=70)  # cudaStreamSynchronize
+    assert analyzed(s).findings() == []  # (synchronous ones are flagged in steady steps)
+
+
+def test_a_failed_call_retried_is_no_ignored_error():
+    s = Script()
+    s.call("cudaMalloc", ret=2, size=1 << 40)  # out of memory: the allocator frees, retries
+    s.call("cudaFree", ptr=0x7f0000000000)
+    s.call("cudaMalloc", size=1 << 40, outs={"ptr": 0x7f0000000000})
+    s.launch(0x100)
+    assert analyzed(s).findings() == []
