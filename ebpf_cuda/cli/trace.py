@@ -183,7 +183,5 @@ def _check_process_id(pid: int) -> None:
 
 
 def _log(verbose: int):
-    def log(message: str) -> None:
-        if verbose:
-            echo(message)
-    return log
+    """-v's notes (None without -v: what only they would print is not made)."""
+    return echo if verbose else None
