@@ -58,12 +58,15 @@ class DeviceTracker:
         return (api.name in _TELLS_DEVICE and api.library != "nccl"
                 and api.name not in _NAMES_DEVICE)
 
-    def told(self, pid: int, tid: int, device: int) -> None:
+    def told(self, pid: int, tid: int, device: int) -> bool:
         """A successful call of an `only_tells` row said thread `tid` is on `device` (what
-        `annotate` learns from its event; `version` grows only when that is news)."""
-        if not self._stacks.get((pid, tid)) or self.current(pid, tid) != device:
-            self._set_top((pid, tid), device)
-            self.version += 1
+        `annotate` learns from its event); True when that was news (`version` grew)."""
+        stack = self._stacks.get((pid, tid))
+        if stack and stack[-1] == device:
+            return False
+        self._set_top((pid, tid), device)
+        self.version += 1
+        return True
 
     def current(self, pid: int, tid: int) -> Optional[int]:
         """The device thread `tid` of process `pid` is on now (None: not known)."""

@@ -241,8 +241,8 @@ class _FrameLines:
             add(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1, who[0],
                      who[1], self.ret_text(row, ret) if ret else "", fn,
                      durations.get(took) or self._duration(took), who[2]))
-            if row.told_device is not None and not ret:
-                self.devices.told(f[3], f[2], row.told_device(f)[0])
+            if row.told_device is not None and not ret and \
+                    self.devices.told(f[3], f[2], row.told_device(f)[0]):
                 self._devices_now()
         return out
 
