@@ -9,7 +9,8 @@ from ..output import plan
 from ..spec import apis
 from ..spec.config import TraceConfig
 from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
-from .common import check_split, echo, print_report, say, split_functions, stdout_closed_at_start
+from .common import (check_split, echo, parse_cpus, pin_threads, print_report, say,
+                     split_functions, stdout_closed_at_start)
 from .signals import stopper
 
 
@@ -76,6 +77,9 @@ from .signals import stopper
               help="Write a pprof profile (gzipped profile.proto: go tool pprof, Pyroscope, "
                    "Parca) of calls, API time, launches, bytes allocated and copied, by "
                    "function, kernel and, with --stacks, caller.")
+@click.option("--cpu", "cpu_list", metavar="LIST",
+              help="Run the tracer's threads on these CPUs only (e.g. 0 or 0,2-3), away from "
+                   "the traced program's; the command keeps all of its CPUs.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
@@ -84,7 +88,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           list_functions: bool, summary: bool, by_device: bool, by_container: bool,
           leaks: bool, stacks: bool, py_stacks: bool,
           save: Optional[str], trace_out: Optional[str],
-          report_html: Optional[str], pprof_out: Optional[str],
+          report_html: Optional[str], pprof_out: Optional[str], cpu_list: Optional[str],
           command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
@@ -97,6 +101,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
             sys.exit(1)
         return
     check_split(summary, by_device, by_container)
+    cpus = parse_cpus(cpu_list) if cpu_list is not None else None
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
                            stdout_closed_at_start(), by_device, by_container, py_stacks)
@@ -117,6 +122,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     outputs = plan.for_trace(request, tracer, warn=say)
     stopper.spool = outputs.spool
     with tracer:
+        if cpus is not None:  # (the command, forked and held by now, keeps its CPUs)
+            pin_threads(cpus)
         stopper.checkpoint()  # (from here on a stop signal cancels a command held)
         _report_start(tracer, verbose)
         tracer.trace_into(outputs.sinks, save=outputs.saver, spool=outputs.spool,
