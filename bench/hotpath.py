@@ -76,8 +76,9 @@ class Cases:
         self.built, self.args = built, args
 
     def loop(self, threads: int = 1, cpu: int = -1) -> List[str]:
-        return common.loop_args(self.built, "getdevice", self.args.calls, self.args.reps,
-                                threads=threads, cpu=cpu)
+        """callloop making --calls calls a repetition over all of its threads."""
+        return common.loop_args(self.built, "getdevice", self.args.calls // threads,
+                                self.args.reps, threads=threads, cpu=cpu)
 
     @staticmethod
     def _of(result: LoopResult) -> Figures:
@@ -195,7 +196,8 @@ def report(results: Dict[str, List[Figures]]) -> None:
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=200000, help="calls per repetition")
+    parser.add_argument("--calls", type=int, default=200000,
+                        help="calls per repetition (over all threads)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per run")
     parser.add_argument("--baseline", metavar="DIR",
                         help="another checkout (git worktree add DIR COMMIT) run in the "
