@@ -218,9 +218,12 @@ def main(argv: List[str]) -> None:
           "%s%s" % (FUNCTION, args.calls, args.reps, args.rounds, common.REPO,
                     ", baseline %s" % baseline if baseline else ""))
     results: Dict[str, List[Figures]] = {name: [] for name in rows}
-    names = list(rows)
+    # Each case beside its baseline twin (a load that comes and goes weighs on both), the
+    # order shifted from round to round.
+    names = [n for name in rows if not name.startswith("base: ")
+             for n in (name, "base: " + name) if n in rows]
     for round_no in range(args.rounds):
-        shift = round_no % len(names)
+        shift = (round_no * 7) % len(names)
         for name in names[shift:] + names[:shift]:
             results[name].append(rows[name]())
         print("  round %d done" % (round_no + 1), flush=True)
