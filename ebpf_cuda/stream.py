@@ -230,7 +230,6 @@ class Stream:
         its end (its records counted as not written), so that its exit status is known;
         without a command the reading stops. `reader_nice`: this thread's CPU priority
         while it reads."""
-        self._formatter_nice = _thread_nice()  # (the lines thread's: the caller's own)
         if reader_nice is not None:
             _set_thread_nice(reader_nice)
         self._warn = notice  # (told of an interpreter --py-stacks does not know)
@@ -379,7 +378,7 @@ class Stream:
         outputs.header()  # before the command runs: the header comes first
         thread = threading.Thread(target=_write_spooled,
                                   args=(spool, writer, behind, failed, outputs,
-                                        self._lines_wrote, self._formatter_nice),
+                                        self._lines_wrote),
                                   name="ebpf-cuda lines", daemon=True)
         switch = _switch_interval(SWITCH_INTERVAL_S)
         if outputs.alive(writer):
@@ -412,16 +411,10 @@ class Stream:
 
 
 def _write_spooled(spool, writer, decoder: Decoder, failed: List[BaseException],
-                   outputs: "Outputs", wrote: Callable[[bytes], None],
-                   nice: Optional[int] = None) -> None:
+                   outputs: "Outputs", wrote: Callable[[bytes], None]) -> None:
     """The lines thread: every batch of the spool, in order. A write error drops the
     output (the backlog left is counted as not written); any other error stops the
-    reader. It runs at `nice` (not the reader's raised priority) under SCHED_BATCH: the
-    spool holds what it has not formatted yet, so it need not preempt the traced
-    program when it wakes (the reader, which must keep the ring from filling, does)."""
-    if nice is not None:
-        _set_thread_nice(nice)
-    _batch_thread()
+    reader."""
     try:
         for frames in spool:
             if outputs.alive(writer):
@@ -440,22 +433,6 @@ def _set_thread_nice(nice: int) -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
-        pass
-
-
-def _thread_nice() -> Optional[int]:
-    try:
-        return os.getpriority(os.PRIO_PROCESS, 0)
-    except OSError:
-        return None
-
-
-def _batch_thread() -> None:
-    """SCHED_BATCH for the calling thread (pid 0: the caller on Linux): the scheduler
-    treats it as CPU-bound, and its wake-ups do not preempt other tasks."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError):
         pass
 
 
