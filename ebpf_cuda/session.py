@@ -21,7 +21,7 @@ from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from .bpf.ringbuf import RingBuffer
 from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                          attach_uprobe_multi)
-from .bpf.workers import Workers, close_all
+from .bpf.workers import Workers, close_all, forked_closer
 from .decode import aggregates as sums
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
@@ -71,8 +71,6 @@ class Attachment(NamedTuple):
     retprobe: bool
 
 
-
-
 class Session:
     """The kernel objects of one trace (see the module's docstring)."""
 
@@ -80,6 +78,7 @@ class Session:
         self.options = options.checked()
         self.selected: List[Api] = options.rows()
         self.log = log or options.log or (lambda message: None)
+        self._verbose = (log or options.log) is not None  # (lines only it prints are made)
         self.targets: List[Target] = []
         self.maps: Dict[str, maps.Map] = {}
         self.programs: Dict[Tuple[str, bool], Program] = {}  # by (function, retprobe)
@@ -201,7 +200,8 @@ class Session:
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
         path = attach_path()  # what this kernel was found to take, not its version
-        self.log(features.report())
+        if self._verbose:  # (the report probes the kernel: ~100 ms for a line)
+            self.log(features.report())
         self.log("attach path: %s" % PATHS[path])
         if self._follower is not None:
             self.log("following the command's processes: a process is forgotten %s" % (
@@ -238,8 +238,10 @@ class Session:
     def kernel_features(self) -> plan.Features:
         """What this kernel takes, as the program plan needs it (task storage: as the maps
         were made)."""
-        return plan.Features(current_arch(), attach_path() == UPROBE_MULTI,
-                             layout.TASKS in self.maps, features.session_is_return_id(),
+        multi = attach_path() == UPROBE_MULTI
+        kfunc = (features.session_is_return_id() if plan.may_sample_returns(self.options, multi)
+                 else None)  # (a search of the kernel's BTF: only for a mode that uses it)
+        return plan.Features(current_arch(), multi, layout.TASKS in self.maps, kfunc,
                              self.pid_ns, self.thread_pointer)
 
     def probe_options(self, api: Api) -> calls.ProbeOptions:
@@ -512,20 +514,32 @@ class Session:
         and this process returns at once (for a CLI that exits next: its exit would wait
         for the same detaches; the probes stay on until the child is done, their records
         read by nobody)."""
-        if not wait and self._links and _forked_closer():
+        go = forked_closer() if not wait and self._links else None
+        if go == 0:  # the child: the parent has let go of every object, the detaches wait
             try:
                 self._close_now()
             finally:
                 os._exit(0)
-        self._close_now()
+        # The parent drops its references (one by one), then lets the child go: else its close
+        # could be a link's last and wait for the detach (the race: exits of 40 or 240 ms).
+        try:
+            self._close_now(parallel=go is None)
+        finally:
+            if go is not None:
+                os.close(go)
 
-    def _close_now(self) -> None:
+    def _close_now(self, parallel: bool = True) -> None:
         with self._lock:  # (after a late attach the reader is making, if any)
             self._closed = True
         # The links and the follower's tracepoints detach in parallel: each waits for a
         # grace period of the kernel's.
-        close_all(self._links + [o for o in (self._follower, self._execs, self.late)
-                                 if o is not None])
+        closing = self._links + [o for o in (self._follower, self._execs, self.late)
+                                 if o is not None]
+        if parallel:
+            close_all(closing)
+        else:
+            for item in closing:
+                item.close()
         self._links, self._follower, self._execs, self.late = [], None, None, None
         self._late_links = {}
         self._loaded = {}
@@ -561,21 +575,6 @@ def _driver_launches(targets: Sequence[Target]) -> bool:
     are not probed: targets.launch_at_driver_only)."""
     return any(api.library == apis.DRIVER and api.category == "launch"
                for target in targets for api, _, _ in target.functions)
-
-
-def _forked_closer() -> bool:
-    """Fork; True in the child, which keeps the kernel objects alive until it closes them
-    (the parent's closes then only drop its references: fast), its standard streams on
-    /dev/null so that nobody waits for its output."""
-    if os.fork() != 0:
-        return False
-    try:
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-    except OSError:
-        pass
-    return True
 
 
 def create_map(spec: layout.MapSpec) -> maps.Map:

@@ -516,3 +516,27 @@ def test_list_functions_marks_the_runtime_launches_the_driver_replaces():
     assert rows["cudaMalloc"] == ["runtime", "default"]
     assert rows["cudaGetDevice"] == ["runtime", "with", "--all"]
     assert done.stdout.splitlines()[-1].startswith("* not when the driver's launch functions")
+
+
+PINNED_REPORT = r'''
+import glob, os
+tracer = os.getppid()
+for status in glob.glob("/proc/%d/task/*/status" % tracer):
+    with open(status) as f:
+        print("tracer", [line.split()[1] for line in f if line.startswith("Cpus_allowed_list")][0])
+print("command", ",".join(str(c) for c in sorted(os.sched_getaffinity(0))))
+'''
+
+
+def test_cpu_pins_the_tracers_threads_and_not_the_command(root, lib, prog):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to pin apart")
+    done = run_cli("--cpu", str(cpus[-1]), "-p", lib, "--", "python3", "-c", PINNED_REPORT)
+    assert done.returncode == 0, done.stderr
+    tracer = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("tracer")]
+    assert len(tracer) >= 2 and set(tracer) == {str(cpus[-1])}  # the reader and the lines thread
+    assert "command " + ",".join(str(c) for c in cpus) in done.stdout.splitlines()
+    bad = run_cli("--cpu", "9999", "-p", lib, "--", "true")
+    assert bad.returncode == errors.UsageError.exit_code
+    assert "--cpu 9999: this process may run on CPUs" in bad.stderr

@@ -93,3 +93,46 @@ def test_most_rows_take_the_fast_path():
     assert [r is None for r in JsonLines(TABLE, Decoder(TABLE), list, None).rows] == \
         [r is None for r in lines.rows]
 
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+@pytest.mark.parametrize("from_start", [True, False])
+def test_calls_telling_the_device_take_the_fast_path_with_the_same_lines(as_json, from_start):
+    """cudaGetDevice (which tells its thread's device, the JSON `device` key of its exit
+    being its out-parameter) is formatted from frames too, and teaches the device tracker
+    what the decoded path would: the lines of the calls after it carry the same device."""
+    from ebpf_cuda.decode.devices import DeviceTracker
+    from ebpf_cuda.output import DecodeContext
+
+    rng = random.Random(11)
+    frames = []
+    for i in range(400):
+        fn = rng.choice(["cudaGetDevice", "cudaGetDevice", "cudaSetDevice", "cudaGetLastError",
+                         "cudaLaunchKernel"])
+        tid = rng.choice([100, 101, 102])
+        phase = rng.choice([record.PHASE_CALL, record.PHASE_CALL, record.PHASE_ENTER])
+        flags = rng.choice([0, 0, record.FLAG_ENTRY_SENT]) if phase == record.PHASE_CALL else 0
+        device = rng.randrange(4)
+        frames.append(pack_frame(fn, 10**12 + i * 1000, [device, 1, 2, 3],
+                                 rng.choice([0, 0, 0, 101]), [device], exit_ts=10**12 + i * 1000
+                                 + 500, phase=phase, flags=flags, pid=100, tid=tid,
+                                 comm=b"app"))
+    frames = b"".join(frames)
+    offset = 1_700_000_000 * 10**9
+    (slow, slow_out), (fast, fast_out) = _writers(as_json, True, None)
+    reference = Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames)
+    DeviceTracker(from_start).annotate(reference)
+    slow.write(reference)
+    tracker = DeviceTracker(from_start)
+    fast.bind(DecodeContext(annotate=tracker.annotate, devices=tracker))
+    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    expected, got = slow_out.getvalue().splitlines(), fast_out.getvalue().splitlines()
+    assert len(got) == len(expected) > 400
+    assert got == expected
+    if as_json:
+        assert any('"api":"cudaGetDevice","phase":"exit"' in line and '"device":' in line
+                   for line in got)
+    lines = fast._from_frames
+    assert lines.row(TABLE.index(next(a for a in TABLE if a.name == "cudaGetDevice"))) \
+        is not None  # (the fast path, not the decoder)
+    assert lines.row(TABLE.index(next(a for a in TABLE if a.name == "cudaSetDevice"))) is None

@@ -5,6 +5,7 @@ lies, the thread pointer that glibc and musl hand out as pthread_self() and CPyt
 in each thread state. BTF is the UAPI `linux/btf.h` format: a header, a type section of
 variable-size entries (type ids count from 1) and a string section.
 """
+import os
 import struct
 from array import array
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -71,16 +72,82 @@ def member_offset(path: Sequence[str], btf_path: str = VMLINUX) -> Optional[int]
 
 def _cached(btf_path: str, key: tuple, read):
     """read(the BTF's bytes), once per (file, key); None when the file cannot be read or
-    is no BTF."""
-    key = (btf_path,) + key
-    if key not in _cache:
+    is no BTF. For the kernel's own BTF, what was read is also kept on disk per kernel
+    build (`_disk_file`): parsing vmlinux's ~150,000 types in Python costs ~100 ms of every
+    start-up otherwise."""
+    memo = (btf_path,) + key
+    if memo not in _cache:
+        disk = _disk_file(btf_path)
+        stored = _disk_read(disk)
+        name = "\0".join(key)
+        if name in stored:
+            found = stored[name]
+            _cache[memo] = tuple(found) if isinstance(found, list) else found
+            return _cache[memo]
         try:
             with open(btf_path, "rb") as f:
                 data = f.read()
-            _cache[key] = read(data)
+            _cache[memo] = read(data)
         except (OSError, ValueError, struct.error):
-            _cache[key] = None
-    return _cache[key]
+            _cache[memo] = None
+            return None
+        if disk is not None:
+            stored[name] = _cache[memo]
+            _disk_write(disk, stored)
+    return _cache[memo]
+
+
+def _disk_file(btf_path: str) -> Optional[str]:
+    """The cache file of the kernel's BTF, named after this kernel's build (its release,
+    version string and the BTF file's size and time: a new kernel gets a new file), in
+    $XDG_CACHE_HOME/ebpf-cuda or ~/.cache/ebpf-cuda; None for other BTF files."""
+    if btf_path != VMLINUX:
+        return None
+    import hashlib  # (here: imported only by the modes that read the BTF)
+
+    try:
+        info = os.stat(btf_path)
+    except OSError:
+        return None
+    build = "%s|%s|%d|%d" % (os.uname().release, os.uname().version, info.st_size,
+                             info.st_mtime_ns)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha1(build.encode()).hexdigest()[:16]
+    return os.path.join(base, "ebpf-cuda", "btf-%s.json" % digest)
+
+
+def _disk_read(path: Optional[str]) -> Dict[str, object]:
+    """What the cache file holds (nothing when it is missing, unreadable or not ours)."""
+    if path is None:
+        return {}
+    import json
+
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(stored, dict):
+        return {}
+    return {k: v for k, v in stored.items()
+            if v is None or isinstance(v, int) or (isinstance(v, list) and all(
+                isinstance(i, int) for i in v))}
+
+
+def _disk_write(path: str, stored: Dict[str, object]) -> None:
+    """Replace the cache file at once (a file half written is never read); a cache that
+    cannot be written is only slower next time."""
+    import json
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(stored, f)
+        os.replace(temporary, path)
+    except OSError:
+        pass
 
 
 def _member_offset(data: bytes, path: Sequence[str]) -> Optional[int]:

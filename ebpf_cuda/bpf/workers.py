@@ -1,6 +1,7 @@
 """Worker threads for jobs that wait in the kernel without the GIL: program loads (the
 verifier) and link closes (uprobe synchronisation). concurrent.futures would do, but its
 import (logging) alone costs ~14 ms of start-up."""
+import os
 import queue
 import threading
 from typing import Callable, Optional, Sequence
@@ -70,3 +71,34 @@ def close_all(objects: Sequence) -> None:
     with Workers(min(len(objects), 64)) as pool:
         for job in [pool.submit(type(item).close, item) for item in objects]:
             job.result()
+
+
+def forked_closer() -> Optional[int]:
+    """Fork a child that keeps the kernel objects alive until it closes them (the parent's
+    closes then only drop its references: fast), its standard streams on /dev/null so that
+    nobody waits for its output. In the child: 0, once the parent has closed the returned
+    pipe end (or exited). In the parent: that pipe end. None when no child could be made."""
+    try:
+        done, go = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(done)
+        os.close(go)
+        return None
+    if pid != 0:
+        os.close(done)
+        return go
+    try:
+        os.close(go)
+        while os.read(done, 1):  # (EOF: the parent has let go)
+            pass
+        os.close(done)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    except OSError:
+        pass
+    return 0

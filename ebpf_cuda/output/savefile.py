@@ -346,13 +346,27 @@ class SavedTrace:
             events = decoder.decode_batch(frames)
         except DecodeError as err:  # the file is named: a damaged record is the file's
             raise DecodeError("%s has a damaged record: %s" % (self.path, err)) from None
-        self.communicators.annotate_batch(events)  # as the live stream does
+        self.annotate(events)
+        return events
+
+    def annotate(self, events: List[Event]) -> None:
+        """What the trace knows besides the records, onto events decoded in this pass (as
+        the live stream does): communicators, devices, Python stacks."""
+        self.communicators.annotate_batch(events)
         self.devices.annotate(events)
         if self.py_stacks:
             for event in events:
                 if event.py_stack_id:
                     event.py_stack = self.py_stacks.get(event.py_stack_id)
-        return events
+
+    def names(self) -> "SavedNames":
+        """The kernel names as a namer of both kinds: `namer(event, address)` and, for the
+        lines straight from frames, `name_for(pid, api, address, when)`."""
+        return SavedNames(self.kernels)
+
+    def new_pass(self) -> Decoder:
+        """A new pass over the frames (its decoder; `annotate` starts again too)."""
+        return self._new_pass()
 
     def _new_pass(self) -> Decoder:
         """The decoder of a pass over the frames. What a pass knows of the trace so far
@@ -361,6 +375,20 @@ class SavedTrace:
         self.communicators = Communicators()
         self.devices = DeviceTracker(self.from_start)
         return self.decoder
+
+
+class SavedNames:
+    """A saved trace's kernel names by (pid, address) (SavedTrace.names)."""
+
+    def __init__(self, kernels: Dict[Tuple[int, int], str]) -> None:
+        self.kernels = kernels
+
+    def name_for(self, pid: int, api: str, address: int,
+                 when: Optional[int] = None) -> Optional[str]:
+        return self.kernels.get((pid, address))
+
+    def __call__(self, event: Event, address: int) -> Optional[str]:
+        return self.kernels.get((event.pid, address))
 
 
 def _widened(chunk: bytes, old_size: int) -> bytes:

@@ -142,11 +142,18 @@ def probe_options(api: Api, config: TraceConfig, features: Features) -> ProbeOpt
     return options
 
 
+def may_sample_returns(config: TraceConfig, uprobe_multi: bool) -> bool:
+    """Whether `config` could sample launch returns on a kernel with uprobe sessions: only
+    then is the kernel's BTF searched for bpf_session_is_return (a cost at start-up)."""
+    return bool(config.aggregate and not config.emit and config.sample_returns > 1
+                and uprobe_multi)
+
+
 def samples_returns(config: TraceConfig, features: Features) -> bool:
     """Whether launch returns can be sampled (`_sampled` rows may exist): only then are the
     launch slots and the draw's state made (and read at each tick)."""
-    return (config.aggregate and not config.emit and config.sample_returns > 1
-            and features.uprobe_multi and features.session_is_return is not None)
+    return (may_sample_returns(config, features.uprobe_multi)
+            and features.session_is_return is not None)
 
 
 def _sampled(api: Api, options: ProbeOptions, config: TraceConfig,
