@@ -191,7 +191,7 @@ fi
 if [ "$arch" = arm64 ]; then
     # The arm64 userland the guest runs on (its static busybox boots it).
     root="$("$here/arm64_root.sh" "$cache")"
-    vm_opts+=(--arch arm64 --root "$root")
+    vm_opts+=(--arch arm64 --root "$root" --env "PYTHONPATH=$PWD")
 fi
 if [ -n "$fetch_only" ]; then
     echo "$dir"
