@@ -57,9 +57,9 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroo
 out=$(cat /outdir)
 mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=512000 out "/newroot$out"
 # (a root other than the host's: the checkout comes as a share of its own)
-if [ -f /checkout ]; then
+if [ -f /checkout-path ]; then
     mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 checkout \
-        "/newroot$(cat /checkout)" || echo "ebpf-cuda-vm: cannot mount the checkout"
+        "/newroot$(cat /checkout-path)" || echo "ebpf-cuda-vm: cannot mount the checkout"
 fi
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
@@ -202,7 +202,7 @@ def find_busybox(root: str = "/") -> Optional[str]:
 def build_initramfs(kernel_dir: str, release: str, outdir: str, root: str = "/",
                     checkout: str = "") -> str:
     """The initramfs for this kernel (cached beside it; the output folder is in /outdir,
-    the checkout's path, where it is a share of its own, in /checkout). Its busybox is the
+    the checkout's path, where it is a share of its own, in /checkout-path). Its busybox is the
     root's (the guest's architecture)."""
     moddir = os.path.join(kernel_dir, "lib", "modules", release)
     cached = os.path.join(kernel_dir, "ebpf-cuda-initrd.cpio.gz")
@@ -232,7 +232,7 @@ def build_initramfs(kernel_dir: str, release: str, outdir: str, root: str = "/",
         g.write(f.read())
         entries = [("outdir", 0o100644, outdir.encode())]
         if checkout:
-            entries.append(("checkout", 0o100644, checkout.encode()))
+            entries.append(("checkout-path", 0o100644, checkout.encode()))
         g.write(gzip.compress(cpio_newc(entries), 1))
     return extra
 
