@@ -169,7 +169,7 @@ if [ -z "$package" ]; then
     package="$(cached_for "$version")"  # (--refresh, apt offline: what was fetched before)
 fi
 if [ -z "$package" ]; then
-    echo "$0: apt knows no $arch kernel package for $version (try --list)" >&2
+    echo "$0: apt knows no kernel package for $version ($arch; try --list)" >&2
     exit 2
 fi
 release="${package#linux-image-}"
