@@ -5,7 +5,7 @@ below are byte offsets into that structure. Only x86-64 is tested; the arm64 row
 the uapi headers.
 """
 import os
-from typing import Dict, NamedTuple, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 from .errors import UnsupportedKernelError
 
@@ -26,6 +26,9 @@ class Arch(NamedTuple):
     # return address sits at [sp]; on arm64 the return address is in lr, so arguments start
     # right at sp.
     stack_args_start: int
+    # Where a function's return address is at its entry: in the link register (arm64: x30,
+    # this offset in pt_regs), or None: at [sp] (x86-64, pushed by `call`).
+    link_register: Optional[int] = None
 
     def arg(self, index: int) -> int:
         """Offset of register argument `index` (0-based) in pt_regs."""
@@ -63,8 +66,9 @@ ARM64 = Arch(
     ret=0,  # x0
     sp=248,
     ip=256,  # pc
-    pt_regs_size=272,
+    pt_regs_size=272,  # regs[31], sp, pc, pstate (uapi asm/ptrace.h: struct user_pt_regs)
     stack_args_start=0,
+    link_register=240,  # x30 (lr); x29 (232) is the frame pointer
 )
 
 ARCHES: Dict[str, Arch] = {m: a for a in (X86_64, ARM64) for m in a.machines}

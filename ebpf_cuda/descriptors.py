@@ -1,7 +1,9 @@
 """File descriptors: `Fd`, the owner of each one the kernel returns, and raising the
-process's descriptor limit when EMFILE is met (perf-event uprobes take two each).
+process's descriptor limit when EMFILE is met (perf-event uprobes take two each), and its
+locked-memory limit when a kernel before 5.11 charges BPF objects to it (EPERM).
 
-`syscalls.py` re-exports both (`syscalls.Fd`, `syscalls.raise_fd_limit`).
+`syscalls.py` re-exports them (`syscalls.Fd`, `syscalls.raise_fd_limit`,
+`syscalls.raise_memlock_limit`).
 """
 import os
 import resource  # (here, not where EMFILE is met: importing it then needs a descriptor)
@@ -99,3 +101,41 @@ def _raise_fd_limit() -> bool:
             return False
     return True
 
+
+
+_memlock_before = None  # (soft, hard) before raise_memlock_limit raised it, else None
+
+
+def raise_memlock_limit() -> bool:
+    """Kernels before 5.11 charge maps, programs and BTF to RLIMIT_MEMLOCK (later ones to the
+    memory cgroup) and refuse with EPERM past it: Debian 11's 5.10 refused the 4 MiB ring
+    buffer under the usual 8 MiB limit. Raise it to unlimited (as libbpf does); True if it
+    was raised, so that the refused call is worth one more try. A command the tracer starts
+    gets the limit it had before (`restore_memlock_limit`, in the child)."""
+    global _memlock_before
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK,
+                           (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (OSError, ValueError):  # (no CAP_SYS_RESOURCE: up to the hard limit)
+        if soft == hard:
+            return False
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+        except (OSError, ValueError):
+            return False
+    if _memlock_before is None:
+        _memlock_before = (soft, hard)
+    return True
+
+
+def restore_memlock_limit() -> None:
+    """(In a started command's child, before exec) the locked-memory limit as it was before
+    the tracer raised it: the traced program is not changed. Best effort."""
+    if _memlock_before is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, _memlock_before)
+        except (OSError, ValueError):
+            pass

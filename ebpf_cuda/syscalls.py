@@ -17,7 +17,8 @@ import threading
 from typing import Iterator, Optional, Sequence, Tuple
 
 from . import arch
-from .descriptors import NR_OPEN, Fd, raise_fd_limit  # noqa: F401 (re-exported)
+from .descriptors import (NR_OPEN, Fd, raise_fd_limit,  # noqa: F401 (re-exported)
+                          raise_memlock_limit)
 from .errors import KernelError, PrivilegeError, VerifierError
 # The kernel's ABI as data (numbers, attribute layouts, info structs, the uprobe PMU) is
 # kernel_abi.py's; every name of it is importable from here too, as `syscalls.X`.
@@ -92,8 +93,16 @@ def _syscall(nr: int, *args: int) -> Tuple[int, int]:
 
 
 def bpf_raw(cmd: int, attr: ctypes.Array) -> Tuple[int, int]:
-    """bpf(cmd, attr, sizeof attr) -> (result, errno). No exception."""
-    return _syscall(_nr_bpf(), cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+    """bpf(cmd, attr, sizeof attr) -> (result, errno). No exception. A map, program or BTF
+    refused with EPERM is tried once more after raising RLIMIT_MEMLOCK (kernels before 5.11
+    charge them to it)."""
+    res, err = _syscall(_nr_bpf(), cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+    if res < 0 and err == errnos.EPERM and cmd in _MEMLOCK_CHARGED and raise_memlock_limit():
+        res, err = _syscall(_nr_bpf(), cmd, ctypes.addressof(attr), ctypes.sizeof(attr))
+    return res, err
+
+
+_MEMLOCK_CHARGED = (BPF_MAP_CREATE, BPF_PROG_LOAD, BPF_BTF_LOAD)
 
 
 @functools.lru_cache(maxsize=None)

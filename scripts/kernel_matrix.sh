@@ -7,8 +7,11 @@
 #   KERNEL_TESTS=tests scripts/kernel_matrix.sh        every kernel-backed test (full run)
 #   KERNELS="6.1" scripts/kernel_matrix.sh             one kernel
 #
-# KERNELS: the versions (default "6.1 6.12"; the host's own kernel runs the normal suite).
-# KERNEL_TESTS: pytest arguments inside the guests (default: the CI subset below).
+# KERNELS: the versions (default "6.1 6.12 5.10"; the host's own kernel runs the normal
+# suite); arm64/VERSION: Debian's arm64 kernel of that version (scripts/kernels.sh --arch
+# arm64), e.g. KERNELS="arm64/6.12" KERNEL_TESTS="tests/test_uprobe.py".
+# KERNEL_TESTS: pytest arguments inside the guests (default: the CI subset below);
+# KERNEL_TESTS_ARM64: those of the arm64 guests (default: KERNEL_TESTS, else ARM64_SUBSET).
 # KERNEL_TIMEOUT: seconds one guest may run its checks (default 1800).
 # KERNEL_CPUS: vCPUs of each guest (default: the cores shared out among the guests at once).
 set -uo pipefail
@@ -26,8 +29,13 @@ CI_SUBSET="tests/test_syscalls.py tests/test_maps.py tests/test_programs.py
     tests/test_aggregates.py tests/test_cli.py tests/test_errors_cli.py
     tests/test_robust_processes.py tests/test_robust_signals.py tests/test_py_stacks_e2e.py"
 
-kernels="${KERNELS:-6.1 6.12}"
+# The arm64 guests' subset (emulating arm64 costs more; the quick starts run before it):
+# the probes' registers, stack arguments and return values, and the trace end to end.
+ARM64_SUBSET="tests/test_uprobe.py tests/test_trace_e2e.py"
+
+kernels="${KERNELS:-6.1 6.12 5.10}"
 tests="${KERNEL_TESTS:-$CI_SUBSET}"
+arm64_tests="${KERNEL_TESTS_ARM64:-${KERNEL_TESTS:-$ARM64_SUBSET}}"
 timeout="${KERNEL_TIMEOUT:-1800}"
 # Guests at once: TCG keeps about one host core busy per guest (pytest is one process), so on
 # a 2-core machine two guests take little longer than one. KERNEL_JOBS=1: one at a time.
@@ -50,25 +58,36 @@ stop_all() {
 trap stop_all TERM INT HUP
 
 run_one() {  # run_one VERSION: boots it, runs the checks; its log in $results/VERSION.log
-    local version="$1" start status vm
+    local version="$1" start status vm log these="$tests"
+    log="$results/${version//\//-}"
+    case "$version" in arm64/*) these="$arm64_tests" ;; esac
     start=$(date +%s)
     # (in the background, and waited for: the TERM trap can then pass the stop on)
-    # shellcheck disable=SC2086  # $tests: several pytest arguments
-    scripts/kernels.sh --timeout "$timeout" --cpus "$cpus" "$version" -- scripts/kernel_checks.sh $tests \
-        > "$results/$version.log" 2>&1 &
+    # shellcheck disable=SC2086,SC2046  # $these, kernel_args: several words
+    scripts/kernels.sh --timeout "$timeout" --cpus "$cpus" $(kernel_args "$version") \
+        -- scripts/kernel_checks.sh $these > "$log.log" 2>&1 &
     vm=$!
     trap 'kill -TERM "$vm" 2>/dev/null; wait "$vm"; exit 143' TERM
     wait "$vm"
     status=$?
-    echo "$version $status $(( $(date +%s) - start ))" > "$results/$version.status"
+    echo "$version $status $(( $(date +%s) - start ))" > "$log.status"
     echo "=== kernel $version: exit $status after $(( $(date +%s) - start )) s"
+}
+
+kernel_args() {  # kernel_args VERSION: scripts/kernels.sh's words for it (arm64/6.12)
+    case "$1" in
+        arm64/*) echo "--arch arm64 ${1#arm64/}" ;;
+        *) echo "$1" ;;
+    esac
 }
 
 matrix_start=$(date +%s)
 running=0
 for version in $kernels; do
     # Fetch and unpack the kernel first, one at a time (apt and dpkg take locks).
-    scripts/kernels.sh --fetch "$version" >/dev/null || echo "=== kernel $version: no package"
+    # shellcheck disable=SC2046  # (kernel_args: the words it prints)
+    scripts/kernels.sh --fetch $(kernel_args "$version") >/dev/null \
+        || echo "=== kernel $version: no package"
     echo "=== kernel $version: started"
     run_one "$version" &
     runners+=($!)
@@ -84,16 +103,17 @@ failed=0
 for version in $kernels; do
     echo
     echo "=== kernel $version: log"
-    cat "$results/$version.log"
+    cat "$results/${version//\//-}.log"
 done
 echo
 echo "=== kernel matrix ($(date -u +%Y-%m-%d), $(( $(date +%s) - matrix_start )) s in all)"
 for version in $kernels; do
-    read -r _ status secs < "$results/$version.status" || status=125
+    log="$results/${version//\//-}"
+    read -r _ status secs < "$log.status" || status=125
     [ "$status" -eq 0 ] || failed=1
     echo "--- $version: exit $status, ${secs:-?} s"
-    grep -h "^kernel-checks:" "$results/$version.log" | sed 's/^kernel-checks: /  /'
-    grep -h "^kernel_vm: .*booted in\|^kernel_vm: .*exit status" "$results/$version.log" \
+    grep -h "^kernel-checks:" "$log.log" | sed 's/^kernel-checks: /  /'
+    grep -h "^kernel_vm: .*booted in\|^kernel_vm: .*exit status" "$log.log" \
         | sed 's/^kernel_vm: /  /'
 done
 exit "$failed"

@@ -56,6 +56,11 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroo
     || { echo "ebpf-cuda-vm: cannot mount the host's root"; reboot -f; }
 out=$(cat /outdir)
 mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=512000 out "/newroot$out"
+# (a root other than the host's: the checkout comes as a share of its own)
+if [ -f /checkout-path ]; then
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 checkout \
+        "/newroot$(cat /checkout-path)" || echo "ebpf-cuda-vm: cannot mount the checkout"
+fi
 mount -t proc proc /newroot/proc
 mount -t sysfs sysfs /newroot/sys
 mount -t devtmpfs devtmpfs /newroot/dev
@@ -186,18 +191,22 @@ def is_static_elf(path: str) -> bool:
     return all(struct.unpack_from("<I", table, i * phentsize)[0] != 3 for i in range(phnum))
 
 
-def find_busybox() -> Optional[str]:
-    for path in (os.environ.get("BUSYBOX"), "/bin/busybox", "/usr/bin/busybox"):
+def find_busybox(root: str = "/") -> Optional[str]:
+    env = os.environ.get("BUSYBOX") if root == "/" else None
+    for path in (env, os.path.join(root, "bin/busybox"), os.path.join(root, "usr/bin/busybox")):
         if path and os.path.isfile(path) and is_static_elf(path):
             return path
     return None
 
 
-def build_initramfs(kernel_dir: str, release: str, outdir: str) -> str:
-    """The initramfs for this kernel (cached beside it; the output folder is in /outdir)."""
+def build_initramfs(kernel_dir: str, release: str, outdir: str, root: str = "/",
+                    checkout: str = "") -> str:
+    """The initramfs for this kernel (cached beside it; the output folder is in /outdir,
+    the checkout's path, where it is a share of its own, in /checkout-path). Its busybox is the
+    root's (the guest's architecture)."""
     moddir = os.path.join(kernel_dir, "lib", "modules", release)
     cached = os.path.join(kernel_dir, "ebpf-cuda-initrd.cpio.gz")
-    busybox = find_busybox()
+    busybox = find_busybox(root)
     if busybox is None:
         sys.exit("kernel_vm: needs a static busybox (apt-get install busybox-static)")
     stamp = "%s %d" % (busybox, os.stat(busybox).st_mtime_ns)
@@ -221,7 +230,10 @@ def build_initramfs(kernel_dir: str, release: str, outdir: str) -> str:
     extra = os.path.join(outdir, "initrd-run.cpio.gz")
     with open(cached, "rb") as f, open(extra, "wb") as g:
         g.write(f.read())
-        g.write(gzip.compress(cpio_newc([("outdir", 0o100644, outdir.encode())]), 1))
+        entries = [("outdir", 0o100644, outdir.encode())]
+        if checkout:
+            entries.append(("checkout-path", 0o100644, checkout.encode()))
+        g.write(gzip.compress(cpio_newc(entries), 1))
     return extra
 
 
@@ -241,21 +253,39 @@ def kernel_image(kernel_dir: str) -> tuple:
     return os.path.join(boot, images[-1]), images[-1][len("vmlinuz-"):]
 
 
+# Per architecture: QEMU, its machine and CPU, the serial console, extra kernel options.
+MACHINES = {
+    "amd64": ("qemu-system-x86_64", ["-machine", "q35"], "max", "ttyS0",
+              "tsc=unstable"),
+    # (virt: virtio over PCIe as on q35; cortex-a72 rather than max: no pointer
+    # authentication to emulate, which made every function's entry and return slower)
+    "arm64": ("qemu-system-aarch64", ["-machine", "virt,gic-version=3"], "cortex-a72",
+              "ttyAMA0", ""),
+}
+
+
 def qemu_command(image: str, initrd: str, outdir: str, cpus: int, memory: str,
-                 append: str) -> list:
-    cmdline = ("console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off "
-               "random.trust_cpu=on tsc=unstable " + append).strip()
-    return [os.environ.get("QEMU", "qemu-system-x86_64"),
-            "-accel", "tcg,thread=multi", "-cpu", os.environ.get("QEMU_CPU", "max"),
-            "-smp", str(cpus), "-m", memory,
-            "-machine", "q35", "-nodefaults", "-no-user-config", "-display", "none",
-            "-no-reboot", "-kernel", image, "-initrd", initrd, "-append", cmdline,
-            "-chardev", "file,id=console,path=%s" % os.path.join(outdir, "console.log"),
-            "-serial", "chardev:console",
-            "-fsdev", "local,id=root,path=/,security_model=none,readonly=on,multidevs=remap",
-            "-device", "virtio-9p-pci,fsdev=root,mount_tag=hostroot",
-            "-fsdev", "local,id=out,path=%s,security_model=none" % outdir,
-            "-device", "virtio-9p-pci,fsdev=out,mount_tag=out"]
+                 append: str, arch: str = "amd64", root: str = "/") -> list:
+    qemu, machine, cpu, console, extra = MACHINES[arch]
+    cmdline = ("console=%s loglevel=4 panic=-1 rdinit=/init mitigations=off "
+               "random.trust_cpu=on %s %s" % (console, extra, append)).strip()
+    command = [os.environ.get("QEMU", qemu),
+               "-accel", "tcg,thread=multi", "-cpu", os.environ.get("QEMU_CPU", cpu),
+               "-smp", str(cpus), "-m", memory] + machine + [
+               "-nodefaults", "-no-user-config", "-display", "none",
+               "-no-reboot", "-kernel", image, "-initrd", initrd, "-append", cmdline,
+               "-chardev", "file,id=console,path=%s" % os.path.join(outdir, "console.log"),
+               "-serial", "chardev:console",
+               "-fsdev", "local,id=root,path=%s,security_model=none,readonly=on,"
+               "multidevs=remap" % root,
+               "-device", "virtio-9p-pci,fsdev=root,mount_tag=hostroot",
+               "-fsdev", "local,id=out,path=%s,security_model=none" % outdir,
+               "-device", "virtio-9p-pci,fsdev=out,mount_tag=out"]
+    if root != "/":  # (another root: the checkout is shared into it at its own path)
+        command += ["-fsdev", "local,id=checkout,path=%s,security_model=none,readonly=on,"
+                    "multidevs=remap" % os.getcwd(),
+                    "-device", "virtio-9p-pci,fsdev=checkout,mount_tag=checkout"]
+    return command
 
 
 def write_guest_script(outdir: str, command: str, env: dict) -> None:
@@ -293,9 +323,15 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
     outdir = tempfile.mkdtemp(prefix="ebpf-cuda-vm-", dir=args.workdir)
     proc = None
     try:
-        initrd = build_initramfs(args.kernel_dir, release, outdir)
+        checkout = ""
+        if args.root != "/":  # (mount points for the shares, made in the other root)
+            checkout = os.getcwd()
+            for path in (checkout, outdir):
+                os.makedirs(args.root + path, exist_ok=True)
+        initrd = build_initramfs(args.kernel_dir, release, outdir, args.root, checkout)
         write_guest_script(outdir, command, dict(e.split("=", 1) for e in args.env))
-        qemu = qemu_command(image, initrd, outdir, args.cpus, args.memory, args.append)
+        qemu = qemu_command(image, initrd, outdir, args.cpus, args.memory, args.append,
+                            args.arch, args.root)
         start = time.monotonic()
         proc = subprocess.Popen(qemu, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True,
@@ -356,6 +392,11 @@ def boot_once(args, image: str, release: str, command: str, attempt: int) -> tup
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         shutil.rmtree(outdir, ignore_errors=True)
+        if args.root != "/":
+            try:
+                os.rmdir(args.root + outdir)
+            except OSError:
+                pass
 
 
 _running: list = []  # the QEMU of the boot under way (its own session: killed by name here)
@@ -394,6 +435,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=0, help="seconds the command may run")
     parser.add_argument("--attempts", type=int, default=3)
     parser.add_argument("--append", default="", help="more kernel command-line options")
+    parser.add_argument("--arch", default="amd64", choices=sorted(MACHINES),
+                        help="the kernel's architecture (arm64: qemu-system-aarch64)")
+    parser.add_argument("--root", default="/", help="the guest's root file system (default: "
+                        "this machine's; another architecture needs its own userland)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="more environment variables for the command")
     parser.add_argument("--console", help="keep the kernel log of the last boot here")
@@ -409,6 +454,7 @@ def main() -> int:
     # One word: a shell command line; more: an argument vector, quoted for sh -c.
     command = words[0] if len(words) == 1 else shlex.join(words)
     args.kernel_dir = os.path.abspath(args.kernel_dir)
+    args.root = os.path.abspath(args.root)
     if not args.workdir:
         args.workdir = os.path.join(os.path.dirname(args.kernel_dir), "runs")
     os.makedirs(args.workdir, exist_ok=True)

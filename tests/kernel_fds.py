@@ -3,6 +3,8 @@ them."""
 import os
 from typing import List, Set
 
+import pytest
+
 
 def open_fds() -> Set[str]:
     """This process's bpf/perf fds (anon inodes), by number."""
@@ -14,6 +16,19 @@ def open_fds() -> Set[str]:
         except OSError:
             pass  # the fd listdir itself used
     return fds
+
+
+def perf_links() -> bool:
+    """Whether probes are joined to their programs by BPF links here (5.15+ for perf-event
+    uprobes; before, by PERF_EVENT_IOC_SET_BPF: no link to count or query)."""
+    from ebpf_cuda.bpf import uprobe
+    return uprobe.uprobe_multi_supported() or uprobe.perf_links_supported()
+
+
+def require_perf_links() -> None:
+    """Skip a test about BPF links on a kernel that attaches probes without them."""
+    if not perf_links():
+        pytest.skip("no BPF links for perf-event uprobes on this kernel (before 5.15)")
 
 
 def bpf_link_types(pid: int) -> List[str]:

@@ -159,6 +159,26 @@ def test_perf_uprobes_past_the_soft_fd_limit_raise_it(root, fake, tmp_path):
     assert exits == ["cudaMalloc", "cudaMemcpy", "cudaFree"]
 
 
+def test_a_low_locked_memory_limit_is_raised_for_the_tracer_not_the_command(root, fake,
+                                                                           tmp_path):
+    """Kernels before 5.11 charge maps and programs to RLIMIT_MEMLOCK (5.10 refused the ring
+    buffer with EPERM under the usual 8 MiB): the tracer raises it and tries again; the
+    command it starts still gets the limit it was given (here 64 KiB)."""
+    lib, prog = fake
+    out, limits = tmp_path / "trace.jsonl", tmp_path / "limits"
+    inner = 'grep "Max locked memory" /proc/self/limits > %s; exec "$@"' % limits
+    done = subprocess.run(["prlimit", "--memlock=65536:65536", sys.executable, "-m",
+                           "ebpf_cuda", "--json", "-o", str(out), "-p", str(lib), "--",
+                           "sh", "-c", inner, "sh", str(prog), "malloc:4000", "free"],
+                          capture_output=True, text=True, timeout=300, env=cli_env(),
+                          cwd=str(REPO), stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    with open(out) as f:
+        exits = [e["api"] for e in map(json.loads, f) if e["phase"] == "exit"]
+    assert exits == ["cudaMalloc", "cudaFree"]
+    assert limits.read_text().split()[3:5] == ["65536", "65536"]
+
+
 def test_refused_uprobe_multi_link_falls_back_to_perf_uprobes(root, robust, tmp_path):
     if not uprobe.uprobe_multi_supported():
         pytest.skip("no uprobe_multi on this kernel: nothing to fall back from")

@@ -1,5 +1,6 @@
 """The kernel matrix's own pieces (scripts/kernel_vm.py): no kernel is booted here."""
 import gzip
+import os
 import importlib.util
 import subprocess
 import sys
@@ -296,3 +297,21 @@ def test_a_stopped_matrix_takes_its_guests_down(tmp_path):
     assert matrix.returncode == 143, out
     assert _gone(guest)
     assert not (apt / "log").exists()
+
+
+def test_arm64_guests_get_qemu_aarch64_their_own_root_and_the_checkout(vm, tmp_path):
+    """--arch arm64: qemu-system-aarch64's virt machine with its PL011 console, the arm64
+    userland as the root share and the checkout (the current folder) as a share of its own;
+    x86-64 guests share this machine's root and nothing else."""
+    arm = vm.qemu_command("Image", "initrd", str(tmp_path), 1, "4G", "", "arm64",
+                          "/cache/arm64-root")
+    assert arm[0].endswith("qemu-system-aarch64") or "QEMU" in os.environ
+    assert "virt,gic-version=3" in arm and "console=ttyAMA0" in arm[arm.index("-append") + 1]
+    fsdevs = [arm[i + 1] for i, word in enumerate(arm) if word == "-fsdev"]
+    assert fsdevs[0].startswith("local,id=root,path=/cache/arm64-root,")
+    assert "local,id=checkout,path=%s,security_model=none,readonly=on,multidevs=remap" \
+        % os.getcwd() in fsdevs
+    x86 = vm.qemu_command("bzImage", "initrd", str(tmp_path), 1, "4G", "")
+    assert "q35" in x86 and "console=ttyS0" in x86[x86.index("-append") + 1]
+    fsdevs = [x86[i + 1] for i, word in enumerate(x86) if word == "-fsdev"]
+    assert fsdevs[0].startswith("local,id=root,path=/,") and len(fsdevs) == 2

@@ -11,6 +11,11 @@ from ebpf_cuda.bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from kernel_fds import open_fds
 
 
+def kernel_release() -> tuple:
+    import os
+    return tuple(int(n) for n in os.uname().release.split("-")[0].split(".")[:2])
+
+
 def counter(null_check: bool = True):
     """counts[0] += 1 (atomically); without the NULL check the verifier must refuse it."""
     body = [
@@ -38,7 +43,9 @@ def test_load_with_maps_and_disassembly(root):
         with prog.load():
             assert prog.loaded and prog.fd >= 0
             info = prog.info()
-            assert info.name == "count" and info.verified_insns > 0
+            assert info.name == "count"
+            # (verified_insns came with 5.16: older kernels leave it 0)
+            assert info.verified_insns > 0 or kernel_release() < (5, 16)
             listing = prog.disassembly()
             assert "call" in listing and "exit" in listing
             assert prog.log == ""  # no log asked for, none kept

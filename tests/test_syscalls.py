@@ -231,3 +231,21 @@ def test_perf_event_open_failure_names_probe(root):
         syscalls.perf_event_open_uprobe("/nonexistent/lib.so", 0x40)
     assert info.value.errno == errno.ENOENT
     assert "/nonexistent/lib.so:0x40" in str(info.value)
+
+
+def test_the_callers_return_address_comes_from_lr_on_arm64_and_from_sp_on_x86_64():
+    """At a function's entry x86-64's `call` has pushed the return address at [sp]; arm64's
+    `bl` left it in x30 (lr): the launch rows' caller cell is loaded from there."""
+    from ebpf_cuda import asm
+    from ebpf_cuda.asm import DW, FP, R6
+    from ebpf_cuda.probes.arguments import load_args
+    from ebpf_cuda.spec import apis
+
+    api = apis.BY_NAME["cudaLaunchKernel"]
+    lr_load = asm.ldx(DW, asm.R1, R6, arch.ARM64.link_register)
+    arm = load_args(api, arch.ARM64, R6, FP, -256)
+    x86 = load_args(api, arch.X86_64, R6, FP, -256)
+    assert arch.ARM64.link_register == 240  # regs[30]
+    assert lr_load in arm and lr_load not in x86
+    sp_load = asm.ldx(DW, asm.R3, R6, arch.X86_64.sp)
+    assert sp_load in x86

@@ -10,6 +10,8 @@ import struct
 from array import array
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ..errors import UnsupportedKernelError
+
 VMLINUX = "/sys/kernel/btf/vmlinux"
 BTF_MAGIC = 0xEB9F
 _HEADER = struct.Struct("<HBBIIIII")
@@ -196,7 +198,13 @@ def _members(data: bytes, entry: Tuple[int, int, int, int, int]) -> List[Tuple[i
 
 
 def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
-    """Where x86-64 keeps a thread's fs base (its pthread_self()) in task_struct."""
+    """Where x86-64 keeps a thread's fs base (its pthread_self()) in task_struct. Other
+    architectures: UnsupportedKernelError (arm64's glibc puts pthread_self() sizeof(struct
+    pthread) below the thread pointer the kernel keeps, tp_value: the Python stack walk's
+    thread match would need that size, per glibc; not done)."""
+    if os.uname().machine != "x86_64":
+        raise UnsupportedKernelError("--py-stacks works on x86-64 only so far, not on %s"
+                                     % os.uname().machine)
     return member_offset(("task_struct", "thread", "fsbase"), btf_path)
 
 

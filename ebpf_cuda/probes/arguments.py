@@ -97,8 +97,12 @@ def _read_user_memory(sources: _Sources, arch: Arch, ctx, base, offset: int) -> 
             asm.ldx(DW, R3, ctx, arch.sp), asm.add(R3, arch.stack_arg(k)),
             asm.call(Helper.PROBE_READ_USER),
         ]
-    for cell in sources.callers:  # at entry the stack pointer points at the return address
-        prog += [
+    for cell in sources.callers:
+        if arch.link_register is not None:  # arm64: at entry the return address is in lr
+            prog += [asm.ldx(DW, R1, ctx, arch.link_register),
+                     asm.stx(DW, base, offset + 8 * cell, R1)]
+            continue
+        prog += [  # x86-64: at entry the stack pointer points at the return address
             asm.mov(R1, base), asm.add(R1, offset + 8 * cell), asm.mov(R2, 8),
             asm.ldx(DW, R3, ctx, arch.sp),
             asm.call(Helper.PROBE_READ_USER),

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Iterable, List, Optional, Sequence
 
+from ..descriptors import restore_memlock_limit
+
 # Python ignores these for itself at start-up; a shell's commands get them at default.
 _PYTHON_IGNORES = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFSZ")
                         if hasattr(signal, name))
@@ -214,6 +216,7 @@ def _child(go_read: int, go_write: int, status_read: int, status_write: int, mas
             code = HELD_EXIT
             return
         os.close(go_read)
+        restore_memlock_limit()  # (raised for 5.10's BPF objects: not the program's)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending signal acts now
         os.execvp(argv[0], list(argv))
     except OSError as err:
