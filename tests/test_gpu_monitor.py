@@ -24,7 +24,8 @@ EXPECTED = {  # dcgm-exporter's names and units for the scripted device 0
     "DCGM_FI_DEV_FB_FREE": 61440, "DCGM_FI_DEV_POWER_USAGE": 350, "DCGM_FI_DEV_GPU_TEMP": 61,
     "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_MEM_CLOCK": 2619,
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 4, "DCGM_FI_PROF_PCIE_TX_BYTES": 1200 * 1024,
-    "DCGM_FI_PROF_PCIE_RX_BYTES": 3400 * 1024, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 2,
+    "DCGM_FI_PROF_PCIE_RX_BYTES": 3400 * 1024, "DCGM_FI_PROF_NVLINK_TX_BYTES": 25000000 * 1024,
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": 12000000 * 1024, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 2,
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": 0, "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.81,
     "DCGM_FI_PROF_SM_ACTIVE": 0.64,
     "DCGM_FI_PROF_SM_OCCUPANCY": 0.37, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.22,
@@ -56,6 +57,8 @@ def test_prometheus_scrapes_the_scripted_gpu_and_an_xid_dumps_the_calls_before_i
         for family, expected in EXPECTED.items():
             server.wait_for(family + DEVICE0, expected)
         server.wait_for('DCGM_FI_DEV_GPU_UTIL{gpu="1"}', 5)
+        # (device 1 has no NVLink: no series of its own)
+        assert server.number('count(DCGM_FI_PROF_NVLINK_TX_BYTES{gpu="1"})') is None
         mine = '{pid="%d",comm="%s",gpu="0",UUID="%s"}' % (held.pid, name, UUID0)
         server.wait_for("ebpf_cuda_process_gpu_memory_bytes" + mine, PROCESS_MEMORY)
         server.wait_for("ebpf_cuda_process_sm_utilization" + mine, 0.4)
@@ -79,4 +82,6 @@ def test_prometheus_scrapes_the_scripted_gpu_and_an_xid_dumps_the_calls_before_i
             server.close()
         if monitor is not None:
             assert monitor.stop(signal.SIGTERM) == 0, monitor.lines
-    assert [l for l in monitor.lines if "GPU state" in l] == []
+    (said,) = [l for l in monitor.lines if "GPU state" in l]
+    assert said.endswith("GPU state: NVLink throughput of device 1 not sampled: "
+                         "nvmlDeviceGetFieldValues (field 138): Not Supported"), said

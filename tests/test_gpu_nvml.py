@@ -37,9 +37,15 @@ def test_constants_match_nvidia_ml_py():
              "BUFFER_SIZE": "NVML_DEVICE_UUID_V2_BUFFER_SIZE",
              "GPM_METRICS_GET_VERSION": "NVML_GPM_METRICS_GET_VERSION",
              "GPM_SUPPORT_VERSION": "NVML_GPM_SUPPORT_VERSION",
-             "GPM_METRIC_MAX": "NVML_GPM_METRIC_MAX", "MEMORY_V2_VERSION": "nvmlMemory_v2"}
+             "GPM_METRIC_MAX": "NVML_GPM_METRIC_MAX", "MEMORY_V2_VERSION": "nvmlMemory_v2",
+             "FI_DEV_NVLINK_THROUGHPUT_DATA_TX": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+             "FI_DEV_NVLINK_THROUGHPUT_DATA_RX": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
     assert {ours: getattr(nvml, ours) for ours in pairs} == \
         {ours: getattr(pynvml, theirs) for ours, theirs in pairs.items()}
+    # each value type's member of the union, as nvidia-ml-py's NVML_VALUE_TYPE_* order them
+    assert [nvml.VALUE_MEMBERS[getattr(pynvml, "NVML_VALUE_TYPE_" + kind)] for kind in (
+        "DOUBLE", "UNSIGNED_INT", "UNSIGNED_LONG", "UNSIGNED_LONG_LONG", "SIGNED_LONG_LONG",
+        "SIGNED_INT", "UNSIGNED_SHORT")] == [name for name, _ in pynvml.c_nvmlValue_t._fields_]
     from ebpf_cuda.gpu.sampler import GPM_METRICS
 
     assert {name: metric for metric, name in GPM_METRICS.items()} == {
@@ -81,6 +87,52 @@ def test_every_call_reads_the_scripted_values(loaded):
     assert lib.gpm_metrics(one, two, [1, 2, 3, 5, 10, 99]) == {1: 81.0, 2: 64.0, 3: 37.0,
                                                               5: 22.0, 10: 48.0}
     assert lib.processes(first) == [] and lib.process_utilization(first, 0) == []
+
+
+def test_nvlink_counters_of_all_links_and_a_device_without_nvlink(loaded):
+    """The stand-in's counters grow at the scripted KiB/s over all links (the scope that
+    sums them; link 0's alone is refused); device 1 has no NVLink: its field's own return."""
+    import time
+
+    lib = loaded
+    first, second = lib.handle(0), lib.handle(1)
+    ts0, tx0, rx0 = lib.nvlink_kib(first)
+    time.sleep(0.05)
+    ts1, tx1, rx1 = lib.nvlink_kib(first)
+    assert ts1 - ts0 >= 50000 and ts1 % 1000 == ts0 % 1000
+    assert ((tx1 - tx0) * 10 ** 6 // (ts1 - ts0), (rx1 - rx0) * 10 ** 6 // (ts1 - ts0)) == (
+        25000000, 12000000)
+    with pytest.raises(nvml.NvmlError, match=r"\(field 138\): Not Supported") as err:
+        lib.nvlink_kib(second)
+    assert err.value.code == nvml.ERROR_NOT_SUPPORTED
+    with pytest.raises(nvml.NvmlError, match="Invalid Argument"):
+        lib.field_values(first, [nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_TX], scope=0)
+
+
+def test_the_sampler_gives_nvlink_rates_from_the_second_round(cc, tmp_path, monkeypatch):
+    """NVML gives counters: the first round has no NVLink keys, the next the scripted rates
+    (KB/s, as PCIe's); device 1, without NVLink, none, said once."""
+    import time
+
+    from ebpf_cuda.gpu.sampler import Sampler
+
+    folder = build_fake_nvml(cc)
+    monkeypatch.setenv("FAKENVML_SCRIPT", str(script(tmp_path / "s", DEVICES)))
+    sampler = Sampler(0, str(folder / "libnvidia-ml.so.1"), events=False)
+    assert sampler.start()
+    deadline = time.monotonic() + 10
+    while not sampler.devices and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rounds = []
+    for _ in range(3):
+        rounds.append(sampler.sample_now())
+        time.sleep(0.03)
+    sampler.stop()
+    keys = ("nvlink_tx_kbs", "nvlink_rx_kbs")
+    assert [[{k: s.values[k] for k in keys if k in s.values} for s in r] for r in rounds] == [
+        [{}, {}]] + [[{"nvlink_tx_kbs": 25000000, "nvlink_rx_kbs": 12000000}, {}]] * 2
+    assert sampler.lines == ["GPU state: NVLink throughput of device 1 not sampled: "
+                             "nvmlDeviceGetFieldValues (field 138): Not Supported"]
 
 
 def test_a_scripted_xid_is_an_event_of_its_device(cc, tmp_path, monkeypatch):
@@ -236,4 +288,6 @@ def test_the_sampler_names_a_process_on_a_mig_device(cc, tmp_path, monkeypatch):
     mine = samples[1].process(os.getpid())
     assert mine.to_json() == {"pid": os.getpid(), "memory": 4096, "sm_util": 7, "mem_util": 3,
                               "gpu_instance": 1, "mig": H100 + "-MIG-1g.10gb"}
-    assert samples[0].processes == [] and sampler.lines == []
+    assert samples[0].processes == [] and sampler.lines == [
+        "GPU state: NVLink throughput of device 1 not sampled: nvmlDeviceGetFieldValues "
+        "(field 138): Not Supported"]

@@ -21,9 +21,13 @@ SCRIPTED = {  # device 0's sample values, as the script gives them
     "power_w": 350.0, "temperature_c": 61, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
     "clock_reasons": 4, "pcie_tx_kbs": 1200, "pcie_rx_kbs": 3400, "ecc_corrected": 2,
     "ecc_uncorrected": 0, "gr_engine_active": 81.0, "sm_active": 64.0, "sm_occupancy": 37.0,
-    "tensor_active": 22.0,
-    "dram_active": 48.0}
-GPM = ("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
+    "tensor_active": 22.0, "dram_active": 48.0,
+    "nvlink_tx_kbs": 25000000, "nvlink_rx_kbs": 12000000}
+# Between two rounds (GPM's metrics, NVLink's counters' rates): the first sample has none
+BETWEEN = ("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+           "nvlink_tx_kbs", "nvlink_rx_kbs")
+NO_NVLINK = ("GPU state: NVLink throughput of device 1 not sampled: nvmlDeviceGetFieldValues "
+             "(field 138): Not Supported")
 
 
 @pytest.fixture
@@ -65,17 +69,18 @@ def test_json_lines_carry_the_scripted_samples_and_the_xid_after_its_launch(
     samples = [o for o in objects if o.get("type") == "gpu_sample"]
     events = [o for o in objects if o.get("type") == "gpu_event"]
     pid = calls[0]["pid"]
-    assert done.stderr.count("GPU state") == 0, done.stderr  # (everything sampled)
+    # (everything sampled but device 1's NVLink: it has none)
+    assert [l for l in done.stderr.splitlines() if "GPU state" in l] == [
+        "ebpf-cuda: " + NO_NVLINK], done.stderr
     first = [s for s in samples if s["device"] == 0]
     second = [s for s in samples if s["device"] == 1]
     assert len(first) == len(second) >= 40  # 20 a second over 2.5 s and more
-    # GPM metrics are between two samples: the first has none
     assert [{k: s.get(k) for k in SCRIPTED} for s in first[1:]] == [SCRIPTED] * (len(first) - 1)
     assert {k: v for k, v in first[0].items() if k in SCRIPTED} == {
-        k: v for k, v in SCRIPTED.items() if k not in GPM}
+        k: v for k, v in SCRIPTED.items() if k not in BETWEEN}
     assert {(s["name"], s["uuid"]) for s in first} == {(H100, UUID0)}
     assert all(s["uuid"] == UUID1 and s["power_w"] == 90.0 and "sm_active" not in s
-               for s in second)
+               and "nvlink_tx_kbs" not in s and "nvlink_rx_kbs" not in s for s in second)
     during = [s for s in first if calls[0]["ts"] < s["ts"] < calls[-1]["ts"]]
     assert during and all(s["processes"] == [{"pid": pid, "memory": PROCESS_MEMORY,
                                                "sm_util": 40, "mem_util": 10}] for s in during)
@@ -104,7 +109,7 @@ def test_a_missing_function_an_unsupported_one_and_no_gpu_are_one_line_each(
         "ebpf-cuda: GPU state: power of device 0 not sampled: nvmlDeviceGetPowerUsage: "
         "Not Supported",
         "ebpf-cuda: GPU state: power of device 1 not sampled: nvmlDeviceGetPowerUsage: "
-        "Not Supported"], said
+        "Not Supported", "ebpf-cuda: " + NO_NVLINK], said
     samples = [json.loads(l) for l in done.stdout.splitlines() if '"gpu_sample"' in l]
     assert samples and all("power_w" not in s and "sm_active" not in s and s["gpu_util"] in
                            (75, 5) for s in samples)
@@ -176,6 +181,11 @@ def test_every_output_carries_the_samples_the_gap_and_the_xid(root, cc, lib, tmp
     trace = json.loads(timeline.read_text())
     util = [e for e in trace if e.get("name") == "GPU utilisation (%)"]
     assert {(e["pid"], e["args"]["gpu"]) for e in util} == {(1 << 24, 75), ((1 << 24) + 1, 5)}
+    nvlink = [e for e in trace if e.get("name") == "GPU NVLink (KB/s)"]
+    assert len(nvlink) == sum(1 for r in records if r["type"] == "gpu_sample"
+                                  and r["device"] == 0) - 1
+    assert {(e["pid"], e["args"]["tx"], e["args"]["rx"]) for e in nvlink} == {
+        (1 << 24, 25000000, 12000000)}
     gaps = [e for e in trace if e.get("name") == "GPU 0 memory (NVML, bytes)"]
     assert gaps and all(e["pid"] == pid and e["args"]["nvml"] == PROCESS_MEMORY for e in gaps)
     between = [e["args"]["gap"] for e in gaps

@@ -39,6 +39,13 @@ GPM_METRICS_GET_VERSION = 1
 GPM_SUPPORT_VERSION = 1
 GPM_METRIC_MAX = 477  # nvml.h 12.9's array size (the library fills numMetrics of them)
 NO_INSTANCE = 0xFFFFFFFF  # a process's GPU/compute instance outside MIG
+# NVLink's data counters (KiB since the driver loaded, payload only); the scope UINT_MAX sums
+# every link (nvml.h: "A scopeId of UINT_MAX returns aggregate value summed up across all links")
+FI_DEV_NVLINK_THROUGHPUT_DATA_TX, FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+SCOPE_ALL_LINKS = 0xFFFFFFFF
+# nvmlValueType_t -> the member of nvmlValue_t that holds it
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+                 6: "usVal"}
 
 
 class NvmlError(TracerError):
@@ -94,6 +101,19 @@ class EventData(ctypes.Structure):
                 ("computeInstanceId", ctypes.c_uint)]
 
 
+class Value(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+
+class FieldValue(ctypes.Structure):
+    _fields_ = [("fieldId", ctypes.c_uint32), ("scopeId", ctypes.c_uint32),
+                ("timestamp", ctypes.c_int64), ("latencyUsec", ctypes.c_int64),
+                ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", Value)]
+
+
 class GpmMetricInfo(ctypes.Structure):
     _fields_ = [("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p),
                 ("unit", ctypes.c_char_p)]
@@ -119,7 +139,8 @@ STRUCTS = {"c_nvmlMemory_t": Memory, "c_nvmlMemory_v2_t": MemoryV2,
            "c_nvmlProcessInfo_v3_t": ProcessInfo,
            "c_nvmlProcessUtilizationSample_t": ProcessUtilizationSample,
            "c_nvmlEventData_t": EventData, "c_nvmlGpmMetric_t": GpmMetric,
-           "c_nvmlGpmMetricsGet_t": GpmMetricsGet, "c_nvmlGpmSupport_t": GpmSupport}
+           "c_nvmlGpmMetricsGet_t": GpmMetricsGet, "c_nvmlGpmSupport_t": GpmSupport,
+           "c_nvmlValue_t": Value, "c_nvmlFieldValue_t": FieldValue}
 # (the name each has in nvidia-ml-py, the test's oracle)
 
 
@@ -265,6 +286,29 @@ class Nvml:
         """(TX, RX) KB/s over the last 20 ms."""
         return (self._uint("nvmlDeviceGetPcieThroughput", handle, ctypes.c_int(PCIE_UTIL_TX_BYTES)),
                 self._uint("nvmlDeviceGetPcieThroughput", handle, ctypes.c_int(PCIE_UTIL_RX_BYTES)))
+
+    def field_values(self, handle: int, ids: Sequence[int],
+                     scope: int = 0) -> List[Tuple[int, float]]:
+        """(CPU time in µs, value) of each field, in the order asked; NvmlError when a field
+        failed (its own nvmlReturn: NOT_SUPPORTED on a device without it)."""
+        values = (FieldValue * len(ids))()
+        for value, field in zip(values, ids):
+            value.fieldId, value.scopeId = field, scope
+        self.call("nvmlDeviceGetFieldValues", ctypes.c_void_p(handle), ctypes.c_int(len(ids)),
+                  values)
+        for value in values:
+            if value.nvmlReturn != SUCCESS:
+                raise NvmlError("nvmlDeviceGetFieldValues (field %d): %s" % (
+                    value.fieldId, self.error_string(value.nvmlReturn)), value.nvmlReturn)
+        return [(value.timestamp, getattr(value.value, VALUE_MEMBERS.get(
+            value.valueType, "ullVal"))) for value in values]
+
+    def nvlink_kib(self, handle: int) -> Tuple[int, int, int]:
+        """(CPU time in µs, TX KiB, RX KiB): the data sent and received over all the device's
+        NVLinks since the driver loaded."""
+        (ts, tx), (_, rx) = self.field_values(handle, (
+            FI_DEV_NVLINK_THROUGHPUT_DATA_TX, FI_DEV_NVLINK_THROUGHPUT_DATA_RX), SCOPE_ALL_LINKS)
+        return int(ts), int(tx), int(rx)
 
     def ecc(self, handle: int) -> Tuple[int, int]:
         """(corrected, uncorrected) volatile ECC error counts."""

@@ -12,6 +12,7 @@ DEVICE_VALUES = {
     "gpu_util": "%", "mem_util": "%", "mem_used": "bytes", "mem_total": "bytes",
     "power_w": "W", "temperature_c": "C", "sm_clock_mhz": "MHz", "mem_clock_mhz": "MHz",
     "clock_reasons": "mask", "pcie_tx_kbs": "KB/s", "pcie_rx_kbs": "KB/s",
+    "nvlink_tx_kbs": "KB/s", "nvlink_rx_kbs": "KB/s",
     "ecc_corrected": "count", "ecc_uncorrected": "count",
     "gr_engine_active": "%", "sm_active": "%", "sm_occupancy": "%", "tensor_active": "%",
     "dram_active": "%",

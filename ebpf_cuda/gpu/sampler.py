@@ -58,6 +58,7 @@ class Device:
     gpm_ready: bool = False  # the first buffer holds a sample
     util_since_us: int = 0  # the last process-utilisation sample seen
     mig_names: Optional[Dict[int, str]] = None  # GPU instance id -> its MIG device's name
+    nvlink_last: Optional[Tuple[int, int, int]] = None  # (µs, TX KiB, RX KiB) last read
 
 
 class _Worker:
@@ -284,10 +285,28 @@ class Sampler:
             got = self._optional(device, what, lambda: read(lib, handle))
             if got is not None:
                 values.update(zip(keys, got))
+        values.update(self._nvlink(device))
         if device.gpm is not None:
             values.update(self._gpm(device))
         return GpuSample((ts_ns + self.offset_ns) / 1e9, ts_ns, device.index, device.name,
                          device.uuid, values, self._processes(device), device.mig)
+
+    def _nvlink(self, device: Device) -> Dict[str, int]:
+        """NVLink's TX/RX KB/s since the last round (NVML gives counters: the first round
+        has none); nothing on a device without NVLink (said once)."""
+        got = self._optional(device, "NVLink throughput", lambda: self._lib.nvlink_kib(
+            device.handle))
+        if got is None:
+            return {}
+        ts_us, tx, rx = got
+        ts_us = ts_us or time.monotonic_ns() // 1000  # (a driver that leaves it 0)
+        last, device.nvlink_last = device.nvlink_last, (ts_us, tx, rx)
+        # (no rate across a counter reset, or over no time)
+        if last is None or ts_us <= last[0] or tx < last[1] or rx < last[2]:
+            return {}
+        elapsed_us = ts_us - last[0]
+        return {"nvlink_tx_kbs": round((tx - last[1]) * 1_000_000 / elapsed_us),
+                "nvlink_rx_kbs": round((rx - last[2]) * 1_000_000 / elapsed_us)}
 
     def _gpm(self, device: Device) -> Dict[str, float]:
         """The GPM metrics between the last round's sample and this one's."""

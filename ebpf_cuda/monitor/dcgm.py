@@ -3,7 +3,7 @@ Grafana dashboard reads them unchanged), from the sampler's latest samples (gpu/
 plus the traced processes' GPU memory and SM utilisation, and the Xid counter.
 
 dcgm-exporter's units are kept: framebuffer in MiB, clocks in MHz, power in W, profiling
-metrics (DCGM_FI_PROF_*) as ratios 0..1, PCIe in bytes a second.
+metrics (DCGM_FI_PROF_*) as ratios 0..1, PCIe and NVLink in bytes a second.
 """
 import socket
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -26,6 +26,10 @@ DCGM_GAUGES: Tuple[Tuple[str, str, str, float], ...] = (
      "bytes a second).", "pcie_tx_kbs", 1024),
     ("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus (in bytes "
      "a second).", "pcie_rx_kbs", 1024),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "The rate of data transmitted over NVLink, not "
+     "including protocol headers (in bytes a second).", "nvlink_tx_kbs", 1024),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "The rate of data received over NVLink, not including "
+     "protocol headers (in bytes a second).", "nvlink_rx_kbs", 1024),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
      "ecc_corrected", 1),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",

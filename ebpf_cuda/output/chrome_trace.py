@@ -357,6 +357,7 @@ GPU_COUNTERS = (
     ("GPU clocks (MHz)", {"sm": "sm_clock_mhz", "memory": "mem_clock_mhz"}),
     ("GPU clock-event reasons (mask)", {"reasons": "clock_reasons"}),
     ("GPU PCIe (KB/s)", {"tx": "pcie_tx_kbs", "rx": "pcie_rx_kbs"}),
+    ("GPU NVLink (KB/s)", {"tx": "nvlink_tx_kbs", "rx": "nvlink_rx_kbs"}),
 )
 
 

@@ -7,6 +7,9 @@
  *   dev INDEX name=NAME uuid=UUID gpu=PCT mem=PCT total=BYTES used=BYTES power=MW temp=C
  *       sm_clock=MHZ mem_clock=MHZ reasons=MASK pcie_tx=KBS pcie_rx=KBS ecc_sbe=N ecc_dbe=N
  *       gpm=0|1 gr_active=PCT sm_active=PCT occupancy=PCT tensor=PCT dram=PCT mig=0|1
+ *       nvlink_tx=KBS nvlink_rx=KBS   (NVLink's data rates over all links, as NVML's counters
+ *       of KiB grow at them; a device without these words has no NVLink. Rates in
+ *       thousands, so that the counters, read at whole milliseconds, stay exact)
  *   proc DEV comm=COMM mem=BYTES sm=PCT memutil=PCT   (every process whose comm is COMM:
  *       NVML lists the processes that hold the GPU; the stand-in, those with that name)
  *   xid DEV after_ms=MS code=N                         (an Xid event MS after nvmlInit)
@@ -64,6 +67,14 @@ typedef struct {
     nvmlGpmMetric_t metrics[1];  /* (NVML_GPM_METRIC_MAX in nvml.h: the caller's size) */
 } nvmlGpmMetricsGet_t;
 typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
+typedef union {
+    double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal;
+    signed long long sllVal; signed int siVal; unsigned short usVal;
+} nvmlValue_t;
+typedef struct {
+    unsigned int fieldId, scopeId; long long timestamp, latencyUsec;
+    unsigned int valueType; nvmlReturn_t nvmlReturn; nvmlValue_t value;
+} nvmlFieldValue_t;
 
 struct dev {
     int present;
@@ -71,6 +82,7 @@ struct dev {
     unsigned int gpu, mem, power, temp, sm_clock, mem_clock, pcie_tx, pcie_rx, gpm, mig;
     unsigned long long total, used, reasons, ecc_sbe, ecc_dbe;
     double gr_active, sm_active, occupancy, tensor, dram;
+    int nvlink; unsigned long long nvlink_tx, nvlink_rx;
 };
 struct proc { int dev; char comm[64]; unsigned long long mem; unsigned int sm, memutil; };
 struct xid { int dev; long after_ms; unsigned long long code; int fired; char file[256]; };
@@ -81,6 +93,7 @@ static struct xid xids[MAX_XID];
 static int ndev, nproc, nxid, nunsup, nblock, fail_init;
 static char unsupported[MAX_NAMES][64], blocking[MAX_NAMES][64];
 static struct timespec started;
+static long long started_wall_us;
 
 static long since_init_ms(void) {
     struct timespec now;
@@ -124,6 +137,8 @@ static void parse_dev(const char *line, int i) {
     d->ecc_dbe = num(line, "ecc_dbe"); d->gpm = num(line, "gpm"); d->mig = num(line, "mig");
     d->gr_active = num(line, "gr_active"); d->sm_active = num(line, "sm_active"); d->occupancy = num(line, "occupancy");
     d->tensor = num(line, "tensor"); d->dram = num(line, "dram");
+    d->nvlink = value_of(line, "nvlink_tx") != NULL;
+    d->nvlink_tx = num(line, "nvlink_tx"); d->nvlink_rx = num(line, "nvlink_rx");
     if (d->mig) {  /* one MIG device (GPU instance 1) in the first of two slots */
         migs[i] = *d;
         snprintf(migs[i].name, sizeof migs[i].name, "%s-MIG-1g.10gb", d->name);
@@ -190,6 +205,9 @@ static int gate(const char *fn) {
 nvmlReturn_t nvmlInit_v2(void) {
     load_script();
     clock_gettime(CLOCK_MONOTONIC, &started);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    started_wall_us = wall.tv_sec * 1000000LL + wall.tv_nsec / 1000;
     for (int i = 0; i < nxid; i++) xids[i].fired = 0;
     GATE();
     return fail_init ? NVML_ERROR_DRIVER_NOT_LOADED : NVML_SUCCESS;
@@ -199,6 +217,7 @@ nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
     case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_TIMEOUT: return "Timeout";
@@ -271,6 +290,28 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t h, int type, int counter,
     if (counter != 0) return NVML_ERROR_INVALID_ARGUMENT;  /* volatile, as the sampler asks */
     *n = type == 0 ? h->ecc_sbe : h->ecc_dbe;
     return 0;
+}
+/* NVLink's data counters (fields 138, 139), all links summed (scope UINT_MAX; a single link's
+ * scope is refused, so that a caller asking for link 0 alone is caught): KiB since a start of
+ * 1 GiB, growing at the scripted rates, stamped at whole milliseconds since nvmlInit. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int count, nvmlFieldValue_t *values) {
+    GATE(); DEV(h);
+    long ms = since_init_ms();
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        unsigned long long rate = v->fieldId == 138 ? h->nvlink_tx : h->nvlink_rx;
+        v->timestamp = started_wall_us + ms * 1000LL; v->latencyUsec = 0;
+        v->valueType = 3;  /* NVML_VALUE_TYPE_UNSIGNED_LONG_LONG */
+        if (!h->nvlink || (v->fieldId != 138 && v->fieldId != 139))
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else if (v->scopeId != 0xFFFFFFFFu)
+            v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        else {
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value.ullVal = (1ULL << 20) + rate * (unsigned long long)ms / 1000;
+        }
+    }
+    return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *current, unsigned int *pending) {
     GATE(); DEV(h); *current = *pending = h->mig; return 0;
