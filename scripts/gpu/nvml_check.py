@@ -166,6 +166,13 @@ def check_run(v, outdir: str, stdout: str) -> None:
           "mean %.1f %% over %d samples between the last launch before the sleep and the "
           "first after it (%.2f s apart)" % (statistics.mean(idle or [0]), len(idle),
                                              after - before))
+    # NVLink (a one-GPU loop sends nothing over it: shown, not judged)
+    nvlink = [s for s in samples if "nvlink_tx_kbs" in s]
+    v.info("NVLink", "nvlink_tx_kbs/rx in %d of %d samples, max %d/%d KB/s" % (
+        len(nvlink), len(samples), max([s["nvlink_tx_kbs"] for s in nvlink] or [0]),
+        max([s["nvlink_rx_kbs"] for s in nvlink] or [0])) if nvlink else
+        "none in %d samples (no NVLink on device 0, or NVML does not expose it: the "
+        "tracer's stderr says which)" % len(samples))
     if tuple(known["capability"]) >= (9, 0):
         active = [s["sm_active"] for s in samples if "sm_active" in s
                   and ph["busy1_start"] + MARGIN_S < s["ts"] < ph["sleep_start"]]
