@@ -9,14 +9,15 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
 from ebpf_cuda import syscalls
 from ebpf_cuda.targets.elf import open_elf
-from ebpf_cuda.errors import (AttachError, ElfError, NoCudaSymbolsError, PrivilegeError,
-                              ProcessError, UnsupportedKernelError, UsageError)
+from ebpf_cuda.errors import (AttachError, ElfError, KernelError, NoCudaSymbolsError,
+                              PrivilegeError, ProcessError, UnsupportedKernelError, UsageError)
 from helpers import cli_env
 from test_robust_support import run_cli
 
@@ -178,7 +179,18 @@ def conflicting_probe(files):
     semaphore has): the kernel refuses any other probe there with a different one (EINVAL)."""
     lib = str(files["lib"])
     offset = open_elf(lib).symbol_offset("cudaMemcpy")
-    fd = syscalls.perf_event_open_uprobe(lib, offset, ref_ctr_offset=_semaphore_offset(lib))
+    # A tracer an earlier test ran may still be detaching (its forked closer lets go after
+    # the tracer exits), and its probe there has no reference counter: wait for it to go.
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            fd = syscalls.perf_event_open_uprobe(lib, offset,
+                                                 ref_ctr_offset=_semaphore_offset(lib))
+            break
+        except KernelError as e:
+            if "EINVAL" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     syscalls.perf_event_enable(fd.value)
     yield
     fd.close()
