@@ -253,7 +253,8 @@ def check(v: Verdicts, folder: str, tracer: List[str], steps: int) -> Dict[str, 
     result["planted"] = planted
     variants = {}
     for name in ("eager", "graphs", "compile"):
-        rc, records, err = run_traced(tracer, folder, name, SMALL, steps)
+        rc, records, err = run_traced(tracer, folder, name, SMALL, steps,
+                                      save=os.path.join(folder, name + ".ebpfcuda"))
         v.add("%s run" % name, rc == 0, "exit %d %s" % (rc, tail(err)))
         variants[name] = records
         v.info("%s findings" % name, json.dumps([f for f in records
