@@ -57,6 +57,9 @@ def test_prometheus_scrapes_the_scripted_gpu_and_an_xid_dumps_the_calls_before_i
         for family, expected in EXPECTED.items():
             server.wait_for(family + DEVICE0, expected)
         server.wait_for('DCGM_FI_DEV_GPU_UTIL{gpu="1"}', 5)
+        # (sampled on the sampler's thread, once a second: each device's age is served)
+        server.wait_for('count(ebpf_cuda_gpu_sample_age_seconds)', 2)
+        assert 0 <= server.number('max(ebpf_cuda_gpu_sample_age_seconds)') < 60
         # (device 1 has no NVLink: no series of its own)
         assert server.number('count(DCGM_FI_PROF_NVLINK_TX_BYTES{gpu="1"})') is None
         mine = '{pid="%d",comm="%s",gpu="0",UUID="%s"}' % (held.pid, name, UUID0)

@@ -65,9 +65,13 @@ from .signals import MonitorSignals
                    "are then sampled, their counts stay exact, and a launch costs no return "
                    "probe. 1: every return; at most 1048576.")
 @click.option("--gpu/--no-gpu", "gpu", default=True, show_default=True,
-              help="The GPU's state through NVML at every scrape, as dcgm-exporter names it "
+              help="The GPU's state through NVML, as dcgm-exporter names it "
                    "(DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, ...), with each process's GPU "
                    "memory and SM utilisation and the Xid errors (docs/monitor.md).")
+@click.option("--gpu-samples", type=float, metavar="HZ", default=1.0, show_default=True,
+              help="Sample the GPU's state HZ times a second, on a thread of its own (a "
+                   "scrape serves the last sample, its age in "
+                   "ebpf_cuda_gpu_sample_age_seconds); 0: off, as --no-gpu.")
 @click.option("--nvml", "nvml_path", metavar="PATH",
               help="The libnvidia-ml.so.1 to read (default: as the loader finds it, then the "
                    "drivers' folders).")
@@ -79,7 +83,7 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                 flight_recorder: Optional[float], flight_dir: str, flight_size: str,
                 trigger_error: str, trigger_latency: Optional[float],
                 ring_size: Optional[str], return_sampling: int, gpu: bool,
-                nvml_path: Optional[str], trigger_xid: bool) -> None:
+                gpu_samples: float, nvml_path: Optional[str], trigger_xid: bool) -> None:
     """Count the CUDA calls of every process of this machine until stopped (SIGINT,
     SIGTERM): ebpf-cuda monitor [--prometheus HOST:PORT] [--otlp URL] [...]"""
     signals = MonitorSignals()
@@ -92,11 +96,13 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
     flight = _monitor_flight(flight_recorder, flight_dir, flight_size, trigger_error,
                              _positive_seconds(trigger_latency, "--trigger-latency"))
     _check_return_sampling(return_sampling)
+    _check_gpu_samples(gpu_samples)
     options = MonitorOptions(tuple(paths), tuple(split_functions(functions) or ()) or None,
                              api, everything, kernel_labels,
                              plan.parse_size(ring_size) if ring_size else None, flight,
-                             sample_returns=return_sampling, gpu=gpu, nvml=nvml_path,
-                             trigger_xid=trigger_xid)
+                             sample_returns=return_sampling, gpu=gpu and gpu_samples > 0,
+                             nvml=nvml_path, trigger_xid=trigger_xid,
+                             gpu_period_s=1.0 / gpu_samples if gpu_samples > 0 else 0.0)
     heap.for_long_runs()  # (an always-on process: large buffers unmapped when freed)
     monitor = signals.monitor = Monitor(options, log=say if verbose else None, notice=say)
     # What can fail does before the probes go on: the port is bound, the URL and the
@@ -131,6 +137,14 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
         if monitor.flight is not None else ""))
     if not written:
         sys.exit(1)
+
+
+def _check_gpu_samples(hz: float) -> None:
+    from ..spec.config import MAX_GPU_SAMPLES
+
+    if not 0 <= hz <= MAX_GPU_SAMPLES:
+        raise UsageError("--gpu-samples takes 0 (off) to %d samples a second, not %g"
+                         % (MAX_GPU_SAMPLES, hz))
 
 
 def _check_return_sampling(every: int) -> None:

@@ -97,21 +97,28 @@ class _Worker:
 
 class Sampler:
     """Samples at `period_s` (0: only when `sample_now()` is called) from the library at
-    `path` (None: found as nvml.py says). `samples` and `events` grow as they come;
-    `on_event` is called with each event (the monitor's Xid trigger), `notice` with each
-    line saying what is not sampled. `clock_offset_ns`: wall minus monotonic, as the
-    decoder's (the same wall times as the events')."""
+    `path` (None: found as nvml.py says). `samples` and `events` grow as they come (a
+    trace's); with `keep=False` (the monitor, which runs for days) they are not kept, and
+    `latest` alone holds the last round. `on_event` is called with each event (the monitor's
+    Xid trigger), `notice` with each line saying what is not sampled. `clock_offset_ns`: wall
+    minus monotonic, as the decoder's (the same wall times as the events')."""
 
     def __init__(self, period_s: float, path: Optional[str] = None,
                  notice: Optional[Notice] = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  clock_offset_ns: Optional[int] = None, events: bool = True,
-                 on_event: Optional[Callable[[GpuEvent], None]] = None) -> None:
+                 on_event: Optional[Callable[[GpuEvent], None]] = None,
+                 keep: bool = True) -> None:
         self.period_s, self.path, self.timeout_s = period_s, path, timeout_s
         self.offset_ns = (wall_minus_monotonic_ns() if clock_offset_ns is None
                           else clock_offset_ns)
         self._notice, self._on_event, self._want_events = notice, on_event, events
+        self.keep = keep
         self.samples: List[GpuSample] = []
         self.events: List[GpuEvent] = []
+        # The last round, one sample a device (replaced whole: a reader on another thread
+        # takes the list as it is), and the rounds made so far
+        self.latest: List[GpuSample] = []
+        self.rounds = 0
         self.lines: List[str] = []  # every line said (the outputs repeat them)
         self.devices: List[Device] = []
         self.stopped: Optional[str] = None  # why the sampling stopped, once it did
@@ -249,7 +256,7 @@ class Sampler:
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.samples.extend(self._call(self._round))
+                self._took(self._call(self._round))
             except Hung:
                 break
             except nvml.NvmlError as err:
@@ -268,8 +275,14 @@ class Sampler:
             samples = self._call(self._round)
         except Hung:
             return []
-        self.samples = samples  # (the monitor keeps the latest only)
+        self._took(samples)
         return samples
+
+    def _took(self, samples: List[GpuSample]) -> None:
+        self.latest = samples
+        self.rounds += 1
+        if self.keep:
+            self.samples.extend(samples)
 
     def _round(self) -> List[GpuSample]:
         started = time.thread_time_ns()
@@ -377,6 +390,7 @@ class Sampler:
         record = GpuEvent((ts_ns + self.offset_ns) / 1e9, ts_ns,
                           device.index if device is not None else None, kind, code, words,
                           uuid=device.uuid if device is not None else "")
-        self.events.append(record)
+        if self.keep:
+            self.events.append(record)
         if self._on_event is not None:
             self._on_event(record)

@@ -70,9 +70,12 @@ Log = Callable[[str], None]
 # sessions): a return probe costs a launch loop ~50% on an H200 host (D21), the sampled
 # returns' durations and errors stay representative, and calls and launches are exact.
 DEFAULT_SAMPLE_RETURNS = 64
+# The GPU's state sampled once a second (a round of NVML's calls took 50 ms on an H100 host,
+# D35; dcgm-exporter collects every 30 s by default): a scrape serves the last round
+DEFAULT_GPU_PERIOD_S = 1.0
 
 __all__ = ["Monitor", "MonitorOptions", "cuda_files", "TICK_S", "HOLD_S",
-           "DEFAULT_KERNEL_LABELS", "DEFAULT_SAMPLE_RETURNS"]
+           "DEFAULT_KERNEL_LABELS", "DEFAULT_SAMPLE_RETURNS", "DEFAULT_GPU_PERIOD_S"]
 
 
 class MonitorOptions(NamedTuple):
@@ -88,11 +91,13 @@ class MonitorOptions(NamedTuple):
     late: Optional[bool] = None  # probe CUDA files that appear later (default: unless -p)
     # Launch rows: 1 return in N taken (uprobe sessions, kernels with them); 1: every call
     sample_returns: int = DEFAULT_SAMPLE_RETURNS
-    # The GPU's state through NVML at every scrape (dcgm.py), its Xids counted and, with a
-    # flight recorder, each a trigger (`trigger_xid`); `nvml`: the library (default: found)
+    # The GPU's state through NVML (dcgm.py), sampled every `gpu_period_s` on its own thread
+    # (a scrape serves the last round), its Xids counted and, with a flight recorder, each a
+    # trigger (`trigger_xid`); `nvml`: the library (default: found)
     gpu: bool = True
     nvml: Optional[str] = None
     trigger_xid: bool = True
+    gpu_period_s: float = DEFAULT_GPU_PERIOD_S
 
 
 class Monitor:
@@ -122,10 +127,7 @@ class Monitor:
         self.start_files = 0  # files probed at the start (never detached)
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self.memory = DeviceMemory()  # (the reader's; published with the series)
-        self.gpu = None  # the GPU sampler (gpu/sampler.py), when NVML answers
-        self._gpu_lock = threading.Lock()  # (one scrape samples at a time)
-        self._xids: Dict[Tuple[int, str, int], int] = {}  # (gpu, UUID, code) -> Xids
-        self._last_xid: Dict[int, int] = {}  # gpu -> its last Xid code
+        self.gpu = None  # the GPU's state (dcgm.GpuState), when NVML answers
         self._labels: Dict[int, Labels] = {}  # the live processes' labels (the reader's)
 
     @property
@@ -167,39 +169,28 @@ class Monitor:
         return self
 
     def _start_gpu(self) -> None:
-        """The GPU sampler, sampled by each scrape; what it cannot sample is said once."""
+        """The GPU's state, sampled on its own thread; what it cannot sample is said once."""
         if not self.options.gpu:
             return
-        from ..gpu.sampler import Sampler
+        from .dcgm import GpuState
 
-        sampler = Sampler(0, self.options.nvml, notice=self.notice, on_event=self._gpu_event,
-                          clock_offset_ns=self.tracer.decoder.clock_offset_ns)
-        if sampler.start(absent_ok=self.options.nvml is None):
-            self.gpu = sampler
+        state = GpuState(self.options.gpu_period_s, self.options.nvml, notice=self.notice,
+                         clock_offset_ns=self.tracer.decoder.clock_offset_ns,
+                         on_xid=self._xid)
+        if state.start(absent_ok=self.options.nvml is None):
+            self.gpu = state
 
-    def _gpu_event(self, event) -> None:
-        """An NVML event (the sampler's event thread): an Xid is counted, and triggers the
-        flight recorder (`trigger_xid`)."""
-        if event.kind != "xid":
-            return
-        with self._lock:
-            key = (event.device, event.uuid, event.code)
-            self._xids[key] = self._xids.get(key, 0) + 1
-            self._last_xid[event.device] = event.code
+    def _xid(self, event) -> None:
+        """An Xid (the sampler's event thread) triggers the flight recorder (`trigger_xid`)."""
         if self.flight is not None and self.options.trigger_xid:
             self.flight.xid(event)
 
     def _gpu_families(self) -> List[Family]:
         if self.gpu is None:
             return []
-        from .dcgm import gpu_families
-
-        with self._gpu_lock:
-            samples = self.gpu.sample_now()
         with self._lock:
-            xids, last, labels = dict(self._xids), dict(self._last_xid), self._labels
-        return gpu_families(samples, xids, last,
-                            lambda pid: labels.get(pid, (("pid", str(pid)),)))
+            labels = self._labels
+        return self.gpu.families(lambda pid: labels.get(pid, (("pid", str(pid)),)))
 
     def _watch_late(self):
         """Probe the CUDA files that appear after the start (monitor/system_watch.SystemWatch), or
@@ -401,6 +392,6 @@ class Monitor:
         if self.flight is not None:
             self.flight.close()
         if self.gpu is not None:
-            self.gpu.stop()
+            self.gpu.close()
         if self.tracer is not None:
             self.tracer.close()

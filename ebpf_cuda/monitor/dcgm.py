@@ -4,10 +4,19 @@ plus the traced processes' GPU memory and SM utilisation, and the Xid counter.
 
 dcgm-exporter's units are kept: framebuffer in MiB, clocks in MHz, power in W, profiling
 metrics (DCGM_FI_PROF_*) as ratios 0..1, PCIe and NVLink in bytes a second.
+
+`GpuState` is the monitor's GPU part: the sampler samples on its own thread at its period and
+a scrape renders its last round, never calling NVML (a round took 50 ms on an H100 host, D35:
+a scrape that sampled waited that long), with each device's sample age as a gauge so that
+staleness shows (a hung driver stops the sampling: the device gauges go, the age grows).
 """
 import socket
+import threading
+import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..gpu.records import GpuEvent
+from ..gpu.sampler import Sampler
 from .metrics import Family, Labels
 
 MIB = 1 << 20
@@ -105,3 +114,60 @@ def _process_families(samples: Sequence, process_labels: ProcessLabels) -> List[
                "The ratio of time a kernel of the process ran on the GPU's SMs over NVML's "
                "last sample period (nvmlDeviceGetProcessUtilization).", "1", sorted(sm)),
     ]
+
+
+def age_family(samples: Sequence, now_ns: int) -> Family:
+    """Each device's last sample's age at `now_ns` (monotonic), in seconds."""
+    return Family("ebpf_cuda_gpu_sample_age_seconds", "gauge",
+                  "Seconds since the GPU's state served was sampled (sampled on its own "
+                  "thread, not at the scrape; it grows when the sampling stopped).", "s",
+                  [((("gpu", str(s.device)), ("UUID", s.uuid)), (now_ns - s.ts_ns) / 1e9)
+                   for s in samples])
+
+
+class GpuState:
+    """The sampler at `period_s` on its threads (NVML's calls there only), the Xids counted
+    (each handed to `on_xid` too: the flight recorder's trigger), and the families of the
+    last round (`families`, from any thread)."""
+
+    def __init__(self, period_s: float, path: Optional[str] = None,
+                 notice: Optional[Callable[[str], None]] = None,
+                 clock_offset_ns: Optional[int] = None,
+                 on_xid: Optional[Callable[[GpuEvent], None]] = None) -> None:
+        self.sampler = Sampler(period_s, path, notice=notice, on_event=self._event,
+                               clock_offset_ns=clock_offset_ns, keep=False)
+        self._on_xid = on_xid
+        self._lock = threading.Lock()
+        self._xids: Dict[Tuple[int, str, int], int] = {}  # (gpu, UUID, code) -> Xids
+        self._last_xid: Dict[int, int] = {}  # gpu -> its last Xid code
+
+    def start(self, absent_ok: bool = False) -> bool:
+        """Start sampling; False (said, unless `absent_ok` and no library) when it cannot."""
+        return self.sampler.start(absent_ok=absent_ok)
+
+    def _event(self, event: GpuEvent) -> None:
+        """An NVML event (the sampler's event thread): an Xid is counted and handed on."""
+        if event.kind != "xid":
+            return
+        with self._lock:
+            key = (event.device, event.uuid, event.code)
+            self._xids[key] = self._xids.get(key, 0) + 1
+            self._last_xid[event.device] = event.code
+        if self._on_xid is not None:
+            self._on_xid(event)
+
+    def families(self, process_labels: ProcessLabels) -> List[Family]:
+        """The families of the last round and its age; no NVML call (the sampler's
+        threads make them). Once the sampling stopped, the age and the Xid counter alone."""
+        samples, now_ns = self.sampler.latest, time.monotonic_ns()
+        if not samples:
+            return []
+        with self._lock:
+            xids, last = dict(self._xids), dict(self._last_xid)
+        families = gpu_families(samples, xids, last, process_labels)
+        if self.sampler.stopped is not None:  # (stale values not served; the counter stays)
+            families = [f for f in families if f.name == "ebpf_cuda_gpu_xid_errors"]
+        return families + [age_family(samples, now_ns)]
+
+    def close(self) -> None:
+        self.sampler.stop()

@@ -51,7 +51,7 @@ nvml|150|420|GPU state beside a traced PyTorch loop (--gpu-samples): live alloca
 lines|100|360|--py-stacks: each call on the line of the loop that made it (lines known by construction); CI target: py_stack = the interpreter'"'"'s own stack
 graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhead): kernels and copies = CUPTI, checksums = untraced run, --summary alone = decoded table
 analyze|150|480|--analyze on PyTorch loops: planted .item(), pageable non_blocking copy, empty_cache found at their lines and nothing else; steps = iterations; CUDA graph and torch.compile replays attributed to the capturing line, each step'"'"'s mode; graphs would save vs measured (issue 38)
-monitor|90|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed
+monitor|110|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed; the GPU state'"'"'s cost: idle scrape with it <= 1.5x + 2 ms without, memory with and without and NVML'"'"'s by step (INFO)
 monitor-cost|150|420|the monitor in turns on its own library copies: tiny op <= 1.02x bare entry probes, MLP step <= 1.02x untraced (issue 21)
 overhead|150|420|the CLI tracer in turns: tiny op trace <= 1.10x, --summary <= 1.05x a bare probe pair; MLP step <= 1.03x untraced (issue 7)'
 
@@ -275,9 +275,12 @@ check_zipapp() {
     return $status
 }
 
-check_monitor() {
-    OUT=$W "$PY" "$HERE/monitor_h200.py" --pyz "$PYZ" --parts counts,parallel \
+check_monitor() {  # (then what the GPU's state costs: a --no-gpu monitor, NVML by step)
+    OUT=$W "$PY" "$HERE/monitor_h200.py" --pyz "$PYZ" --parts counts,parallel,gpu-memory \
         --parallel "${PARALLEL:-4}"
+    local counts=$?
+    OUT=$W "$PY" "$HERE/nvml_memory.py"
+    combine $counts $?
 }
 
 check_monitor_cost() {

@@ -16,7 +16,14 @@
  *   xid DEV when_file=PATH code=N                      (... once PATH exists)
  *   unsupported NAME                                   (NAME returns NVML_ERROR_NOT_SUPPORTED)
  *   block NAME                                         (NAME never returns: a hung driver)
+ *   block_when_file NAME PATH                          (... once PATH exists)
  *   fail_init 1                                        (nvmlInit_v2 returns DRIVER_NOT_LOADED)
+ *
+ * FAKENVML_DELAY_US=N (read at nvmlInit_v2): every call but the event set's sleeps N µs first
+ * (a slow driver). `fakenvml_calls` (exported) counts the calls made, the event set's left out
+ * (nvmlEventSetCreate, nvmlDeviceGetSupportedEventTypes, nvmlDeviceRegisterEvents,
+ * nvmlEventSetWait_v2: the event thread's, which waits all along): a test reads it through
+ * ctypes to see whether something called NVML.
  *
  * Built with -DOMIT_PROCESS_UTILIZATION or -DOMIT_GPM, those functions are not exported (an
  * older driver's library).
@@ -91,8 +98,10 @@ static struct dev devs[MAX_DEV], migs[MAX_DEV];  /* migs[i]: device i's MIG devi
 static struct proc procs[MAX_PROC];
 static struct xid xids[MAX_XID];
 static int ndev, nproc, nxid, nunsup, nblock, fail_init;
-static char unsupported[MAX_NAMES][64], blocking[MAX_NAMES][64];
+static char unsupported[MAX_NAMES][64], blocking[MAX_NAMES][64], block_file[MAX_NAMES][256];
 static struct timespec started;
+static useconds_t delay_us;
+unsigned long fakenvml_calls;
 static long long started_wall_us;
 
 static long since_init_ms(void) {
@@ -167,6 +176,10 @@ static void parse_line(const char *line) {
         strcpy(unsupported[nunsup++], name);
     } else if (!strcmp(what, "block") && nblock < MAX_NAMES
                && sscanf(line, "%*s %63s", name) == 1) {
+        block_file[nblock][0] = 0;
+        strcpy(blocking[nblock++], name);
+    } else if (!strcmp(what, "block_when_file") && nblock < MAX_NAMES
+               && sscanf(line, "%*s %63s %255s", name, block_file[nblock]) == 2) {
         strcpy(blocking[nblock++], name);
     } else if (!strcmp(what, "fail_init")) {
         fail_init = 1;
@@ -187,12 +200,23 @@ static void load_script(void) {
         parse_line(line);
     }
     if (f) fclose(f);
+    const char *delay = getenv("FAKENVML_DELAY_US");
+    delay_us = delay ? (useconds_t)strtoul(delay, NULL, 10) : 0;
+}
+
+static int is_event_call(const char *fn) {
+    return !strncmp(fn, "nvmlEventSet", 12) || !strcmp(fn, "nvmlDeviceGetSupportedEventTypes")
+           || !strcmp(fn, "nvmlDeviceRegisterEvents");
 }
 
 /* Each entry point first: NOT_SUPPORTED when the script says so, forever when it blocks. */
 static int gate(const char *fn) {
+    if (!is_event_call(fn)) {
+        __atomic_fetch_add(&fakenvml_calls, 1, __ATOMIC_RELAXED);
+        if (delay_us) usleep(delay_us);
+    }
     for (int i = 0; i < nblock; i++)
-        if (!strcmp(blocking[i], fn))
+        if (!strcmp(blocking[i], fn) && (!block_file[i][0] || access(block_file[i], F_OK) == 0))
             for (;;) pause();
     for (int i = 0; i < nunsup; i++)
         if (!strcmp(unsupported[i], fn)) return 1;
