@@ -139,7 +139,7 @@ def test_the_gpu_host_memory_script_measures_each_step_on_the_stand_in(cc, tmp_p
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     steps = ["imported", "loaded", "initialised", "devices", "device_values", "processes",
-             "gpm", "sampling", "rounds", "scrapes"]
+             "gpm", "sampling", "trimmed", "rounds", "scrapes"]
     said = [line.split(":")[0].split("/")[1] for line in done.stdout.splitlines()
             if line.startswith("INFO nvml-memory/")]
     assert said[:len(steps)] == steps and "total" in said and "child" in said, done.stdout

@@ -128,6 +128,7 @@ class Monitor:
         self._known: Tuple[int, ...] = ()  # the pids of `processes`, for the watch's thread
         self.memory = DeviceMemory()  # (the reader's; published with the series)
         self.gpu = None  # the GPU's state (dcgm.GpuState), when NVML answers
+        self._gpu_trimmed = False  # the heap trimmed after the GPU's first round
         self._labels: Dict[int, Labels] = {}  # the live processes' labels (the reader's)
 
     @property
@@ -281,6 +282,9 @@ class Monitor:
         labels = {p.pid: p.label_set() for p in self.processes.live()}
         with self._lock:
             self._labels = labels
+        if self.gpu is not None and not self._gpu_trimmed and self.gpu.sampler.rounds:
+            self._gpu_trimmed = True
+            heap.trim()  # (what NVML's initialisation freed leaves the resident set)
         if len(self.tracer.attachments) != self._probed_files:  # (files probed late)
             self._probed_files = len(self.tracer.attachments)
             elf.forget_files()

@@ -18,6 +18,8 @@ heap, anonymous mappings, thread stacks):
   and the metrics between them, where the device has GPM);
 - `sampling`: the monitor's GPU part started (monitor/dcgm.GpuState at 10 Hz: the sampler's,
   its worker's and the event thread's threads) and its first round taken;
+- `trimmed`: glibc's free pages handed back (monitor/heap.trim, as the monitor does after
+  the first round): what NVML's initialisation allocated and freed;
 - `rounds`: after N more rounds (growth here is a leak);
 - `scrapes`: after 100 renderings of the families (what scrapes add).
 
@@ -155,6 +157,8 @@ def steps(path, rounds: int, record):
     if state.sampler.stopped is not None:
         return state.sampler.stopped
     record("sampling")
+    heap.trim()  # (the monitor does, after the GPU's first round)
+    record("trimmed")
     _wait(lambda: state.sampler.rounds >= 1 + rounds, 10 + rounds)
     record("rounds")
     for _ in range(100):
