@@ -617,6 +617,8 @@ def test_cli_a_stop_signal_while_starting_unwinds(lib):
     (["--otlp", "http://localhost:abc"], "is no URL"),
     (["--otlp", "http://[::1"], "is no URL"),
     (["--return-sampling", str(1 << 65)], "--return-sampling"),
+    (["--gpu-samples", "-1"], "--gpu-samples takes 0 (off) to 1000 samples a second"),
+    (["--gpu-samples", "nan"], "--gpu-samples takes 0 (off) to 1000 samples a second"),
 ])
 def test_cli_bad_options_are_one_line_and_exit_2(lib, args, words):
     done = run_cli("monitor", "-p", lib, *args)
