@@ -26,6 +26,7 @@ from .decode.losses import Losses
 from .decode.names import KernelNamer
 from .decode.nccl import Communicators
 from .decode.reaper import Reaper
+from .gpu.feed import GpuFeed
 from .gpu.launches import LastLaunches
 from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
@@ -286,7 +287,16 @@ class Stream:
                                 namer)
         for sink in sinks:
             if isinstance(sink, LineWriter):
-                sink.bind(context)
+                sink.bind(context._replace(gpu=self._gpu_feed()))
+
+    def _gpu_feed(self) -> Optional[GpuFeed]:
+        """The GPU's records for one text or JSON writer, among the calls (an event once
+        it has the launches before it)."""
+        if self.gpu is None:
+            return None
+        sampler = self.gpu
+        return GpuFeed(sampler.samples, sampler.events, lambda: self._gpu_filled,
+                       lambda: sampler.round_since)
 
     def _batch_done(self, outputs: "Outputs", frames: bytes, save=None) -> None:
         """After each batch: flush, count what failed outputs missed, keep the saved
@@ -360,7 +370,7 @@ class Stream:
             self.gpu.stop()
             self._fill_gpu_events()
             records = sorted(self.gpu.samples + self.gpu.events, key=lambda r: r.ts_ns)
-            for sink in outputs.sinks:
+            for sink in outputs.sinks:  # (text and JSON: those not written yet)
                 tell = getattr(sink, "note_gpu", None)
                 if tell is not None and outputs.alive(sink):
                     outputs.call(sink, tell, records)

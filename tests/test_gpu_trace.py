@@ -62,9 +62,10 @@ def traced_json(cc, lib, tmp_path, gpu_prog, *options, text=None):
     return done, objects
 
 
+@pytest.mark.parametrize("spool", [(), ("--spool-size", "0")], ids=["spooled", "inline"])
 def test_json_lines_carry_the_scripted_samples_and_the_xid_after_its_launch(
-        root, cc, lib, tmp_path, gpu_prog):
-    done, objects = traced_json(cc, lib, tmp_path, gpu_prog)
+        root, cc, lib, tmp_path, gpu_prog, spool):
+    done, objects = traced_json(cc, lib, tmp_path, gpu_prog, *spool)
     calls = [o for o in objects if "api" in o]
     samples = [o for o in objects if o.get("type") == "gpu_sample"]
     events = [o for o in objects if o.get("type") == "gpu_event"]
@@ -92,6 +93,38 @@ def test_json_lines_carry_the_scripted_samples_and_the_xid_after_its_launch(
     assert [(l["pid"], l["api"], l["kernel"]) for l in xid["last_launches"]] == [
         (pid, "cudaLaunchKernel", "vec_add_kernel")]
     assert xid["last_launches"][0]["ts"] == pytest.approx(launches[0]["ts"], abs=1e-6)
+    _among_the_calls(objects)
+
+
+def _among_the_calls(objects: list) -> None:
+    """The GPU's records written among the calls, not at the end: the Xid and the samples of
+    the sleep between the two launches' lines; every record in time order."""
+    launches = [o for o in objects if o.get("api") == "cudaLaunchKernel"]
+    samples = [o for o in objects if o.get("type") == "gpu_sample"]
+    (xid,) = [o for o in objects if o.get("type") == "gpu_event"]
+    at = {id(o): i for i, o in enumerate(objects)}
+    assert at[id(launches[1])] < at[id(xid)] < at[id(launches[2])]
+    sleeping = [s for s in samples if launches[1]["ts"] + 0.1 < s["ts"] < launches[2]["ts"] - 0.1]
+    assert len(sleeping) >= 2 * 30  # (2 devices at 20 Hz, ~2.3 s)
+    assert all(at[id(launches[1])] < at[id(s)] < at[id(launches[2])] for s in sleeping)
+    records = [o["ts_ns"] for o in objects if "type" in o]
+    assert records == sorted(records)
+
+
+def test_text_lines_show_the_xid_between_the_calls_around_it(root, cc, lib, tmp_path, gpu_prog):
+    prog, name = gpu_prog
+    nvml, env = nvml_env(cc, tmp_path, scripted(name))
+    done = run_cli("-p", lib, "--nvml", nvml, "--gpu-samples", "20", "--", prog, LAUNCH,
+                   "sleep:2500", LAUNCH, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [l for l in done.stdout.splitlines() if "cudaLaunchKernel" in l and (
+        "[ENTER]" in l or "[EXIT]" in l) or "[GPU EVENT]" in l]  # (not the program's own)
+    assert [("EVENT" if "[GPU EVENT]" in l else "ENTER" if "[ENTER]" in l else "EXIT")
+            for l in lines] == ["ENTER", "EXIT", "EVENT", "ENTER", "EXIT"], lines
+    clock, text = lines[2].split(" ", 1)  # (the time of day, as the calls' lines have)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{6}", clock), lines
+    assert text.startswith("[GPU EVENT] GPU 0 Xid 79: GPU has fallen off the bus; last "
+                           "launches: cudaLaunchKernel vec_add_kernel pid "), lines
 
 
 def test_a_missing_function_an_unsupported_one_and_no_gpu_are_one_line_each(
@@ -162,6 +195,7 @@ def test_every_output_carries_the_samples_the_gap_and_the_xid(root, cc, lib, tmp
     objects = [json.loads(line) for line in out.read_text().splitlines()]
     calls = [o for o in objects if "api" in o]
     records = [o for o in objects if "type" in o]
+    _among_the_calls(objects)  # (JSON beside other outputs: decoded events, not frames)
     pid = calls[0]["pid"]
     mallocs = [c for c in calls if c["api"] == "cudaMalloc" and c["phase"] == "exit"]
     free = next(c for c in calls if c["api"] == "cudaFree")

@@ -119,6 +119,9 @@ class Sampler:
         # takes the list as it is), and the rounds made so far
         self.latest: List[GpuSample] = []
         self.rounds = 0
+        # While a round is under way, when it began: its samples, appended at its end, are
+        # no older (the writers that put records among the calls wait for them)
+        self.round_since: Optional[int] = None
         self.lines: List[str] = []  # every line said (the outputs repeat them)
         self.devices: List[Device] = []
         self.stopped: Optional[str] = None  # why the sampling stopped, once it did
@@ -265,6 +268,7 @@ class Sampler:
             # (a round late, the process stalled: the next one a period on, no burst)
             next_at = max(next_at + self.period_s, time.monotonic())
             self._stop.wait(next_at - time.monotonic())
+        self.round_since = None  # (a round that hung or failed: its samples never come)
         self.cpu_ns += time.thread_time_ns() - started
 
     def sample_now(self) -> List[GpuSample]:
@@ -274,6 +278,7 @@ class Sampler:
         try:
             samples = self._call(self._round)
         except Hung:
+            self.round_since = None
             return []
         self._took(samples)
         return samples
@@ -283,8 +288,10 @@ class Sampler:
         self.rounds += 1
         if self.keep:
             self.samples.extend(samples)
+        self.round_since = None  # (after the samples are in)
 
     def _round(self) -> List[GpuSample]:
+        self.round_since = time.monotonic_ns()  # (before any of its samples' times)
         started = time.thread_time_ns()
         samples = [self._sample(device) for device in self.devices]
         self.cpu_ns += time.thread_time_ns() - started  # (the worker's share)

@@ -12,6 +12,7 @@ from ..decode.events import Decoder, Event
 if TYPE_CHECKING:
     from ..decode.devices import DeviceTracker
     from ..decode.graphs import GraphTracker
+    from ..gpu.feed import GpuFeed
     from ..targets.containers import Containers
 
 PIPE_BUF = getattr(select, "PIPE_BUF", 4096)  # a pipe takes a write this long in one piece
@@ -55,6 +56,9 @@ class DecodeContext(NamedTuple):
     containers: Optional["Containers"] = None  # lines name them (text: not the tracer's own)
     devices: Optional["DeviceTracker"] = None  # JSON lines show each call's device
     namer: Optional[Callable] = None  # replaces the writer's (behind a spool: FoundNames)
+    # The GPU's samples and events as they come, written among the calls (gpu/feed.py; one
+    # feed a writer); None: all of them at the end (`note_gpu`)
+    gpu: Optional["GpuFeed"] = None
 
 
 class LineWriter:
@@ -88,7 +92,24 @@ class LineWriter:
         raise NotImplementedError
 
     def write(self, events: Iterable[Event]) -> None:
-        self._emit(self.lines(events))
+        feed = self.context.gpu
+        if feed is None:
+            self._emit(self.lines(events))
+            return
+        for piece, due in feed.split_events(list(events)):
+            self._emit(self.lines(piece))
+            self._emit(self.gpu_lines(due))
+
+    def gpu_lines(self, records: List) -> List[str]:
+        """Lines of the GPU's records (gpu/records.py): none by default."""
+        return []
+
+    def note_gpu(self, records: List) -> None:
+        """At the end of the trace: the GPU's records not written among the calls yet (with
+        a feed), or all of them (`records`, in time order)."""
+        if self.context.gpu is not None:
+            records = self.context.gpu.rest()
+        self._emit(self.gpu_lines(records))
 
     def slow_lines(self, events: List[Event]) -> List[str]:
         """Lines of records the frame templates do not cover, decoded into events."""
@@ -111,8 +132,15 @@ class LineWriter:
 
         if self._from_frames is None:
             self._from_frames = self._frame_lines(decoder)
+        feed = self.context.gpu
         for chunk in frame_chunks(frames):
-            self._emit(self._from_frames.lines(chunk))
+            if feed is None:
+                self._emit(self._from_frames.lines(chunk))
+                continue
+            for piece, due in feed.split_frames(chunk):
+                if piece:
+                    self._emit(self._from_frames.lines(piece))
+                self._emit(self.gpu_lines(due))
 
     def _emit(self, lines: List[str]) -> None:
         """Whole lines: on a file descriptor, each write ends at a line's end, and is at

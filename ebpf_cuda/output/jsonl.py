@@ -32,7 +32,7 @@ class JsonWriter(LineWriter):
                 obj["kernel"] = name
         return obj
 
-    def note_gpu(self, records: List) -> None:
-        """The GPU's samples and events (gpu/records.py), at the end of the trace, in time
-        order: `{"type": "gpu_sample", ...}`, `{"type": "gpu_event", ...}`."""
-        self._emit([self._encode(record.to_json()) for record in records])
+    def gpu_lines(self, records: List) -> List[str]:
+        """The GPU's samples and events (gpu/records.py): `{"type": "gpu_sample", ...}`,
+        `{"type": "gpu_event", ...}`."""
+        return [self._encode(record.to_json()) for record in records]

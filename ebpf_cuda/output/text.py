@@ -96,9 +96,9 @@ class TextWriter(LineWriter):
             lines.append(format_event(ev, self.timestamps, name, shown))
         return lines
 
-    def note_gpu(self, records: List) -> None:
-        """The GPU's events (an Xid, an ECC error) as lines at the end of the trace (its
-        samples are for the summary, the timeline and JSON)."""
+    def gpu_lines(self, records: List) -> List[str]:
+        """The GPU's events (an Xid, an ECC error) as lines (its samples are for the
+        summary, the timeline and JSON)."""
         lines = []
         for record in records:
             if getattr(record, "kind", None) is not None:
@@ -107,7 +107,7 @@ class TextWriter(LineWriter):
                     clock = time.strftime("%H:%M:%S", time.localtime(record.ts))
                     line = "%s.%06d %s" % (clock, int(record.ts * 1e6) % 1000000, line)
                 lines.append(line)
-        self._emit(lines)
+        return lines
 
     def _frame_lines(self, decoder: Decoder):
         from .lines import TextLines
