@@ -214,7 +214,13 @@ def test_every_output_carries_the_samples_the_gap_and_the_xid(root, cc, lib, tmp
     # the saved trace keeps the records; `report` gives them back
     again = run_cli("report", saved, "--json", timeout=120)
     assert again.returncode == 0, again.stderr
-    assert [json.loads(l) for l in again.stdout.splitlines() if '"type"' in l] == records
+    replayed = [json.loads(l) for l in again.stdout.splitlines() if l.startswith("{")]
+    assert [o for o in replayed if "type" in o] == records
+    _among_the_calls(replayed)  # (as the live trace wrote them)
+    beside = tmp_path / "again.json"  # (JSON beside a summary: decoded events)
+    again = run_cli("report", saved, "--json", "-o", beside, "--summary", timeout=120)
+    assert again.returncode == 0, again.stderr
+    _among_the_calls([json.loads(l) for l in beside.read_text().splitlines()])
     # the timeline: counter tracks per device, the gap per traced process, the Xid marker
     trace = json.loads(timeline.read_text())
     util = [e for e in trace if e.get("name") == "GPU utilisation (%)"]

@@ -184,6 +184,8 @@ def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
         lines = lines_only(sinks)
         if lines is not None:
             _replay_lines(saved, lines, graphs, outputs)
+        else:
+            _feed_gpu(saved, sinks)
         for events in saved.batches() if lines is None else ():
             graphs.annotate(events)
             for sink in sinks:
@@ -218,7 +220,8 @@ def _replay_lines(saved, writer, graphs, outputs: Outputs) -> None:
     def annotate(events) -> None:
         saved.annotate(events)
         graphs.annotate(events)
-    writer.bind(DecodeContext(annotate, graphs, None, saved.devices, saved.names()))
+    writer.bind(DecodeContext(annotate, graphs, None, saved.devices, saved.names(),
+                              _gpu_feed(saved)))
     try:
         for frames in saved.frames():
             if not outputs.alive(writer):
@@ -227,6 +230,25 @@ def _replay_lines(saved, writer, graphs, outputs: Outputs) -> None:
             outputs.flush()
     except DecodeError as err:  # the file is named: a damaged record is the file's
         raise DecodeError("%s has a damaged record: %s" % (saved.path, err)) from None
+
+
+def _gpu_feed(saved):
+    """The saved GPU records for a text or JSON writer, among the calls (gpu/feed.py)."""
+    if not saved.gpu:
+        return None
+    from ..gpu.feed import GpuFeed
+
+    return GpuFeed(saved.gpu, [])
+
+
+def _feed_gpu(saved, sinks: Sequence[Sink]) -> None:
+    """Each text and JSON writer among other sinks gets the saved GPU records among the
+    calls, as the live trace wrote them."""
+    from . import LineWriter
+
+    for sink in sinks:
+        if isinstance(sink, LineWriter):
+            sink.bind(sink.context._replace(gpu=_gpu_feed(saved)))
 
 
 def _check_reports_stdout(request: Request, analyses: List[Sink]) -> None:
