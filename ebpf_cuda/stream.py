@@ -248,7 +248,7 @@ class Stream:
         sinks = list(sinks)
         lines = lines_only(sinks)
         spooled = lines is not None and save is None and spool is not None
-        self._bind(sinks, spooled)
+        self._bind(sinks, spooled, alone=lines is not None and save is None)
         self._spool, self._spool_given = None, spool
         self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
                                          goes_on=self.session.command is not None)
@@ -275,11 +275,11 @@ class Stream:
         finally:
             self._close(outputs, save)
 
-    def _bind(self, sinks: List, spooled: bool) -> None:
+    def _bind(self, sinks: List, spooled: bool, alone: bool = False) -> None:
         """Give every text and JSON writer what the reader knows besides the records: the
         enrichers (for records decoded on their slow path), the graphs (which records take
         it), containers and devices; behind a spool, the kernel names as the reader found
-        them (read from the lines thread)."""
+        them (read from the lines thread); `alone`: one of them is the only output."""
         namer = None
         if spooled:
             namer = self.graphs.namer = self.names.found_names()
@@ -287,16 +287,17 @@ class Stream:
                                 namer)
         for sink in sinks:
             if isinstance(sink, LineWriter):
-                sink.bind(context._replace(gpu=self._gpu_feed()))
+                sink.bind(context._replace(gpu=self._gpu_feed(alone)))
 
-    def _gpu_feed(self) -> Optional[GpuFeed]:
+    def _gpu_feed(self, alone: bool) -> Optional[GpuFeed]:
         """The GPU's records for one text or JSON writer, among the calls (an event once
-        it has the launches before it)."""
+        it has the launches before it); `alone`: the only output, the samples it wrote
+        are not kept."""
         if self.gpu is None:
             return None
         sampler = self.gpu
         return GpuFeed(sampler.samples, sampler.events, lambda: self._gpu_filled,
-                       lambda: sampler.round_since)
+                       lambda: sampler.round_since, drop=alone)
 
     def _batch_done(self, outputs: "Outputs", frames: bytes, save=None) -> None:
         """After each batch: flush, count what failed outputs missed, keep the saved

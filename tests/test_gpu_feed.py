@@ -67,3 +67,15 @@ def test_a_round_under_way_holds_the_records_from_its_start_and_rest_gives_all()
     samples.append(R(ts_ns=145, n="round"))  # (the round ends: its sample is older than the Xid)
     since[0] = None
     assert [r.n for r in feed.rest()] == ["round", "xid"]
+
+
+def test_a_writer_alone_takes_the_samples_out_of_the_sampler_s_list():
+    """The only output's feed: the samples it took leave the list (a long JSON trace's
+    samples are not kept to its end); what the sampler appends later is taken next."""
+    samples = [R(ts_ns=150, n="a"), R(ts_ns=250, n="b")]
+    feed = GpuFeed(samples, [], drop=True)
+    pieces = feed.split_frames(frames(100, 200))
+    assert [(ends(p), [r.n for r in due]) for p, due in pieces] == [([100], ["a"]), ([200], [])]
+    assert samples == []  # (taken: "b" waits in the feed for a call after it)
+    samples.append(R(ts_ns=350, n="c"))
+    assert [r.n for r in feed.rest()] == ["b", "c"] and samples == []

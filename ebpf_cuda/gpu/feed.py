@@ -23,8 +23,11 @@ class GpuFeed:
 
     def __init__(self, samples: Sequence, events: Sequence,
                  events_ready: Optional[Ready] = None,
-                 round_since: Optional[Since] = None) -> None:
+                 round_since: Optional[Since] = None, drop: bool = False) -> None:
         self._samples, self._events = samples, events
+        # `drop`: the samples taken leave the sampler's list (this writer is their only
+        # reader: a long trace's samples are not kept to its end)
+        self._drop = drop
         self._ready = events_ready or (lambda: len(events))
         self._round_since = round_since or (lambda: None)
         self._taken = [0, 0]  # samples and events taken from the lists so far
@@ -40,6 +43,9 @@ class GpuFeed:
         if ready > self._taken[1]:
             new += self._events[self._taken[1]:ready]
         self._taken = [samples, max(ready, self._taken[1])]
+        if self._drop and samples:
+            del self._samples[:samples]  # (the sampler only appends: the rest is new)
+            self._taken[0] = 0
         waiting = self._events[ready:ready + 1]  # (the oldest event not ready)
         holds = [t for t in (since, waiting[0].ts_ns if waiting else None) if t is not None]
         self._hold = min(holds) if holds else None
