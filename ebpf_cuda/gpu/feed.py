@@ -7,6 +7,7 @@ time is its line's). A record not ready when later calls were written (a round i
 once every device is sampled: some milliseconds after its time, ~50 ms on an H100) comes
 with the next batch; what is left at the end, with `rest()`.
 """
+import struct
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..spec import record
@@ -56,8 +57,8 @@ class GpuFeed:
         """`frames` cut into pieces, each with the records that go after it: (piece,
         records), in order; the records after the last piece's calls stay pending."""
         self._refresh()
-        if not self._pending or not frames:
-            return [(frames, [])]
+        if not self._pending or not frames or not self._cut_in(_key(frames, -1)):
+            return [(frames, [])]  # (the common case: nothing goes inside this batch)
         ends = record.frame_column(frames, record.TS_EXIT, "Q")
         starts = record.frame_column(frames, record.TS_ENTER, "Q")
         cuts = self._cuts([end or start for start, end in zip(starts, ends)])
@@ -71,7 +72,7 @@ class GpuFeed:
     def split_events(self, events: Sequence) -> List[Tuple[Sequence, List]]:
         """The same for decoded events, by each one's time."""
         self._refresh()
-        if not self._pending or not events:
+        if not self._pending or not len(events) or not self._cut_in(events[-1].ts_ns):
             return [(events, [])]
         pieces, at = [], 0
         for index, due in self._cuts([event.ts_ns for event in events]):
@@ -79,6 +80,11 @@ class GpuFeed:
             at = index
         pieces.append((events[at:], []))
         return [(piece, due) for piece, due in pieces if len(piece) or due]
+
+    def _cut_in(self, last: int) -> bool:
+        """Whether a pending record goes before a call that ended at `last` or earlier."""
+        first = self._pending[0].ts_ns
+        return first < last and (self._hold is None or first < self._hold)
 
     def _cuts(self, times: List[int]) -> List[Tuple[int, List]]:
         """(index, records): the records go before the call at `index`, the first whose
@@ -100,3 +106,10 @@ class GpuFeed:
         self._refresh()
         rest, self._pending = self._pending, []
         return rest
+
+
+def _key(frames: bytes, index: int) -> int:
+    """When the call of a frame ended (an enter record of --entries: when it began)."""
+    at = (index % (len(frames) // record.FRAME_SIZE)) * record.FRAME_SIZE + record.FRAME_HEADER
+    end = struct.unpack_from("=Q", frames, at + record.TS_EXIT)[0]
+    return end or struct.unpack_from("=Q", frames, at + record.TS_ENTER)[0]
