@@ -97,7 +97,7 @@ class MonitorOptions(NamedTuple):
     gpu: bool = True
     nvml: Optional[str] = None
     trigger_xid: bool = True
-    gpu_period_s: float = DEFAULT_GPU_PERIOD_S
+    gpu_period_s: float = DEFAULT_GPU_PERIOD_S  # (0: not sampled, as gpu=False)
 
 
 class Monitor:
@@ -171,7 +171,7 @@ class Monitor:
 
     def _start_gpu(self) -> None:
         """The GPU's state, sampled on its own thread; what it cannot sample is said once."""
-        if not self.options.gpu:
+        if not self.options.gpu or self.options.gpu_period_s <= 0:
             return
         from .dcgm import GpuState
 
