@@ -18,6 +18,9 @@ from .elf import ElfFile, demangle, open_elf
 from .registrations import registered_kernels
 
 
+_FIRST_READ = 1024  # bytes of a string read at first (a longer one: the rest up to the limit)
+
+
 class Frame(NamedTuple):
     """A symbolized address: demangled function name, offset into it, file it lies in."""
 
@@ -53,10 +56,13 @@ class ProcessMaps:
         """A snapshot from the text of a /proc/PID/maps file saved earlier."""
         return cls(pid, [m for m in map(parse_maps_line, text.splitlines()) if m is not None])
 
-    def file_offset(self, address: int) -> Optional[Tuple[str, int]]:
-        """(path, offset in that file) of a run-time address, or None when not covered."""
+    def file_offset(self, address: int, read_only: bool = False) -> Optional[Tuple[str, int]]:
+        """(path, offset in that file) of a run-time address, or None when not covered (with
+        `read_only`, by a mapping the process cannot write: its bytes are the file's)."""
         for mapping, path in self.mappings:
             if mapping.start <= address < mapping.end:
+                if read_only and ("w" in mapping.perms or "r" not in mapping.perms):
+                    return None
                 return path, address - mapping.start + mapping.offset
         return None
 
@@ -100,22 +106,54 @@ class AddressResolver:
         """Take `maps` as the snapshot of its process (a saved maps file, a test's mappings)."""
         self._maps[maps.pid] = maps
 
-    def locate(self, pid: int, address: int) -> Optional[Tuple[str, int]]:
-        """(path, file virtual address) of a run-time address in process `pid`."""
+    def _file_offset(self, pid: int, address: int, read_only: bool = False
+                     ) -> Optional[Tuple[str, int]]:
+        """(path, file offset) of a run-time address in process `pid`, the maps read again
+        (once per address) when the snapshot does not cover it: a library opened since."""
         self.observe(pid)
-        found = self._maps[pid].file_offset(address)
+        found = self._maps[pid].file_offset(address, read_only)
         if found is None and (pid, address) not in self._reread:
             self._reread.add((pid, address))
             fresh = ProcessMaps.read(pid)
             if fresh.mappings:  # keep the old snapshot when the process is gone
                 self._maps[pid] = fresh
-                found = fresh.file_offset(address)
+                found = fresh.file_offset(address, read_only)
+        return found
+
+    def locate(self, pid: int, address: int) -> Optional[Tuple[str, int]]:
+        """(path, file virtual address) of a run-time address in process `pid`."""
+        found = self._file_offset(pid, address)
         if found is None:
             return None
         path, offset = found
         elf = _elf(path)
         vaddr = None if elf is None else elf.offset_to_vaddr(offset)
         return None if vaddr is None else (path, vaddr)
+
+    def read_string(self, pid: int, address: int, limit: int) -> Optional[bytes]:
+        """The NUL-terminated string at `address` in process `pid`, read from the file that
+        a read-only mapping puts there (a string literal in a library's .rodata: the bytes
+        the process sees are the file's, whenever they are read and however the process
+        has gone since); None when no such mapping holds it or no NUL ends it within
+        `limit` bytes (a string the process writes is never read: it may have changed)."""
+        found = self._file_offset(pid, address, read_only=True)
+        if found is None:
+            return None
+        path, offset = found
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, min(_FIRST_READ, limit + 1), offset)  # (most names fit)
+            if b"\0" not in data and len(data) < limit + 1:
+                data += os.pread(fd, limit + 1 - len(data), offset + len(data))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        end = data.find(b"\0")
+        return data[:end] if end > 0 else None
 
     def frame(self, pid: int, address: int, return_address: bool = False) -> Optional[Frame]:
         """The function holding `address` (for a return address, the call just before it)."""
