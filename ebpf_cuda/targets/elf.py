@@ -12,7 +12,6 @@ Every failure while reading a file (pyelftools' ELFError and construct errors, s
 corrupted field) comes out as an `ElfError` (or a subclass) with a one-line message, never as
 a raw exception.
 """
-import bisect
 import gc
 import os
 from typing import Dict, Iterable, List, Optional, Set, Tuple
@@ -25,8 +24,9 @@ from .elf_headers import (ELF_MAGIC, ELFCLASS64,  # noqa: F401 (importable from 
 from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probes/loader uses)
 from .elf_headers import running_machine
 from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
-                          FunctionSymbol, Sym, SymbolSection, address_index, base_name,
-                          find_functions, merge_preferring_global, read_function_symbols, suggest)
+                          AddressIndex, FunctionSymbol, Sym, SymbolSection, base_name,
+                          find_functions, lookup_functions, merge_preferring_global,
+                          read_function_symbols, suggest)
 
 
 class ElfFile(ElfHeaders):
@@ -40,11 +40,9 @@ class ElfFile(ElfHeaders):
     def __init__(self, path: str, machine: Optional[int] = None,
                  allow_stripped: bool = False) -> None:
         self._by_name: Optional[Dict[str, Sym]] = None
-        # Address index for bisect: sorted starts, and per start its end and name.
-        self._starts: List[int] = []
-        self._ends: List[int] = []
-        self._names: List[str] = []
-        self._indexed = False
+        # What lookups of a few names found (None: not defined), without the whole table
+        self._looked_up: Dict[str, Optional[Sym]] = {}
+        self._index: Optional[AddressIndex] = None  # (symbolize's, made at its first call)
         super().__init__(path, machine)
         if not allow_stripped:
             self._check_not_stripped()
@@ -97,9 +95,6 @@ class ElfFile(ElfHeaders):
                     section.str_offset, section.str_size))
         return by_name
 
-    def _build_address_index(self) -> None:
-        self._starts, self._ends, self._names = address_index(self._load_symbols())
-        self._indexed = True
 
     # ---- public queries --------------------------------------------------------------
 
@@ -113,7 +108,7 @@ class ElfFile(ElfHeaders):
 
     def symbol(self, name: str) -> Optional[FunctionSymbol]:
         """The definition of function `name` (any `@version` ignored), or None."""
-        sym = self._load_symbols().get(base_name(name))
+        sym = self._lookup([base_name(name)])[base_name(name)]
         return None if sym is None else FunctionSymbol(base_name(name), *sym)
 
     def functions(self) -> Dict[str, int]:
@@ -127,19 +122,46 @@ class ElfFile(ElfHeaders):
 
     def defines(self, name: str) -> bool:
         """True when the file defines function `name` (any version, any binding)."""
-        return base_name(name) in self._load_symbols()
+        return self._lookup([base_name(name)])[base_name(name)] is not None
 
     def has_any(self, names: Iterable[str]) -> Set[str]:
         """The subset of `names` this file defines as functions."""
-        table = self._load_symbols()
-        return {n for n in names if base_name(n) in table}
+        wanted = list(names)
+        table = self._lookup(base_name(n) for n in wanted)
+        return {n for n in wanted if table.get(base_name(n)) is not None}
+
+    def _lookup(self, names: Iterable[str]) -> Dict[str, Optional[Sym]]:
+        """{name: its definition, None when not a defined function} for a few names: from
+        the whole table once it is read, else by a look for those names only (a framework's
+        library has ~10^6 symbols: its table is never made to probe a runtime in it)."""
+        wanted = set(names)
+        if self._by_name is not None:
+            return {n: self._by_name.get(n) for n in wanted}
+        missing = wanted - self._looked_up.keys()
+        if missing:
+            found: Dict[str, Sym] = {}
+            try:
+                with open(self.path, "rb") as stream:
+                    for section in self._function_tables():
+                        merge_preferring_global(found, lookup_functions(stream, section,
+                                                                        missing))
+            except OSError as err:
+                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
+                    from None
+            except ElfError:
+                raise
+            except Exception as err:
+                raise ElfError("%s has a corrupted symbol table (%s)"
+                               % (self.path, describe_error(err))) from None
+            self._looked_up.update((n, found.get(n)) for n in missing)
+        return {n: self._looked_up[n] for n in wanted}
 
     def defines_any(self, names: Iterable[str]) -> Set[str]:
         """Like `has_any`, for a look at a few names in a file that may never be read again
         (a library checked for a runtime linked in statically): the symbol tables are
         scanned for those names only, and no table of every function is made or kept."""
         wanted = list(names)
-        if self._by_name is not None:
+        if self._by_name is not None or all(base_name(n) in self._looked_up for n in wanted):
             return self.has_any(wanted)
         defined: Set[str] = set()
         try:
@@ -165,10 +187,9 @@ class ElfFile(ElfHeaders):
 
     def symbol_address(self, name: str) -> int:
         """The virtual address (st_value) of function `name`."""
-        table = self._load_symbols()
-        sym = table.get(base_name(name))
+        sym = self._lookup([base_name(name)])[base_name(name)]
         if sym is None:
-            suggestions = suggest(base_name(name), table.keys())
+            suggestions = suggest(base_name(name), self._load_symbols().keys())
             hint = " (did you mean %s?)" % ", ".join(suggestions) if suggestions else ""
             raise SymbolNotFoundError("function %s is not defined in %s%s"
                                       % (name, self.path, hint), suggestions)
@@ -199,14 +220,25 @@ class ElfFile(ElfHeaders):
 
     def symbolize(self, vaddr: int) -> Optional[str]:
         """The function whose [value, value + size) holds `vaddr` (or starts at it), else None."""
-        if not self._indexed:
-            self._build_address_index()
-        index = bisect.bisect_right(self._starts, vaddr) - 1
-        if index < 0:
-            return None
-        if self._starts[index] == vaddr or vaddr < self._ends[index]:
-            return self._names[index]
-        return None
+        found = self.function_at(vaddr)
+        return None if found is None else found[0]
+
+    def function_at(self, vaddr: int) -> Optional[Tuple[str, int]]:
+        """(name, start) of the function whose [value, value + size) holds `vaddr` (or
+        starts at it), else None. The file's functions are indexed by address at the first
+        call, compactly (elf_symbols.AddressIndex: no table of every name is made)."""
+        if self._index is None:
+            try:
+                self._index = AddressIndex(self.path, self._function_tables())
+            except OSError as err:
+                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
+                    from None
+            except ElfError:
+                raise
+            except Exception as err:
+                raise ElfError("%s has a corrupted symbol table (%s)"
+                               % (self.path, describe_error(err))) from None
+        return self._index.function_at(vaddr)
 
     def symbolize_offset(self, offset: int) -> Optional[str]:
         """Like `symbolize`, for a file offset."""

@@ -175,14 +175,13 @@ def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
             return Frame(demangle(registered), 0, path)
     elf = _elf(path)
     lookup = vaddr - 1 if return_address else vaddr  # a call may be a function's last bytes
-    name = None
+    found = None
     if elf is not None:
         try:
-            name = elf.symbolize(lookup)
+            found = elf.function_at(lookup)
         except TracerError:
-            name = None
-    if name is None:
+            found = None
+    if found is None:
         return Frame(None, vaddr, path)
-    symbol = elf.symbol(name)
-    start = symbol.value if symbol is not None else vaddr
+    name, start = found
     return Frame(demangle(name), vaddr - start, path)
