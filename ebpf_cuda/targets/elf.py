@@ -25,8 +25,13 @@ from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probe
 from .elf_headers import running_machine
 from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
                           AddressIndex, FunctionSymbol, Sym, SymbolSection, base_name,
-                          find_functions, lookup_functions, merge_preferring_global,
+                          defines_a_function, find_functions, lookup_functions, merge_preferring_global,
                           read_function_symbols, suggest)
+
+
+# Symbol and string tables up to this size are read whole into a table of every function
+# (a CUDA runtime's: ~1 MB, ~2 ms); larger ones (a framework's: ~100 MB) are only searched
+WHOLE_TABLE_LIMIT = 4 << 20
 
 
 class ElfFile(ElfHeaders):
@@ -54,9 +59,23 @@ class ElfFile(ElfHeaders):
         names = [s.name for s in self._symbol_sections]
         if ".symtab" in names:
             return
-        if not names or not self._load_symbols():
+        if not names or not (self._load_symbols() if self._small()
+                             else self._defines_a_function()):
             raise ElfError("%s is stripped (it has no symbol table and exports no functions)"
                            % self.path)
+
+    def _small(self) -> bool:
+        """Whether the symbol tables are read whole (WHOLE_TABLE_LIMIT)."""
+        return sum(t.size + t.str_size for t in self._function_tables()) <= WHOLE_TABLE_LIMIT
+
+    def _defines_a_function(self) -> bool:
+        """Whether .dynsym defines any function (without reading it whole: a framework's
+        library exports ~10^5)."""
+        try:
+            with open(self.path, "rb") as stream:
+                return any(defines_a_function(stream, t) for t in self._symbol_sections)
+        except OSError as err:
+            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
 
     # ---- bulk symbol reading ---------------------------------------------------------
 
@@ -135,6 +154,8 @@ class ElfFile(ElfHeaders):
         the whole table once it is read, else by a look for those names only (a framework's
         library has ~10^6 symbols: its table is never made to probe a runtime in it)."""
         wanted = set(names)
+        if self._by_name is None and self._small():
+            self._load_symbols()  # (a runtime's: read whole at once is faster, and small)
         if self._by_name is not None:
             return {n: self._by_name.get(n) for n in wanted}
         missing = wanted - self._looked_up.keys()

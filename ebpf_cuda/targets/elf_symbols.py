@@ -119,6 +119,19 @@ def lookup_functions(stream, table: "SymbolSection", names: Iterable[str]
     return found
 
 
+def defines_a_function(stream, table: "SymbolSection") -> bool:
+    """Whether one symbol table defines any function (read in chunks, up to the first)."""
+    size = table.size - table.size % SYM_SIZE
+    for start in range(0, size if table.entsize == SYM_SIZE else 0, _SYMBOLS_CHUNK):
+        stream.seek(table.offset + start)
+        data = stream.read(min(_SYMBOLS_CHUNK, size - start))
+        if any(_FUNCTION_TYPES[st_info] and shndx != SHN_UNDEF for _, st_info, _other, shndx,
+               _value, _size in struct.iter_unpack(SYM_FORMAT, data[:len(data) // SYM_SIZE
+                                                                   * SYM_SIZE])):
+            return True
+    return False
+
+
 def _string_offsets(stream, table: "SymbolSection", names: List[str]) -> Dict[int, str]:
     """{offset in the string table: name} of every place one of `names` ends with a NUL or
     an `@`, the table read in chunks (each overlapping the next by the longest name)."""
@@ -188,6 +201,7 @@ _INDEX_BITS = 24  # bits of a function's number in a sort key (16M functions a f
 _RANK_BITS = 2
 _VALUE_LIMIT = 1 << (64 - _INDEX_BITS - _RANK_BITS)  # addresses below 256 GB (all real ones)
 _SORT_BLOCK = 1 << 16  # keys sorted at once (a list of Python ints: ~2.6 MB)
+_NAME_READ = 4096  # bytes read at a time for one name
 
 
 class AddressIndex:
@@ -273,9 +287,9 @@ class AddressIndex:
         at = self._names[number]
         with open(self.path, "rb") as stream:
             stream.seek(str_offset + at)
-            raw = stream.read(min(4096, str_size - at))
-            while b"\0" not in raw and len(raw) < str_size - at:
-                more = stream.read(min(65536, str_size - at - len(raw)))
+            raw = stream.read(min(_NAME_READ, str_size - at))
+            while b"\0" not in raw and len(raw) < str_size - at:  # (a long name)
+                more = stream.read(min(_NAME_READ, str_size - at - len(raw)))
                 if not more:
                     break
                 raw += more
