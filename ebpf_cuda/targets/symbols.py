@@ -10,6 +10,7 @@ the file's .symtab/.dynsym (elf.py) and demangled. Everything is cached per proc
 and per address; names are resolved in user space, after the event was read.
 """
 import os
+from bisect import bisect_right
 from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from ..errors import TracerError
@@ -40,8 +41,12 @@ class ProcessMaps:
 
     def __init__(self, pid: int, mappings: Iterable[Mapping]) -> None:
         self.pid = pid
-        self.mappings: List[Tuple[Mapping, str]] = [
-            (m, process_file_path(pid, m.path, m.inode)) for m in mappings if m.is_file]
+        self.mappings: List[Tuple[Mapping, str]] = sorted(
+            ((m, process_file_path(pid, m.path, m.inode)) for m in mappings if m.is_file),
+            key=lambda pair: pair[0].start)
+        # (bisected: a framework's process maps thousands of files, and an import burst
+        # asks for tens of thousands of addresses)
+        self._starts = [m.start for m, _ in self.mappings]
 
     @classmethod
     def read(cls, pid: int) -> "ProcessMaps":
@@ -59,12 +64,15 @@ class ProcessMaps:
     def file_offset(self, address: int, read_only: bool = False) -> Optional[Tuple[str, int]]:
         """(path, offset in that file) of a run-time address, or None when not covered (with
         `read_only`, by a mapping the process cannot write: its bytes are the file's)."""
-        for mapping, path in self.mappings:
-            if mapping.start <= address < mapping.end:
-                if read_only and ("w" in mapping.perms or "r" not in mapping.perms):
-                    return None
-                return path, address - mapping.start + mapping.offset
-        return None
+        place = bisect_right(self._starts, address) - 1
+        if place < 0:
+            return None
+        mapping, path = self.mappings[place]
+        if address >= mapping.end:
+            return None
+        if read_only and ("w" in mapping.perms or "r" not in mapping.perms):
+            return None
+        return path, address - mapping.start + mapping.offset
 
 
 def _elf(path: str) -> Optional[ElfFile]:
