@@ -202,6 +202,7 @@ _RANK_BITS = 2
 _VALUE_LIMIT = 1 << (64 - _INDEX_BITS - _RANK_BITS)  # addresses below 256 GB (all real ones)
 _SORT_BLOCK = 1 << 16  # keys sorted at once (a list of Python ints: ~2.6 MB)
 _NAME_READ = 4096  # bytes read at a time for one name
+_RANKS = [_bind_rank(bind) for bind in range(16)]
 
 
 class AddressIndex:
@@ -232,21 +233,26 @@ class AddressIndex:
             raise ElfError("symbol entries are %d bytes, expected %d"
                            % (table.entsize, SYM_SIZE))
         size = table.size - table.size % SYM_SIZE
+        shift = _INDEX_BITS + _RANK_BITS
         for start in range(0, size, _SYMBOLS_CHUNK):
             stream.seek(table.offset + start)
             data = stream.read(min(_SYMBOLS_CHUNK, size - start))
-            for st_name, st_info, _other, shndx, value, sym_size in struct.iter_unpack(
-                    SYM_FORMAT, data[:len(data) // SYM_SIZE * SYM_SIZE]):
-                if not _FUNCTION_TYPES[st_info] or shndx == SHN_UNDEF \
-                        or value >= _VALUE_LIMIT or st_name >= table.str_size:
-                    continue
-                number = len(self._names)
-                if number >> _INDEX_BITS:
-                    raise ElfError("more than %d functions" % (1 << _INDEX_BITS))
-                keys.append(value << (_INDEX_BITS + _RANK_BITS)
-                            | _bind_rank(st_info >> 4) << _INDEX_BITS | number)
-                self._sizes.append(min(sym_size, 0xFFFFFFFF))
-                self._names.append(st_name)
+            data = data[:len(data) // SYM_SIZE * SYM_SIZE]
+            # Columns sliced out of the entries in C (a Python step per function only)
+            view = memoryview(data)
+            names, infos = view.cast("I")[0::6].tolist(), data[4::SYM_SIZE]
+            sections = view.cast("H")[3::12].tolist()
+            values, sizes = view.cast("Q")[1::3].tolist(), view.cast("Q")[2::3].tolist()
+            picked = [j for j, function in enumerate(infos.translate(_FUNCTION_TYPES))
+                      if function and sections[j] != SHN_UNDEF and values[j] < _VALUE_LIMIT
+                      and names[j] < table.str_size]
+            first = len(self._names)
+            if (first + len(picked)) >> _INDEX_BITS:
+                raise ElfError("more than %d functions" % (1 << _INDEX_BITS))
+            keys.extend([values[j] << shift | _RANKS[infos[j] >> 4] << _INDEX_BITS
+                         | first + k for k, j in enumerate(picked)])
+            self._sizes.extend([min(sizes[j], 0xFFFFFFFF) for j in picked])
+            self._names.extend([names[j] for j in picked])
 
     def _sort(self, keys: array) -> None:
         """Keys sorted block by block, then merged: no list of every key is ever made."""
