@@ -234,9 +234,10 @@ class AddressIndex:
                            % (table.entsize, SYM_SIZE))
         size = table.size - table.size % SYM_SIZE
         shift = _INDEX_BITS + _RANK_BITS
-        for start in range(0, size, _SYMBOLS_CHUNK):
+        step = max(SYM_SIZE, _SYMBOLS_CHUNK // 4 // SYM_SIZE * SYM_SIZE)  # (5 lists a chunk)
+        for start in range(0, size, step):
             stream.seek(table.offset + start)
-            data = stream.read(min(_SYMBOLS_CHUNK, size - start))
+            data = stream.read(min(step, size - start))
             data = data[:len(data) // SYM_SIZE * SYM_SIZE]
             # Columns sliced out of the entries in C (a Python step per function only)
             view = memoryview(data)
