@@ -207,8 +207,8 @@ _RANKS = [_bind_rank(bind) for bind in range(16)]
 
 class AddressIndex:
     """Every defined function of a file by address, for `ElfFile.symbolize`, in arrays of
-    20 bytes a function (start, and by number its size, its name's place in the file); a
-    name is read from the file when asked. A framework's library has ~10^6 functions: as
+    12 bytes a function (start, size, its name's place in the file); a name is read from
+    the file when asked. A framework's library has ~10^6 functions: as
     Python objects (a dict of names, lists of starts) they took hundreds of MB, and only a
     few addresses are ever asked. At one address the preferred alias is kept: global, then
     weak, then local, then the longest, then the first in the table."""
@@ -219,13 +219,15 @@ class AddressIndex:
         self._names = array("I")  # by number: st_name in its table's strings
         self._tables: List[Tuple[int, int, int]] = []  # (first number, str offset, size)
         keys = array("Q")  # start << 26 | bind rank << 24 | number
+        self._highest = 0
         with open(path, "rb") as stream:
             for table in tables:
                 self._tables.append((len(self._names), table.str_offset, table.str_size))
                 self._read(stream, table, keys)
-        self.starts = array("Q")
+        self.starts = array("I" if self._highest >> 32 == 0 else "Q")
         self._order = array("I")  # by place in `starts`: the function's number
         self._sort(keys)
+        self._in_order()
         self._asked: Dict[int, Optional[str]] = {}
 
     def _read(self, stream, table: "SymbolSection", keys: array) -> None:
@@ -250,6 +252,7 @@ class AddressIndex:
             first = len(self._names)
             if (first + len(picked)) >> _INDEX_BITS:
                 raise ElfError("more than %d functions" % (1 << _INDEX_BITS))
+            self._highest = max([self._highest] + [values[j] for j in picked])
             keys.extend([values[j] << shift | _RANKS[infos[j] >> 4] << _INDEX_BITS
                          | first + k for k, j in enumerate(picked)])
             self._sizes.extend([min(sizes[j], 0xFFFFFFFF) for j in picked])
@@ -272,6 +275,17 @@ class AddressIndex:
             self._order.append(number)
             last, kept_rank = start, rank
 
+    def _in_order(self) -> None:
+        """Sizes, names (and tables) put in address order, one array at a time; the
+        functions' numbers are dropped."""
+        order = self._order  # (generators: a list of every function's is what is avoided)
+        self._sizes = array("I", (self._sizes[n] for n in order))
+        self._names = array("I", (self._names[n] for n in order))
+        firsts = [first for first, _, _ in self._tables]
+        self._table = (array("B", (bisect_right(firsts, n) - 1 for n in order))
+                       if len(firsts) > 1 else None)
+        del self._order
+
     def __len__(self) -> int:
         return len(self.starts)
 
@@ -281,17 +295,17 @@ class AddressIndex:
         place = bisect_right(self.starts, vaddr) - 1
         if place < 0:
             return None
-        start, number = self.starts[place], self._order[place]
-        if start != vaddr and vaddr >= start + self._sizes[number]:
+        start = self.starts[place]
+        if start != vaddr and vaddr >= start + self._sizes[place]:
             return None
-        name = self._name(number)
+        name = self._name(place)
         return None if name is None else (name, start)
 
-    def _name(self, number: int) -> Optional[str]:
-        if number in self._asked:
-            return self._asked[number]
-        first, str_offset, str_size = max(t for t in self._tables if t[0] <= number)
-        at = self._names[number]
+    def _name(self, place: int) -> Optional[str]:
+        if place in self._asked:
+            return self._asked[place]
+        _, str_offset, str_size = self._tables[self._table[place] if self._table else 0]
+        at = self._names[place]
         with open(self.path, "rb") as stream:
             stream.seek(str_offset + at)
             raw = stream.read(min(_NAME_READ, str_size - at))
@@ -304,5 +318,5 @@ class AddressIndex:
         name = base_name(raw.decode("utf-8", "replace")) or None
         if len(self._asked) >= 4096:
             self._asked.clear()
-        self._asked[number] = name
+        self._asked[place] = name
         return name
