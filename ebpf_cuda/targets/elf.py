@@ -5,7 +5,9 @@ The file's structure (headers, segments, dynamic tags, build id) is read with py
 opened (its import costs ~15-20 ms: `import ebpf_cuda.targets.elf` alone does not pay it).
 The symbol tables themselves are read in bulk with `struct` (elf_symbols.py): iterating
 libtorch_cuda.so's 211k symbols through pyelftools takes seconds, a raw read a fraction of a
-second. C++ names are demangled by cxx_demangle.py. Every name of those modules that callers
+second. Tables larger than WHOLE_TABLE_LIMIT (a framework's: ~10^6 symbols, ~100 MB) are
+never read whole nor made into a table of every function: a few names are looked up in
+chunks, addresses named through a compact index (the tracer's memory stays bounded). C++ names are demangled by cxx_demangle.py. Every name of those modules that callers
 use is importable from here.
 
 Every failure while reading a file (pyelftools' ELFError and construct errors, struct, I/O, a

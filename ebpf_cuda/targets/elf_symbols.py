@@ -1,7 +1,8 @@
 """ELF symbol tables read in bulk with `struct` (Elf64_Sym below): iterating
 libtorch_cuda.so's 211k symbols through pyelftools takes seconds, a raw read a fraction of a
-second; the tests check the bulk reader against pyelftools. Also the address index of
-`ElfFile.symbolize` and the "did you mean" suggestions.
+second; the tests check the bulk reader against pyelftools. Also the look-up of a few names
+and the address index of `ElfFile.symbolize`, both in chunks and arrays (no object per
+symbol: a framework's library has ~10^6), and the "did you mean" suggestions.
 """
 import heapq
 import os
