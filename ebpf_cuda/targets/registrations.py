@@ -21,6 +21,8 @@ arguments have that shape) is read by following the few instruction forms nvcc's
 compilers use for those registers (rip-relative `lea`, a load from the GOT, register
 moves) over the bytes since the previous call. A pair is kept only when `hostFun` lies in
 executable code and `deviceFun` is a NUL-terminated identifier in the file. x86-64 only.
+The code is read in chunks and each name where it lies: a framework's .text, .rodata and
+.nv_fatbin are hundreds of MB, never held whole in the tracer's memory.
 
 CUDA 13's `<<<...>>>` launches with a `cudaKernel_t` that the launch site fetched once, from
 `__cudaGetKernel(&handle, hostFun)`, into a static variable: attached later, the handle is
