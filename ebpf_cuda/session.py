@@ -470,20 +470,21 @@ class Session:
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
         time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
-        calls._learn_name; the least recently used go when the map is full)."""
+        arguments.learn_name), taken out as it is read: the map holds only names not read
+        yet (the least recently stored go when those fill it). None: none, or a chunk lost."""
         lookup = self._name_lookup
         if lookup is None:
             names = self.maps.get(layout.NAMES)
             if names is None:
                 return None
             lookup = self._name_lookup = syscalls.ElementLookup(
-                names.fd, layout.NAME_KEY_SIZE, layout.NAME_SIZE)
+                names.fd, layout.NAME_KEY_SIZE, layout.NAME_SIZE, take=True)
         chunks = []
         for k in range(layout.NAME_CHUNKS):  # chunk by chunk, until one ends the string
             key = layout.NAME_KEY.pack(pid | k << 32, handle, when)
             raw = lookup(key)
             if raw is None:
-                break
+                return None  # (none stored, or a chunk let go: not a name cut short)
             chunk = raw.split(b"\0", 1)[0]
             chunks.append(chunk)
             if len(chunk) < layout.NAME_CHUNK:

@@ -171,7 +171,9 @@ class Stream:
             self.session.note_loads(frames)  # libraries just mapped: probed first
             self.names.observe_frames(frames)
             self.containers.observe(record.frame_pids(frames))  # (while they live)
-            self.names.learn(self.decoder.decode_batch(frames, self.teaching))
+            teaching = self.decoder.decode_batch(frames, self.teaching)
+            if teaching:  # (where each name lies, for those the probes could not keep)
+                self.names.learn(teaching, self.decoder.name_pointers(frames))
             launches = self.decoder.launches(frames)
             named = self.names.name_launches(launches, self.decoder.table)
             if self.last_launches is not None:
@@ -325,7 +327,8 @@ class Stream:
         spool's and the failed outputs' as the last `deliver` left them)."""
         stats = self.session.stats()
         losses = Losses(ring_full=stats["lost"], entries_lost=stats["entries_lost"],
-                        too_deep=stats["too_deep"], names_lost=self.names.names_lost)
+                        too_deep=stats["too_deep"], names_lost=self.names.names_lost,
+                        names_unread=self.names.names_unread)
         spool = self._spool
         if spool is not None:
             refused = spool.dropped if spool.error else 0

@@ -26,7 +26,7 @@ from .kernel_abi import (BPF_ANY, BPF_BTF_LOAD, BPF_EXIST,  # noqa: F401 (re-exp
                          BPF_F_MMAPABLE, BPF_F_UPROBE_MULTI_RETURN, BPF_LINK_CREATE,
                          BPF_LINK_TYPE_PERF_EVENT, BPF_LINK_TYPE_UPROBE_MULTI, BPF_LOG_LEVEL1,
                          BPF_MAP_CREATE, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY,
-                         BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH,
+                         BPF_MAP_LOOKUP_AND_DELETE_ELEM, BPF_MAP_LOOKUP_ELEM, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_HASH,
                          BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
                          BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_RINGBUF,
                          BPF_MAP_TYPE_STACK_TRACE, BPF_MAP_TYPE_TASK_STORAGE, BPF_MAP_UPDATE_ELEM,
@@ -180,30 +180,47 @@ def map_lookup(fd: int, key: bytes, value_size: int) -> Optional[bytes]:
 class ElementLookup:
     """Lookups of one map's elements with buffers made once: a registration burst looks up
     a name chunk per record, and making map_lookup's three buffers took about half of each
-    lookup's time. Thread-safe (one lookup at a time)."""
+    lookup's time. With `take`, each element found is deleted as it is read (the names map:
+    what the reader has read leaves room for what it has not). Thread-safe (one lookup at a
+    time)."""
 
-    def __init__(self, fd: int, key_size: int, value_size: int) -> None:
+    def __init__(self, fd: int, key_size: int, value_size: int, take: bool = False) -> None:
         self._key = ctypes.create_string_buffer(key_size)
         self._value = ctypes.create_string_buffer(value_size)
         self._attr = elem_attr(fd, self._key, self._value)
         self._key_size = key_size
+        self._fd = fd
         self._lock = threading.Lock()
         # (the call's arguments made once too: bpf_raw makes them at every call)
-        self._call = functools.partial(_lib().syscall, *(ctypes.c_long(a) for a in (
-            _nr_bpf(), BPF_MAP_LOOKUP_ELEM, ctypes.addressof(self._attr),
-            ctypes.sizeof(self._attr))))
+        self._calls = {cmd: functools.partial(_lib().syscall, *(ctypes.c_long(a) for a in (
+            _nr_bpf(), cmd, ctypes.addressof(self._attr), ctypes.sizeof(self._attr))))
+            for cmd in (BPF_MAP_LOOKUP_ELEM, BPF_MAP_LOOKUP_AND_DELETE_ELEM)}
+        self._call = self._calls[BPF_MAP_LOOKUP_AND_DELETE_ELEM if take else BPF_MAP_LOOKUP_ELEM]
+        self._delete_after = False  # (take on a kernel without lookup-and-delete for hashes)
 
     def __call__(self, key: bytes) -> Optional[bytes]:
         """The value under `key` (of the map's key size), or None if absent."""
         assert len(key) == self._key_size
         with self._lock:
             ctypes.memmove(self._key, key, self._key_size)
-            if self._call() >= 0:
-                return self._value.raw
+            found = self._call() >= 0
             err = ctypes.get_errno()  # (the library is loaded with use_errno)
+            if not found and err in _NO_LOOKUP_AND_DELETE and self._call is self._calls[
+                    BPF_MAP_LOOKUP_AND_DELETE_ELEM]:
+                self._call, self._delete_after = self._calls[BPF_MAP_LOOKUP_ELEM], True
+                found = self._call() >= 0
+                err = ctypes.get_errno()
+            if found:
+                if self._delete_after:
+                    map_delete(self._fd, key)
+                return self._value.raw
         if err == errnos.ENOENT:
             return None
         raise kernel_error("looking up a map element", err)
+
+
+# What a kernel before 5.14 answers lookup-and-delete on a hash map (ENOTSUPP is 524)
+_NO_LOOKUP_AND_DELETE = (errnos.EINVAL, errnos.EOPNOTSUPP, 524)
 
 
 def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:

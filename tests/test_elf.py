@@ -490,3 +490,81 @@ def test_pyelftools_is_imported_on_first_use_only():
                           cwd=str(Path(__file__).resolve().parent.parent))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
+
+
+# ---- large libraries: read in chunks, no table of every function -------------------------
+
+class _ReadSpy:
+    """open() for the modules under test: every read's size is noted (a whole table read at
+    once would show as one large read)."""
+
+    def __init__(self) -> None:
+        self.sizes = []
+
+    def __call__(self, path, mode="r", *args, **kwargs):
+        stream = open(path, mode, *args, **kwargs)
+        spy = self
+
+        class Stream:
+            def read(self, size=-1):
+                data = stream.read(size)
+                spy.sizes.append(len(data))
+                return data
+
+            def __getattr__(self, name):
+                return getattr(stream, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                stream.close()
+
+        return Stream()
+
+
+def test_names_and_addresses_are_found_in_chunks_without_a_table_of_every_function(
+        tmp_path, monkeypatch):
+    """Looking a few names up and naming addresses read the symbol and string tables in
+    chunks (here of about 1 KB) and make no table of every function (a framework's library
+    has ~10^6 symbols: the tracer's VmHWM was 374-422 MB with JAX and PyTorch on the GPU
+    host); the answers are the whole table's."""
+    from ebpf_cuda.targets import elf as elf_module
+    from ebpf_cuda.targets import elf_symbols
+
+    count = 3000
+    source = tmp_path / "many.c"
+    source.write_text("".join("%sint fn_%d(int x) { return x * %d + %d; }\n"
+                              % ("static " if i % 3 == 0 else "", i, i + 2, i)
+                              for i in range(count))
+                      + "int (*keep[])(int) = {%s};\n" % ", ".join(
+                          "fn_%d" % i for i in range(0, count, 3))
+                      + "__attribute__((weak)) int weak_one(int x) { return x - 1; }\n")
+    lib = tmp_path / "libmany.so"
+    gcc("-O1", "-shared", "-fPIC", "-o", str(lib), str(source))
+    full = ElfFile(str(lib)).function_symbols()  # (the whole table, as before)
+    assert len(full) > count
+    monkeypatch.setattr(elf_symbols, "_STRINGS_CHUNK", 1024)
+    monkeypatch.setattr(elf_symbols, "_SYMBOLS_CHUNK", 40 * 24)
+    monkeypatch.setattr(elf_symbols, "_SORT_BLOCK", 256)
+    monkeypatch.setattr(elf_symbols, "_NAME_READ", 16)
+    monkeypatch.setattr(elf_module, "WHOLE_TABLE_LIMIT", 0)  # (a large library's way)
+    spy = _ReadSpy()
+    monkeypatch.setattr(elf_module, "open", spy, raising=False)
+    monkeypatch.setattr(elf_symbols, "open", spy, raising=False)
+    elf = ElfFile(str(lib))
+    wanted = ["fn_1", "fn_2999", "fn_3", "weak_one", "cudaMalloc"]
+    assert elf.has_any(wanted) == set(wanted) - {"cudaMalloc"}
+    assert {n: elf.symbol_offset(n) for n in wanted[:4]} == {
+        n: elf.vaddr_to_offset(full[n].value) for n in wanted[:4]}
+    by_start = {}
+    for sym in full.values():
+        by_start.setdefault(sym.value, []).append(sym)
+    for start, syms in by_start.items():
+        names = {sym.name for sym in syms}
+        assert elf.symbolize(start) in names
+        if len(syms) == 1 and syms[0].size > 1:
+            assert elf.function_at(start + syms[0].size - 1) == (syms[0].name, start)
+    assert elf._by_name is None  # (no table of every function was made)
+    longest = max(len(name) for name in full) + 1
+    assert spy.sizes and max(spy.sizes) <= 1024 + longest

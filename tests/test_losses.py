@@ -19,6 +19,19 @@ def test_names_lost_are_said_apart_from_events_and_saved():
     assert Losses().sentence() == ""
 
 
+def test_names_lost_say_their_causes_and_are_saved_with_them():
+    lost = Losses(names_lost=5, names_unread=2)
+    assert lost.sentence() == (
+        "5 kernel names lost: 3 let go by the probes' names map before the reader came to "
+        "their calls (try --ring-size: the map grows with the ring), 2 unreadable when their "
+        "calls returned, in no file mapped read-only")
+    again = Losses.from_json(json.loads(json.dumps(lost.to_json())))
+    assert (again.names_lost, again.names_unread, again.read().names_unread) == (5, 2, 2)
+    assert Losses.from_json({"names_lost": 4}).name_causes() == [
+        "4 let go by the probes' names map before the reader came to their calls (try "
+        "--ring-size: the map grows with the ring)"]  # (a trace saved before: one cause)
+
+
 def test_records_a_stage_dropped_before_every_output_are_said_saved_and_read():
     """(a flight recorder's dump: what its ring overwrote or its disk refused)"""
     lost = Losses(ring_full=2, dropped={"the flight recorder": (5, "5 refused by the disk")},

@@ -135,3 +135,27 @@ def test_attached_later_a_stripped_program_has_every_launch_named(root, stripped
     by_grid = {(e["args"]["grid"][0], e.get("kernel")) for e in launches}
     assert by_grid == {(2, "saxpy(float*)"), (4, "scale(double*)"), (1, "legacy(int*)")}
     assert "not named" not in stderr
+
+
+def test_a_file_is_read_in_chunks_and_names_where_they_lie(stripped_app, monkeypatch):
+    """The registrations of a file come from its code read in chunks (here of 64 bytes)
+    and its names read where they lie, never a section whole (a framework's .text, .rodata
+    and .nv_fatbin are hundreds of MB: the tracer's VmHWM was 422 MB attached to a PyTorch
+    loop): the same registrations as read in one piece."""
+    from test_elf import _ReadSpy
+
+    _, app = stripped_app
+    whole = registrations._read(str(app), open(str(app), "rb"))
+    assert len(whole.kernels) == 3 and len(whole.handles) == 2
+    monkeypatch.setattr(registrations, "_CHUNK", 64)
+    monkeypatch.setattr(registrations, "_NAME_READ", 16)
+    spy = _ReadSpy()
+    monkeypatch.setattr(registrations, "open", spy, raising=False)
+    registrations._cache.clear()
+    found = registrations.registrations(str(app))
+    assert (found.kernels, found.handles) == (whole.kernels, whole.handles)
+    with open(str(app), "rb") as stream:
+        from elftools.elf.elffile import ELFFile
+
+        text = ELFFile(stream).get_section_by_name(".text")["sh_size"]
+    assert text > 4 * 256 and max(spy.sizes) <= 256  # (no read near .text's size)

@@ -135,6 +135,19 @@ def wall_minus_monotonic_ns(samples: int = 8) -> int:
     return best[1]
 
 
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+def _name_offset(api: Api) -> int:
+    """Offset in the record of the cell that points at a learn_name row's name."""
+    assert api.learn_name is not None
+    field = api.learn_name[1]
+    for j, out in enumerate(api.outs):
+        if out.name == field:
+            return record.OUTS + 8 * j
+    return next(record.ARGS + 8 * cell for arg, cell in arg_cells(api) if arg.name == field)
+
+
 class Decoder:
     """Turns ring-buffer records into events. `clock_offset_ns` is wall-clock minus
     CLOCK_MONOTONIC, measured once when tracing starts."""
@@ -158,6 +171,8 @@ class Decoder:
         self._launch_ids = set().union(*self._func_cells.values())
         self._caller_cells = {fn_id: cell for fn_id, api in enumerate(table)
                               for arg, cell in arg_cells(api) if arg.kind == Kind.CALLER}
+        self._name_at = {fn_id: _name_offset(api) for fn_id, api in enumerate(table)
+                         if api.learn_name is not None}  # fn_id -> record offset of its name
         self._comms: Dict[bytes, str] = {}
 
     def comm(self, raw: bytes) -> str:
@@ -217,6 +232,23 @@ class Decoder:
                     found.append((i, fn_id, pids[i], tids[i], enters[i], exits[i], funcs[i],
                                   callers[caller][i] if caller is not None else 0))
         return [launch[1:] for launch in sorted(found)]
+
+    def name_pointers(self, frames: bytes) -> Dict[Tuple[int, int], Tuple[int, bool]]:
+        """(tid, exit time) -> (where the name was, whether the probe could not read it) of
+        each teaching call of a batch that gives a name (learn_name rows): the record keeps
+        the pointer, for names.py to read the name where it lies when the probe could not."""
+        ids = record.frame_column(frames, record.FN_ID, "H")
+        found: Dict[Tuple[int, int], Tuple[int, bool]] = {}
+        for i, fn_id in enumerate(ids):
+            offset = self._name_at.get(fn_id)
+            if offset is not None:
+                at = i * record.FRAME_SIZE + record.FRAME_HEADER
+                tid, exit_, pointer = (_U32.unpack_from(frames, at + record.PID_TGID)[0],
+                                       _U64.unpack_from(frames, at + record.TS_EXIT)[0],
+                                       _U64.unpack_from(frames, at + offset)[0])
+                found[(tid, exit_)] = (pointer,
+                                       bool(frames[at + record.FLAGS] & record.FLAG_NAME_UNREAD))
+        return found
 
     def decode_record(self, payload: bytes) -> List[Event]:
         """Events of one record (payload only)."""

@@ -30,7 +30,10 @@ class Losses:
     `records_mixed`: a trace saved before 2026-12-07 with --entries, whose counts mixed entry
     and call records (its loss line says so, as it did);
     `names_lost`: kernel names lost, not events: teaching calls (registrations, module
-    lookups) whose name the probes' map had let go before the reader read their record;
+    lookups) whose name neither the probes' names map held when the reader read their
+    record nor a file mapped read-only holds (names.py reads a string literal there);
+    `names_unread`: of those, the names the probe could not read at the call (the others
+    the map let go: the reader fell that far behind);
     `dropped`: stage -> (records it dropped before every output, why in words): a flight
     recorder's calls overwritten or refused by its disk, in its dumps."""
 
@@ -40,7 +43,7 @@ class Losses:
                  unwritten: Optional[Dict[str, Tuple[int, str]]] = None,
                  entries_lost: int = 0, too_deep: int = 0, names_lost: int = 0,
                  dropped: Optional[Dict[str, Tuple[int, str]]] = None,
-                 records_mixed: bool = False) -> None:
+                 records_mixed: bool = False, names_unread: int = 0) -> None:
         self.ring_full = ring_full
         self.spool_past = spool_past
         self.spool_limit = spool_limit
@@ -51,6 +54,7 @@ class Losses:
         self.entries_lost = entries_lost
         self.too_deep = too_deep
         self.names_lost = names_lost
+        self.names_unread = min(names_unread, names_lost)
         self.dropped: Dict[str, Tuple[int, str]] = dict(dropped or {})
         self.records_mixed = records_mixed
 
@@ -92,7 +96,8 @@ class Losses:
         return Losses(self.ring_full, self.spool_past, self.spool_limit, self.spool_refused,
                       self.spool_error, self.interrupted, entries_lost=self.entries_lost,
                       too_deep=self.too_deep, names_lost=self.names_lost,
-                      dropped=self.dropped, records_mixed=self.records_mixed)
+                      dropped=self.dropped, records_mixed=self.records_mixed,
+                      names_unread=self.names_unread)
 
     def sentence(self) -> str:
         """The "events lost" line (without the `ebpf-cuda: ` prefix), with the kernel names
@@ -105,9 +110,21 @@ class Losses:
             said.append("%d entry records lost with the ring buffer full (try --ring-size; "
                         "their calls are counted apart)" % self.entries_lost)
         if self.names_lost:
-            said.append("%d kernel names lost: their registrations were read after the "
-                        "probes' names map had let them go" % self.names_lost)
+            said.append("%d kernel names lost: %s" % (self.names_lost,
+                                                       ", ".join(self.name_causes())))
         return "; ".join(said)
+
+    def name_causes(self) -> List[str]:
+        """Why kernel names were lost, each cause with its count, in words."""
+        let_go = self.names_lost - self.names_unread
+        why = []
+        if let_go:
+            why.append("%d let go by the probes' names map before the reader came to their "
+                       "calls (try --ring-size: the map grows with the ring)" % let_go)
+        if self.names_unread:
+            why.append("%d unreadable when their calls returned, in no file mapped "
+                       "read-only" % self.names_unread)
+        return why
 
     # -- in saved traces -------------------------------------------------------------------
 
@@ -116,7 +133,7 @@ class Losses:
                 "spool_refused": self.spool_refused, "interrupted": self.interrupted,
                 "too_deep": self.too_deep, "entries_lost": self.entries_lost,
                 "entries": self.records_mixed,
-                "names_lost": self.names_lost,
+                "names_lost": self.names_lost, "names_unread": self.names_unread,
                 "dropped": {stage: list(value) for stage, value in self.dropped.items()}}
 
     @classmethod
@@ -126,7 +143,7 @@ class Losses:
             raise ValueError("its losses are not an object")
         counts = {}
         for key in ("ring_full", "spool_past", "spool_refused", "interrupted", "too_deep",
-                    "names_lost", "entries_lost"):
+                    "names_lost", "names_unread", "entries_lost"):
             value = obj.get(key, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError("its loss count %s is not a count" % key)

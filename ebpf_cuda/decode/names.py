@@ -23,7 +23,7 @@ import time
 from bisect import bisect_right
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from ..spec import record
+from ..spec import layout, record
 from ..spec.apis import BY_NAME, Api, Kind
 from ..targets.elf import demangle
 from ..targets.registrations import launch_site_kernel
@@ -90,9 +90,13 @@ class KernelNamer:
         # address of a program whose mappings were never read) -> launches
         self.unnamed: Dict[Tuple[int, int, object], int] = {}
         self._unnamed_retired: Dict[object, List[int]] = {}  # why -> of processes forgotten
-        # Teaching calls whose name the probes' names map (an LRU: layout.name_entries)
-        # had let go before their record was read: the reader fell that far behind a burst
+        # Teaching calls whose name is lost: the probe stored none (`names_unread` of them:
+        # it could not read the string) or the names map (an LRU: layout.name_entries) let
+        # it go before the reader came to it, and no file mapped read-only holds it
         self.names_lost = 0
+        self.names_unread = 0
+        # Names the probe could not keep, read from the file that holds them (.rodata)
+        self.names_from_files = 0
 
     # -- taking in -------------------------------------------------------------------------
 
@@ -212,17 +216,21 @@ class KernelNamer:
         self._snapshot_of.pop(pid, None)
         self.resolver.forget(pid)
 
-    def learn(self, events: Iterable[Event]) -> None:
+    def learn(self, events: Iterable[Event],
+              pointers: Optional[Dict[Tuple[int, int], Tuple[int, bool]]] = None) -> None:
         """Take in the handles that successful teaching calls (rows with learn_name,
-        learn_func or learn_alias) created, and show each name as the out `kernel_name`."""
+        learn_func or learn_alias) created, and show each name as the out `kernel_name`.
+        `pointers` (events.Decoder.name_pointers of their batch): where each name was, read
+        there when the probes' map lacks it."""
         for event in events:
             if event.phase != EXIT or event.ret != 0:
                 continue
             api = BY_NAME.get(event.api)
             if api is not None and (api.learn_name or api.learn_func or api.learn_alias):
-                self._learn(api, event)
+                self._learn(api, event, pointers)
 
-    def _learn(self, api: Api, event: Event) -> None:
+    def _learn(self, api: Api, event: Event,
+               pointers: Optional[Dict[Tuple[int, int], Tuple[int, bool]]] = None) -> None:
         image, args, outs = self.image(event.pid, event.ts_ns), event.args, event.outs
         if api.learn_func is not None:
             handle, address = outs.get(api.learn_func[0]), args.get(api.learn_func[1])
@@ -232,18 +240,37 @@ class KernelNamer:
             handle = outs.get(api.learn_name[0], args.get(api.learn_name[0]))
             name = (self.probe_names(event.pid, handle, event.ts_ns)
                     if self.probe_names is not None and handle is not None else None)
+            where = (pointers or {}).get((event.tid, event.ts_ns))
+            if not name and where is not None:
+                name = self._name_where_it_lies(image, where[0])
             if name:
                 self.handles[(image, handle)] = name
                 event.outs["kernel_name"] = name
             else:
                 if self.probe_names is not None and handle is not None:
-                    self.names_lost += 1  # (the map let it go, or the probe could not read it)
+                    self.names_lost += 1
+                    self.names_unread += bool(where and where[1])
                 self.annotate([event])  # (a name taught before, if any)
         elif api.learn_alias is not None:
             new, known = api.learn_alias
             name = self.handles.get((image, args.get(known, outs.get(known))))
             if name and outs.get(new):
                 self.handles[(image, outs[new])] = name
+
+    def _name_where_it_lies(self, image: int, pointer: int) -> Optional[str]:
+        """The name at `pointer` in the program of `image`, read from the file a read-only
+        mapping put there: a string literal (nvcc's registration code passes one per
+        kernel) whose page was not mapped in yet when the probe tried to read it, or that
+        the names map let go. None for a string elsewhere (the heap, the stack)."""
+        resolver = self._resolver(image)
+        if resolver is None or not pointer:
+            return None
+        pid = image if resolver is not self.resolver else image & PID_MASK
+        raw = resolver.read_string(pid, pointer, layout.NAME_CHUNKS * layout.NAME_CHUNK)
+        if raw is None:
+            return None
+        self.names_from_files += 1
+        return raw.decode("utf-8", "replace")
 
     def annotate(self, events: Iterable[Event]) -> None:
         """Show the learned name of each teaching call's handle as out `kernel_name` (for

@@ -367,11 +367,12 @@ class Monitor:
 
     def _losses(self, map_full: int) -> List[Tuple[str, int]]:
         """What could not be counted or kept so far, by cause (lost_family)."""
-        stats = self.tracer.stats()
+        stats, names = self.tracer.stats(), self.tracer.names
         lost = [("ring_full", stats["lost"]), ("too_deep", stats["too_deep"]),
                 ("launch_map_full", map_full),
                 ("process_map_full", self.attribution.process_map_full),
-                ("name_map_full", self.tracer.names.names_lost)]
+                ("name_map_full", names.names_lost - names.names_unread),
+                ("name_unreadable", names.names_unread)]
         if self.flight is not None:
             lost.append(("flight_recorder_full", self.flight.overwritten))
             lost.append(("flight_recorder_unwritten", self.flight.ring.unwritten))

@@ -158,7 +158,9 @@ def learn_name(api: Api, arch: Arch) -> Items:
     names of any length are kept whole, read while the call's memory is still there. The
     call's time in the key keeps each call's name apart: a handle made again (a program
     exec'd in the same process, laid out the same way) does not overwrite the name of the
-    one before, which the reader may not have read yet (execs.py)."""
+    one before, which the reader may not have read yet (execs.py). A chunk the probe cannot
+    read (a page of the string not mapped in yet: a library's .rodata that nothing has
+    read) flags the record FLAG_NAME_UNREAD: the reader reads the name from the file."""
     assert api.learn_name is not None
     handle, string = (field_offset(api, f) for f in api.learn_name)
     prog = layout.ret_into(R1, api.returns_value, arch.ret) + [
@@ -180,7 +182,7 @@ def learn_name(api: Api, arch: Arch) -> Items:
             asm.ldx(DW, R3, R8, string),
         ] + ([asm.add(R3, k * layout.NAME_CHUNK)] if k else []) + [
             asm.call(Helper.PROBE_READ_USER_STR),
-            asm.jsle(R0, 0, "name_done"),
+            asm.jsle(R0, 0, "name_unread"),
             asm.stx(DW, FP, layout.NAME_LEN_AT, R0),
             asm.ld_map(R1, layout.NAMES), asm.mov(R2, R9), asm.mov(R3, R9),
             asm.add(R3, layout.NAME_KEY_SIZE), asm.mov(R4, 0),
@@ -188,4 +190,6 @@ def learn_name(api: Api, arch: Arch) -> Items:
             asm.ldx(DW, R1, FP, layout.NAME_LEN_AT),
             asm.jlt(R1, layout.NAME_SIZE, "name_done"),  # the string ended in this chunk
         ]
-    return prog + [asm.Label("name_done")]
+    return prog + [asm.ja("name_done"), asm.Label("name_unread"),
+                   asm.ldx(B, R1, R8, record.FLAGS), asm.or_(R1, record.FLAG_NAME_UNREAD),
+                   asm.stx(B, R8, record.FLAGS, R1), asm.Label("name_done")]

@@ -44,6 +44,9 @@ FLAG_ENTRY_SENT = 1 << 3  # the entry probe already wrote this call's enter reco
 # On an enter record of --entries: its call's complete record follows, so this one is no call
 # of its own in the accounting of losses (call_count); -r's enter records are the calls.
 FLAG_RETURN_FOLLOWS = 1 << 4
+# On a teaching call's record (learn_name rows): the probe could not read (a chunk of) the
+# name where the call pointed (its page not mapped in yet), so the names map lacks it.
+FLAG_NAME_UNREAD = 1 << 5
 
 # The inflight map: key (pid_tgid, entry stack pointer), value (entry time, argument cells,
 # out-parameter pointers). Keying on the stack pointer pairs nested and recursive calls.

@@ -5,14 +5,15 @@ The file's structure (headers, segments, dynamic tags, build id) is read with py
 opened (its import costs ~15-20 ms: `import ebpf_cuda.targets.elf` alone does not pay it).
 The symbol tables themselves are read in bulk with `struct` (elf_symbols.py): iterating
 libtorch_cuda.so's 211k symbols through pyelftools takes seconds, a raw read a fraction of a
-second. C++ names are demangled by cxx_demangle.py. Every name of those modules that callers
+second. Tables larger than WHOLE_TABLE_LIMIT (a framework's: ~10^6 symbols, ~100 MB) are
+never read whole nor made into a table of every function: a few names are looked up in
+chunks, addresses named through a compact index (the tracer's memory stays bounded). C++ names are demangled by cxx_demangle.py. Every name of those modules that callers
 use is importable from here.
 
 Every failure while reading a file (pyelftools' ELFError and construct errors, struct, I/O, a
 corrupted field) comes out as an `ElfError` (or a subclass) with a one-line message, never as
 a raw exception.
 """
-import bisect
 import gc
 import os
 from typing import Dict, Iterable, List, Optional, Set, Tuple
@@ -25,8 +26,14 @@ from .elf_headers import (ELF_MAGIC, ELFCLASS64,  # noqa: F401 (importable from 
 from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probes/loader uses)
 from .elf_headers import running_machine
 from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
-                          FunctionSymbol, Sym, SymbolSection, address_index, base_name,
-                          find_functions, merge_preferring_global, read_function_symbols, suggest)
+                          AddressIndex, FunctionSymbol, Sym, SymbolSection, base_name,
+                          defines_a_function, find_functions, lookup_functions, merge_preferring_global,
+                          read_function_symbols, suggest)
+
+
+# Symbol and string tables up to this size are read whole into a table of every function
+# (a CUDA runtime's: ~1 MB, ~2 ms); larger ones (a framework's: ~100 MB) are only searched
+WHOLE_TABLE_LIMIT = 4 << 20
 
 
 class ElfFile(ElfHeaders):
@@ -40,11 +47,9 @@ class ElfFile(ElfHeaders):
     def __init__(self, path: str, machine: Optional[int] = None,
                  allow_stripped: bool = False) -> None:
         self._by_name: Optional[Dict[str, Sym]] = None
-        # Address index for bisect: sorted starts, and per start its end and name.
-        self._starts: List[int] = []
-        self._ends: List[int] = []
-        self._names: List[str] = []
-        self._indexed = False
+        # What lookups of a few names found (None: not defined), without the whole table
+        self._looked_up: Dict[str, Optional[Sym]] = {}
+        self._index: Optional[AddressIndex] = None  # (symbolize's, made at its first call)
         super().__init__(path, machine)
         if not allow_stripped:
             self._check_not_stripped()
@@ -56,9 +61,23 @@ class ElfFile(ElfHeaders):
         names = [s.name for s in self._symbol_sections]
         if ".symtab" in names:
             return
-        if not names or not self._load_symbols():
+        if not names or not (self._load_symbols() if self._small()
+                             else self._defines_a_function()):
             raise ElfError("%s is stripped (it has no symbol table and exports no functions)"
                            % self.path)
+
+    def _small(self) -> bool:
+        """Whether the symbol tables are read whole (WHOLE_TABLE_LIMIT)."""
+        return sum(t.size + t.str_size for t in self._function_tables()) <= WHOLE_TABLE_LIMIT
+
+    def _defines_a_function(self) -> bool:
+        """Whether .dynsym defines any function (without reading it whole: a framework's
+        library exports ~10^5)."""
+        try:
+            with open(self.path, "rb") as stream:
+                return any(defines_a_function(stream, t) for t in self._symbol_sections)
+        except OSError as err:
+            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
 
     # ---- bulk symbol reading ---------------------------------------------------------
 
@@ -97,9 +116,6 @@ class ElfFile(ElfHeaders):
                     section.str_offset, section.str_size))
         return by_name
 
-    def _build_address_index(self) -> None:
-        self._starts, self._ends, self._names = address_index(self._load_symbols())
-        self._indexed = True
 
     # ---- public queries --------------------------------------------------------------
 
@@ -113,7 +129,7 @@ class ElfFile(ElfHeaders):
 
     def symbol(self, name: str) -> Optional[FunctionSymbol]:
         """The definition of function `name` (any `@version` ignored), or None."""
-        sym = self._load_symbols().get(base_name(name))
+        sym = self._lookup([base_name(name)])[base_name(name)]
         return None if sym is None else FunctionSymbol(base_name(name), *sym)
 
     def functions(self) -> Dict[str, int]:
@@ -127,19 +143,48 @@ class ElfFile(ElfHeaders):
 
     def defines(self, name: str) -> bool:
         """True when the file defines function `name` (any version, any binding)."""
-        return base_name(name) in self._load_symbols()
+        return self._lookup([base_name(name)])[base_name(name)] is not None
 
     def has_any(self, names: Iterable[str]) -> Set[str]:
         """The subset of `names` this file defines as functions."""
-        table = self._load_symbols()
-        return {n for n in names if base_name(n) in table}
+        wanted = list(names)
+        table = self._lookup(base_name(n) for n in wanted)
+        return {n for n in wanted if table.get(base_name(n)) is not None}
+
+    def _lookup(self, names: Iterable[str]) -> Dict[str, Optional[Sym]]:
+        """{name: its definition, None when not a defined function} for a few names: from
+        the whole table once it is read, else by a look for those names only (a framework's
+        library has ~10^6 symbols: its table is never made to probe a runtime in it)."""
+        wanted = set(names)
+        if self._by_name is None and self._small():
+            self._load_symbols()  # (a runtime's: read whole at once is faster, and small)
+        if self._by_name is not None:
+            return {n: self._by_name.get(n) for n in wanted}
+        missing = wanted - self._looked_up.keys()
+        if missing:
+            found: Dict[str, Sym] = {}
+            try:
+                with open(self.path, "rb") as stream:
+                    for section in self._function_tables():
+                        merge_preferring_global(found, lookup_functions(stream, section,
+                                                                        missing))
+            except OSError as err:
+                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
+                    from None
+            except ElfError:
+                raise
+            except Exception as err:
+                raise ElfError("%s has a corrupted symbol table (%s)"
+                               % (self.path, describe_error(err))) from None
+            self._looked_up.update((n, found.get(n)) for n in missing)
+        return {n: self._looked_up[n] for n in wanted}
 
     def defines_any(self, names: Iterable[str]) -> Set[str]:
         """Like `has_any`, for a look at a few names in a file that may never be read again
         (a library checked for a runtime linked in statically): the symbol tables are
         scanned for those names only, and no table of every function is made or kept."""
         wanted = list(names)
-        if self._by_name is not None:
+        if self._by_name is not None or all(base_name(n) in self._looked_up for n in wanted):
             return self.has_any(wanted)
         defined: Set[str] = set()
         try:
@@ -165,10 +210,9 @@ class ElfFile(ElfHeaders):
 
     def symbol_address(self, name: str) -> int:
         """The virtual address (st_value) of function `name`."""
-        table = self._load_symbols()
-        sym = table.get(base_name(name))
+        sym = self._lookup([base_name(name)])[base_name(name)]
         if sym is None:
-            suggestions = suggest(base_name(name), table.keys())
+            suggestions = suggest(base_name(name), self._load_symbols().keys())
             hint = " (did you mean %s?)" % ", ".join(suggestions) if suggestions else ""
             raise SymbolNotFoundError("function %s is not defined in %s%s"
                                       % (name, self.path, hint), suggestions)
@@ -199,14 +243,25 @@ class ElfFile(ElfHeaders):
 
     def symbolize(self, vaddr: int) -> Optional[str]:
         """The function whose [value, value + size) holds `vaddr` (or starts at it), else None."""
-        if not self._indexed:
-            self._build_address_index()
-        index = bisect.bisect_right(self._starts, vaddr) - 1
-        if index < 0:
-            return None
-        if self._starts[index] == vaddr or vaddr < self._ends[index]:
-            return self._names[index]
-        return None
+        found = self.function_at(vaddr)
+        return None if found is None else found[0]
+
+    def function_at(self, vaddr: int) -> Optional[Tuple[str, int]]:
+        """(name, start) of the function whose [value, value + size) holds `vaddr` (or
+        starts at it), else None. The file's functions are indexed by address at the first
+        call, compactly (elf_symbols.AddressIndex: no table of every name is made)."""
+        if self._index is None:
+            try:
+                self._index = AddressIndex(self.path, self._function_tables())
+            except OSError as err:
+                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
+                    from None
+            except ElfError:
+                raise
+            except Exception as err:
+                raise ElfError("%s has a corrupted symbol table (%s)"
+                               % (self.path, describe_error(err))) from None
+        return self._index.function_at(vaddr)
 
     def symbolize_offset(self, offset: int) -> Optional[str]:
         """Like `symbolize`, for a file offset."""

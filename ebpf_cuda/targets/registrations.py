@@ -21,6 +21,8 @@ arguments have that shape) is read by following the few instruction forms nvcc's
 compilers use for those registers (rip-relative `lea`, a load from the GOT, register
 moves) over the bytes since the previous call. A pair is kept only when `hostFun` lies in
 executable code and `deviceFun` is a NUL-terminated identifier in the file. x86-64 only.
+The code is read in chunks and each name where it lies: a framework's .text, .rodata and
+.nv_fatbin are hundreds of MB, never held whole in the tracer's memory.
 
 CUDA 13's `<<<...>>>` launches with a `cudaKernel_t` that the launch site fetched once, from
 `__cudaGetKernel(&handle, hostFun)`, into a static variable: attached later, the handle is
@@ -140,30 +142,71 @@ def _read(path: str, stream) -> Registrations:
     text = elf.get_section_by_name(".text")
     if text is None:
         return _NOTHING
-    code, base = text.data(), text["sh_addr"]
-    sites = _call_sites(code)
+    base, size = text["sh_addr"], text["sh_size"]
+    sites, gets = _scan(stream, text["sh_offset"], size)
     if not sites:
         return _NOTHING
     target = _plt_entry(elf, REGISTER) or _symbol(stream, REGISTER)
-    calls = _calls_to(sites, base, target) if target else _likeliest(elf, code, base, sites)
-    kernels = _pairs(elf, code, base, calls)
+    calls = _calls_to(sites, base, target) if target else _likeliest(elf, stream, base, sites)
+    kernels = _pairs(elf, stream, base, calls)
     getter = _plt_entry(elf, GET_KERNEL) or _symbol(stream, GET_KERNEL)
-    handles = _handles(elf, code, base, getter, kernels) if kernels else {}
-    return Registrations(path, kernels, handles, (base, len(code), text["sh_offset"]))
+    handles = _handles(elf, base, gets, getter, kernels) if kernels else {}
+    return Registrations(path, kernels, handles, (base, size, text["sh_offset"]))
 
 
-def _handles(elf, code: bytes, base: int, getter: Optional[int],
+# A call site: (its offset in .text, rel32, the bytes of .text before it, up to WINDOW)
+Site = Tuple[int, int, bytes]
+_CHUNK = 4 << 20  # bytes of .text read at once: the code is never held whole (hundreds of MB)
+_AHEAD = 64  # bytes a match may need past its start (the call after `mov $-1, %r8d`: 54)
+
+
+def _scan(stream, offset: int, size: int) -> Tuple[List[Site], List[Site]]:
+    """The registration call sites (the first call after each `mov $-1, %r8d`) and the
+    `lea var(%rip), %rdi; ...; call` sites (`__cudaGetKernel` candidates) of .text, read
+    in chunks (each site keeps the WINDOW bytes before it)."""
+    sites: List[Site] = []
+    gets: List[Site] = []
+    buf, buf_at, read = b"", 0, 0  # buf holds .text[buf_at:read]
+    done = [0, 0]  # where each pattern's next search starts (as finditer over the whole)
+    while read < size:
+        stream.seek(offset + read)
+        data = stream.read(min(_CHUNK, size - read))
+        if not data:
+            break
+        buf, read = buf + data, read + len(data)
+        limit = read - _AHEAD if read < size else read  # match starts taken this round
+        for found in _THREAD_LIMIT.finditer(buf, done[0] - buf_at):
+            if found.start() + buf_at >= limit:
+                break
+            call = _CALL.search(buf, found.end(), found.end() + 48)
+            if call is not None:
+                at = call.start()
+                sites.append((at + buf_at, struct.unpack("<i", call.group(1))[0],
+                              buf[max(0, at - WINDOW):at]))
+        done[0] = limit
+        for call in _LEA_RDI_CALL.finditer(buf, done[1] - buf_at):
+            if call.start() + buf_at >= limit:
+                break
+            at = call.end() - 5
+            gets.append((at + buf_at, struct.unpack("<i", call.group(1))[0],
+                         buf[max(0, at - 48):at]))
+            done[1] = call.end() + buf_at
+        done[1] = max(done[1], limit)
+        keep = max(0, min(done) - WINDOW - buf_at)  # (the windows before later matches)
+        buf, buf_at = buf[keep:], buf_at + keep
+    return sites, gets
+
+
+def _handles(elf, base: int, gets: List[Site], getter: Optional[int],
              kernels: Dict[int, str]) -> Dict[int, int]:
     """{handle variable: hostFun} of the file's `__cudaGetKernel(&variable, hostFun)`
     calls (without a symbol for it: the calls whose %rsi is a registered hostFun)."""
     found: Dict[int, List[Tuple[int, object]]] = {}  # call target -> (variable, host)
-    for call in _LEA_RDI_CALL.finditer(code):
-        at = call.end() - 5
-        target = base + call.end() + struct.unpack("<i", call.group(1))[0]
+    for at, rel, window in gets:
+        target = base + at + 5 + rel
         if getter is not None and target != getter:
             continue
-        start = max(0, at - 48)
-        regs = _registers(code[start:at], base + start)
+        regs = _registers(window, base + at - len(window))
         variable, host = regs.get(_RDI), regs.get(_RSI)
         if isinstance(variable, int) and host is not None:
             found.setdefault(target, []).append((variable, host))
@@ -182,44 +225,34 @@ def _handles(elf, code: bytes, base: int, getter: Optional[int],
     return handles
 
 
-def _call_sites(code: bytes) -> List[Tuple[int, int]]:
-    """(offset in .text, rel32) of the first call after each `mov $-1, %r8d`."""
-    sites = []
-    for found in _THREAD_LIMIT.finditer(code):
-        call = _CALL.search(code, found.end(), found.end() + 48)
-        if call is not None:
-            sites.append((call.start(), struct.unpack("<i", call.group(1))[0]))
-    return sites
+def _calls_to(sites: List[Site], base: int, target: int) -> List[Site]:
+    return [site for site in sites if base + site[0] + 5 + site[1] == target]
 
 
-def _calls_to(sites: List[Tuple[int, int]], base: int, target: int) -> List[int]:
-    return [at for at, rel in sites if base + at + 5 + rel == target]
-
-
-def _likeliest(elf, code: bytes, base: int, sites: List[Tuple[int, int]]) -> List[int]:
+def _likeliest(elf, stream, base: int, sites: List[Site]) -> List[Site]:
     """No symbol says where __cudaRegisterFunction is (a stripped program): the call target
     most sites share whose arguments look like a registration's."""
-    by_target: Dict[int, List[int]] = {}
-    for at, rel in sites:
-        by_target.setdefault(base + at + 5 + rel, []).append(at)
-    best: List[int] = []
+    by_target: Dict[int, List[Site]] = {}
+    for site in sites:
+        by_target.setdefault(base + site[0] + 5 + site[1], []).append(site)
+    best: List[Site] = []
     for calls in by_target.values():
-        if len(calls) > len(best) and _pairs(elf, code, base, calls[:8]):
+        if len(calls) > len(best) and _pairs(elf, stream, base, calls[:8]):
             best = calls
     return best
 
 
-def _pairs(elf, code: bytes, base: int, calls: List[int]) -> Dict[int, str]:
+def _pairs(elf, stream, base: int, calls: List[Site]) -> Dict[int, str]:
     executable, strings = _ranges(elf)
     table: Dict[int, str] = {}
     got: List[Tuple[int, str]] = []
-    for i, at in enumerate(calls):
-        start = max(calls[i - 1] + 5 if i else 0, at - WINDOW)
-        regs = _registers(code[start:at], base + start)
+    for i, (at, _, window) in enumerate(calls):
+        start = max(calls[i - 1][0] + 5 if i else 0, at - len(window))
+        regs = _registers(window[start - (at - len(window)):], base + start)
         host, name = regs.get(_RSI), regs.get(_RDX)
         if name is None or isinstance(name, tuple) or name != regs.get(_RCX, name):
             continue
-        device = _string(strings, name)
+        device = _string(stream, strings, name)
         if device is None or host is None:
             continue
         if isinstance(host, tuple):
@@ -256,9 +289,10 @@ def _registers(window: bytes, address: int) -> Dict[int, object]:
     return regs
 
 
-def _ranges(elf) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int, bytes]]]:
-    """Executable address ranges; (start, end, bytes) of the read-only data sections
-    (strings live there; writable data is never a kernel's name)."""
+def _ranges(elf) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int, int]]]:
+    """Executable address ranges; (start, end, file offset) of the read-only data sections
+    (strings live there; writable data is never a kernel's name), read only where a name
+    is (a framework's are hundreds of MB: .rodata, .nv_fatbin)."""
     executable, strings = [], []
     for section in elf.iter_sections():
         start, size = section["sh_addr"], section["sh_size"]
@@ -267,7 +301,7 @@ def _ranges(elf) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int, bytes]]]:
         if section["sh_flags"] & _EXECINSTR:
             executable.append((start, start + size))
         elif not section["sh_flags"] & _WRITE:
-            strings.append((start, start + size, section.data()))
+            strings.append((start, start + size, section["sh_offset"]))
     return executable, strings
 
 
@@ -275,11 +309,20 @@ def _inside(ranges: List[Tuple[int, int]], address: int) -> bool:
     return any(start <= address < end for start, end in ranges)
 
 
-def _string(strings: List[Tuple[int, int, bytes]], address: int) -> Optional[str]:
-    for start, end, data in strings:
+_NAME_READ = 4096  # bytes read for one name at first (then more, up to the section's end)
+
+
+def _string(stream, strings: List[Tuple[int, int, int]], address: int) -> Optional[str]:
+    for start, end, offset in strings:
         if start <= address < end:
-            stop = data.find(b"\0", address - start)
-            text = data[address - start:stop if stop >= 0 else len(data)]
+            stream.seek(offset + address - start)
+            text = stream.read(min(_NAME_READ, end - address))
+            while b"\0" not in text and len(text) < end - address:  # (a long name)
+                more = stream.read(min(16 * _NAME_READ, end - address - len(text)))
+                if not more:
+                    break
+                text += more
+            text = text.split(b"\0", 1)[0]
             return text.decode() if _NAME.fullmatch(text) else None
     return None
 
@@ -305,17 +348,42 @@ def _plt_entry(elf, name: str) -> Optional[int]:
 
 
 def _dynamic_index(elf, name: str) -> Optional[int]:
-    """The index of `name` in .dynsym (raw reads: pyelftools takes ~0.1 ms a symbol)."""
+    """The index of `name` in .dynsym (raw reads, in chunks: pyelftools takes ~0.1 ms a
+    symbol, and a framework's tables are tens of MB)."""
     dynsym, dynstr = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".dynstr")
     if dynsym is None or dynstr is None:
         return None
-    at = dynstr.data().find(b"\0" + name.encode() + b"\0")
+    needle = b"\0" + name.encode() + b"\0"
+    at = -1
+    for where, data in _chunks(elf.stream, dynstr, len(needle) - 1):
+        found = data.find(needle)
+        if found >= 0:
+            at = where + found
+            break
     if at < 0:
         return None
-    for index, (string,) in enumerate(_SYM_NAME.iter_unpack(dynsym.data())):
-        if string == at + 1:
-            return index
+    index = 0
+    for _, data in _chunks(elf.stream, dynsym, 0, _SYM_NAME.size):
+        for (string,) in _SYM_NAME.iter_unpack(data):
+            if string == at + 1:
+                return index
+            index += 1
     return None
+
+
+def _chunks(stream, section, overlap: int, unit: int = 1):
+    """(offset in the section, bytes) of a section read in chunks of whole `unit`s, each
+    starting `overlap` bytes before the previous one's end (a string across two)."""
+    offset, size = section["sh_offset"], section["sh_size"] - section["sh_size"] % unit
+    step = max(unit, _CHUNK // unit * unit)
+    at = 0
+    while at < size:
+        stream.seek(offset + at)
+        data = stream.read(min(step + overlap, size - at))
+        if not data:
+            return
+        yield at, data
+        at += step
 
 
 def _symbol(stream, name: str) -> Optional[int]:
@@ -333,18 +401,26 @@ def _got_values(elf, wanted) -> Dict[int, int]:
     """What the dynamic loader puts in each wanted GOT slot (relative and symbol
     relocations of defined symbols), read in bulk (large libraries hold ~10^6)."""
     rela, dynsym = elf.get_section_by_name(".rela.dyn"), elf.get_section_by_name(".dynsym")
-    if rela is None:
+    if rela is None or not wanted:
         return {}
-    symbols = dynsym.data() if dynsym is not None else b""
     values: Dict[int, int] = {}
-    for offset, info, addend in struct.iter_unpack("<QQq", rela.data()):
-        if offset not in wanted:
-            continue
-        kind, index = info & 0xFFFFFFFF, info >> 32
-        if kind == _R_X86_64_RELATIVE:
-            values[offset] = addend
-        elif kind in (_R_X86_64_64, _R_X86_64_GLOB_DAT) and (index + 1) * 24 <= len(symbols):
-            value = struct.unpack_from("<Q", symbols, index * 24 + 8)[0]
-            if value:
-                values[offset] = value + addend
+    by_symbol: Dict[int, List[Tuple[int, int]]] = {}  # .dynsym index -> (slot, addend)
+    for _, data in _chunks(elf.stream, rela, 0, 24):
+        for offset, info, addend in struct.iter_unpack("<QQq", data):
+            if offset not in wanted:
+                continue
+            kind, index = info & 0xFFFFFFFF, info >> 32
+            if kind == _R_X86_64_RELATIVE:
+                values[offset] = addend
+            elif kind in (_R_X86_64_64, _R_X86_64_GLOB_DAT):
+                by_symbol.setdefault(index, []).append((offset, addend))
+    if by_symbol and dynsym is not None:
+        for index, slots in by_symbol.items():
+            if (index + 1) * 24 > dynsym["sh_size"]:
+                continue
+            elf.stream.seek(dynsym["sh_offset"] + index * 24 + 8)
+            value = struct.unpack("<Q", elf.stream.read(8))[0]
+            for offset, addend in slots:
+                if value:
+                    values[offset] = value + addend
     return values

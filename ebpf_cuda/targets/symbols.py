@@ -10,12 +10,16 @@ the file's .symtab/.dynsym (elf.py) and demangled. Everything is cached per proc
 and per address; names are resolved in user space, after the event was read.
 """
 import os
+from bisect import bisect_right
 from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from ..errors import TracerError
 from .discovery import Mapping, parse_maps_line, process_file_path, process_mappings
 from .elf import ElfFile, demangle, open_elf
 from .registrations import registered_kernels
+
+
+_FIRST_READ = 1024  # bytes of a string read at first (a longer one: the rest up to the limit)
 
 
 class Frame(NamedTuple):
@@ -37,8 +41,12 @@ class ProcessMaps:
 
     def __init__(self, pid: int, mappings: Iterable[Mapping]) -> None:
         self.pid = pid
-        self.mappings: List[Tuple[Mapping, str]] = [
-            (m, process_file_path(pid, m.path, m.inode)) for m in mappings if m.is_file]
+        self.mappings: List[Tuple[Mapping, str]] = sorted(
+            ((m, process_file_path(pid, m.path, m.inode)) for m in mappings if m.is_file),
+            key=lambda pair: pair[0].start)
+        # (bisected: a framework's process maps thousands of files, and an import burst
+        # asks for tens of thousands of addresses)
+        self._starts = [m.start for m, _ in self.mappings]
 
     @classmethod
     def read(cls, pid: int) -> "ProcessMaps":
@@ -53,12 +61,18 @@ class ProcessMaps:
         """A snapshot from the text of a /proc/PID/maps file saved earlier."""
         return cls(pid, [m for m in map(parse_maps_line, text.splitlines()) if m is not None])
 
-    def file_offset(self, address: int) -> Optional[Tuple[str, int]]:
-        """(path, offset in that file) of a run-time address, or None when not covered."""
-        for mapping, path in self.mappings:
-            if mapping.start <= address < mapping.end:
-                return path, address - mapping.start + mapping.offset
-        return None
+    def file_offset(self, address: int, read_only: bool = False) -> Optional[Tuple[str, int]]:
+        """(path, offset in that file) of a run-time address, or None when not covered (with
+        `read_only`, by a mapping the process cannot write: its bytes are the file's)."""
+        place = bisect_right(self._starts, address) - 1
+        if place < 0:
+            return None
+        mapping, path = self.mappings[place]
+        if address >= mapping.end:
+            return None
+        if read_only and ("w" in mapping.perms or "r" not in mapping.perms):
+            return None
+        return path, address - mapping.start + mapping.offset
 
 
 def _elf(path: str) -> Optional[ElfFile]:
@@ -100,22 +114,54 @@ class AddressResolver:
         """Take `maps` as the snapshot of its process (a saved maps file, a test's mappings)."""
         self._maps[maps.pid] = maps
 
-    def locate(self, pid: int, address: int) -> Optional[Tuple[str, int]]:
-        """(path, file virtual address) of a run-time address in process `pid`."""
+    def _file_offset(self, pid: int, address: int, read_only: bool = False
+                     ) -> Optional[Tuple[str, int]]:
+        """(path, file offset) of a run-time address in process `pid`, the maps read again
+        (once per address) when the snapshot does not cover it: a library opened since."""
         self.observe(pid)
-        found = self._maps[pid].file_offset(address)
+        found = self._maps[pid].file_offset(address, read_only)
         if found is None and (pid, address) not in self._reread:
             self._reread.add((pid, address))
             fresh = ProcessMaps.read(pid)
             if fresh.mappings:  # keep the old snapshot when the process is gone
                 self._maps[pid] = fresh
-                found = fresh.file_offset(address)
+                found = fresh.file_offset(address, read_only)
+        return found
+
+    def locate(self, pid: int, address: int) -> Optional[Tuple[str, int]]:
+        """(path, file virtual address) of a run-time address in process `pid`."""
+        found = self._file_offset(pid, address)
         if found is None:
             return None
         path, offset = found
         elf = _elf(path)
         vaddr = None if elf is None else elf.offset_to_vaddr(offset)
         return None if vaddr is None else (path, vaddr)
+
+    def read_string(self, pid: int, address: int, limit: int) -> Optional[bytes]:
+        """The NUL-terminated string at `address` in process `pid`, read from the file that
+        a read-only mapping puts there (a string literal in a library's .rodata: the bytes
+        the process sees are the file's, whenever they are read and however the process
+        has gone since); None when no such mapping holds it or no NUL ends it within
+        `limit` bytes (a string the process writes is never read: it may have changed)."""
+        found = self._file_offset(pid, address, read_only=True)
+        if found is None:
+            return None
+        path, offset = found
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.pread(fd, min(_FIRST_READ, limit + 1), offset)  # (most names fit)
+            if b"\0" not in data and len(data) < limit + 1:
+                data += os.pread(fd, limit + 1 - len(data), offset + len(data))
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        end = data.find(b"\0")
+        return data[:end] if end > 0 else None
 
     def frame(self, pid: int, address: int, return_address: bool = False) -> Optional[Frame]:
         """The function holding `address` (for a return address, the call just before it)."""
@@ -137,14 +183,13 @@ def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
             return Frame(demangle(registered), 0, path)
     elf = _elf(path)
     lookup = vaddr - 1 if return_address else vaddr  # a call may be a function's last bytes
-    name = None
+    found = None
     if elf is not None:
         try:
-            name = elf.symbolize(lookup)
+            found = elf.function_at(lookup)
         except TracerError:
-            name = None
-    if name is None:
+            found = None
+    if found is None:
         return Frame(None, vaddr, path)
-    symbol = elf.symbol(name)
-    start = symbol.value if symbol is not None else vaddr
+    name, start = found
     return Frame(demangle(name), vaddr - start, path)

@@ -27,7 +27,7 @@
 # when no check failed, 1 otherwise, 2 on a usage error.
 #
 # Knobs (environment): KERNEL_CASES (kernels: eager cudagraph compile triton cupy jax numba),
-# GRAPH_CASES (cudagraph compile), ATTACH_MODES (eager; compile too), LINES_COST_ROUNDS (0:
+# GRAPH_CASES (cudagraph compile), MEMORY_CASES (torch jax attach), ATTACH_MODES (eager; compile too), LINES_COST_ROUNDS (0:
 # the py-stacks cost runs left out), PARALLEL (monitor: MLP children at once, 4),
 # MONITOR_ROUNDS (monitor-cost, 600), NVML_COST_TURNS (nvml: the sampler's cost turns, 3), OVERHEAD_ROUNDS (overhead, 400), NVCC, NVCC_ARCH
 # (-arch=native), PYTHON (python3).
@@ -41,6 +41,7 @@ PY=${PYTHON:-python3}
 # cost measurements last)
 CHECK_TABLE='kernels|200|480|kernel names, launches, geometry of PyTorch eager, CUDA graphs, torch.compile, Triton, CuPy, JAX, numba = CUPTI in the same process (issue 40)
 attach|60|240|-d PID to a warmed-up PyTorch loop: window launches and geometry = CUPTI; runtime-launched kernels >= 99 % named with CUPTI names
+memory|60|240|the tracer'"'"'s VmHWM <= 64 MB tracing PyTorch and JAX from their start and attached to a PyTorch loop; no kernel name said lost in their import bursts (issue 36)
 driver-api|25|120|driver_check.cu (runtime + driver API, stream capture, graphs, a PTX module): launches, captured, nodes, names, geometry = what the program says it did
 summary|30|120|kernels_check.cu (static and shared cudart): --summary/--leaks tables and JSON names, copies, leak = the program'"'"'s known operations
 targets|45|180|basic02 (static and shared cudart) traced as -- COMMAND, -p PATH system-wide, -d PID: sizes, pointers, copies, geometry, name = what basic02 does
@@ -94,6 +95,10 @@ check_kernels() {
 
 check_attach() {
     "$PY" "$HERE/attach_check.py" --out "$W" ${ATTACH_MODES:-eager}
+}
+
+check_memory() {
+    "$PY" "$HERE/memory_check.py" --out "$W" ${MEMORY_CASES:-}
 }
 
 check_graphs() {
