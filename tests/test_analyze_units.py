@@ -291,7 +291,8 @@ def test_steps_of_a_compiled_loop_count_its_eager_warm_up_iterations():
             s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
     analyzer = analyzed(s)
     loop, = analyzer.context().loops
-    assert [st.mode for st in loop.steps] == ["eager"] + ["graph"] * 9
+    assert [st.mode for st in loop.steps] == ["warm-up"] + ["graph"] * 9
+    assert len(loop.steady()) == 9  # (the replays)
     assert analyzer.findings() == []  # an eager warm-up before the replays is no fallback
 
 

@@ -52,6 +52,7 @@ class Context:
     loops: List[Loop]
     waits: Waits
     captures: Dict[Tuple[int, Any], str] = field(default_factory=dict)  # (pid, exec) → site
+    warm_ups: List[Loop] = field(default_factory=list)  # loops before graph replays: no steps
 
     @property
     def calls(self) -> List[Call]:
