@@ -293,6 +293,7 @@ def test_steps_of_a_compiled_loop_count_its_eager_warm_up_iterations():
     loop, = analyzer.context().loops
     assert [st.mode for st in loop.steps] == ["warm-up"] + ["graph"] * 9
     assert len(loop.steady()) == 9  # (the replays)
+    assert "Mode of each step: warm-up: 0; graph: 1-9" in analyzer.report()
     assert analyzer.findings() == []  # an eager warm-up before the replays is no fallback
 
 

@@ -148,7 +148,8 @@ def steps_text(loop: Loop, ctx: Optional[Context] = None) -> str:
     for step in steps:
         modes.setdefault(step.mode, []).append(step.number)
     text += "\n\n Mode of each step: " + "; ".join(
-        "%s: %s" % (mode, _numbers(numbers)) for mode, numbers in sorted(modes.items()))
+        "%s: %s" % (mode, _numbers(numbers))  # (in the order the modes came)
+        for mode, numbers in sorted(modes.items(), key=lambda item: item[1][0]))
     eager = [s for s in loop.steady() if s.mode == "eager"]
     if ctx is not None and eager:
         launch_ns, one, save, measured = graph_saving(ctx, eager)
