@@ -2,13 +2,20 @@
 
 Per thread, the calls that put work on the GPU or wait for it (launches by kernel, copies by
 direction and size, memsets by size, graph launches by exec, synchronising calls by function)
-form a sequence of tokens. A loop repeats a run of them. For each token seen at least
-MIN_STEPS times, the runs between its consecutive occurrences are compared: a token that
-starts the loop's body repeats the same run (allowing a share of deviating iterations,
-STEP_REGULAR_SHARE). `_anchor` picks the step's start among them (an outer loop over an
-inner one, the token that marks every iteration over one missing in some). The last step
-ends after one run of tokens (what follows the loop is no step). Calls that are no tokens
-(allocations, event records, queries) belong to the step whose first token follows them.
+form a sequence of tokens. A loop repeats a run of them. The search reads the work tokens
+(how many times a thread waits can vary from step to step: PyTorch's allocator synchronises
+the events of the blocks it frees). For each token seen at least MIN_STEPS times, the runs
+between its consecutive occurrences are compared: a token that starts the loop's body
+repeats the same run (allowing a share of deviating iterations, STEP_REGULAR_SHARE); its
+occurrences in the set-up before the loop and after it are left out (EDGE_STEP_MIN_SHARE).
+`_anchor` picks the step's start among them: not a token of a loop inside another's
+iteration (a model's layers, a compiler's benchmark loop), a token of a loop that replays
+CUDA graphs over one of the eager warm-up before it, then the most regular. The last step
+ends after the tokens most steps have (what follows the loop is no step). Calls that are
+no tokens (allocations, event records, queries) belong to the step whose first token
+follows them, up to a capture (a graph captured before the loop is set-up). In a loop that
+replays graphs, the steps before the first replay are its `warm-up` and `capture`; another
+thread's loop that ended before those replays is their warm-up (`_warm_ups`).
 No token repeating regularly: no steps (nothing is called an iteration by guess). A loop
 whose body repeats one token only (the same kernel, nothing else) cannot be told from a
 loop of one call; a token that comes once every k iterations, perfectly regular, can win
@@ -265,14 +272,17 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
         if not starts:
             return None
     else:
-        tokens = [(c.index, token(c)) for c in calls]
-        tokens = [(i, t) for i, t in tokens if t is not None]
-        found = _anchor([t for _, t in tokens])
+        # (the search compares the work queued: how many times a thread waits can vary
+        # from step to step, PyTorch's allocator synchronising its events when it frees)
+        work = [(c.index, tok) for c in calls for tok in [token(c)]
+                if tok is not None and tok[0] != "sync"]
+        found = _anchor([tok for _, tok in work])
         if found is None:
             return None
-        anchor, body = found
-        starts = [tokens[place][0] for place in anchor.places]
-        how = "a repeating sequence of %d calls, starting at %s" % (len(body),
+        anchor, common = found
+        starts = [work[place][0] for place in anchor.places]
+        body = _usual(calls, starts)
+        how = "a repeating sequence of %d calls, starting at %s" % (len(common),
                                                                      _show(anchor.token))
     loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
     _phases(loop.steps)
@@ -281,6 +291,13 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
                                    for c in step.calls])
     loop.deviating = _deviations(loop)
     return loop
+
+
+def _usual(calls: Sequence[Call], starts: Sequence[int]) -> Tuple[Token, ...]:
+    """The tokens (waits too) most steps have: those from one start to the next."""
+    runs = Counter(tuple(tok for tok in map(token, calls[a:b]) if tok is not None)
+                   for a, b in zip(starts, starts[1:]))
+    return runs.most_common(1)[0][0] if runs else ()
 
 
 def _show(tok: Token) -> str:
