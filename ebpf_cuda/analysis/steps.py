@@ -444,7 +444,7 @@ def find_loops(threads: Dict[Tuple[int, int], List[Call]],
     loops = [loop for calls in threads.values()
              for loop in [find_loop(calls, step_at)] if loop is not None]
     warm = _warm_ups(loops) if step_at is None else []
-    loops = [loop for loop in loops if loop not in warm]
+    loops = [loop for loop in loops if not any(loop is w for w in warm)]
     return sorted(loops, key=lambda lp: (not _replays(lp), -len(lp.steps), lp.pid,
                                          lp.tid)), warm
 
