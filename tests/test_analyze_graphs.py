@@ -36,9 +36,12 @@ def trace(tmp_path: Path, lib: Path, scenario: str):
     need_root()
     events, saved = tmp_path / "events.jsonl", tmp_path / "run.ebpfcuda"
     live = run_cli("--py-stacks", "--analyze", "--json", "-o", events, "--save", saved,
-                   "-p", lib, "--", sys.executable, PROGRAM, scenario, lib,
-                   env=cli_env(FAKECUDA_DEVICE_US="0"), timeout=180)
+                   "--ring-size", "32M", "-p", lib, "--", sys.executable, PROGRAM, scenario,
+                   lib, env=cli_env(FAKECUDA_DEVICE_US="0"), timeout=180)
     assert live.returncode == 0, live.stderr
+    # (the counts below are exact: a run that lost events, a starved reader on a loaded
+    # machine, says so here rather than in a count)
+    assert " lost" not in live.stderr, live.stderr
     offline = run_cli("analyze", "--json", saved)
     assert offline.returncode == 0, offline.stderr
     records = [json.loads(line) for line in live.stdout.splitlines() if line.startswith("{")]
