@@ -291,7 +291,9 @@ def test_steps_of_a_compiled_loop_count_its_eager_warm_up_iterations():
             s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
     analyzer = analyzed(s)
     loop, = analyzer.context().loops
-    assert [st.mode for st in loop.steps] == ["eager"] + ["graph"] * 9
+    assert [st.mode for st in loop.steps] == ["warm-up"] + ["graph"] * 9
+    assert len(loop.steady()) == 9  # (the replays)
+    assert "Mode of each step: warm-up: 0; graph: 1-9" in analyzer.report()
     assert analyzer.findings() == []  # an eager warm-up before the replays is no fallback
 
 
@@ -358,3 +360,86 @@ def test_a_failed_call_retried_is_no_ignored_error():
     s.call("cudaMalloc", size=1 << 40, outs={"ptr": 0x7f0000000000})
     s.launch(0x100)
     assert analyzed(s).findings() == []
+
+
+def test_the_step_token_in_the_set_up_and_after_the_loop_makes_no_step():
+    s = Script()
+    s.call("cudaDeviceSynchronize")  # (a set-up's synchronisations: the token alone)
+    s.call("cudaDeviceSynchronize")
+    for _ in range(6):
+        s.call("cudaDeviceSynchronize")
+        for func in (0x100, 0x200, 0x300, 0x400):
+            s.launch(func)
+        _input(s)
+    s.call("cudaDeviceSynchronize")  # (the program's last)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 6 and all(len(st.launches) == 4 for st in loop.steps)
+
+
+def test_a_benchmark_loop_inside_the_first_iteration_is_no_loop():
+    s = Script()
+    for i in range(6):
+        _input(s)
+        if i == 0:  # a compiler's autotuning: 40 runs of a kernel after a cache clear
+            for _ in range(40):
+                s.launch(0x700)
+                s.launch(0x800)
+        for func in (0x100, 0x200, 0x300):
+            s.launch(func)
+    loop, = analyzed(s).context().loops
+    assert len(loop.steps) == 6 and len(loop.steps[0].launches) == 83
+
+
+def test_a_replay_loop_beats_a_warm_up_of_more_repetitions_and_other_threads_warm_up():
+    s, autograd = Script(), Script(tid=8)
+    for _ in range(3):  # warm-up steps: 8 layers each, their backward on another thread
+        for _ in range(8):
+            s.launch(0x100)
+            s.launch(0x200)
+        autograd.now = s.now
+        for layer in range(8):
+            autograd.launch(0x410)
+            autograd.launch(0x420 if layer else 0x430)
+        s.now = autograd.now
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0)
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for _ in range(10):
+        _input(s)
+        s.call("cudaGraphLaunch", graphExec=0x7000, stream=0)
+    analyzer = Analyzer()
+    analyzer.write(sorted(s.events + autograd.events, key=lambda e: e.ts_ns))
+    ctx = analyzer.context()
+    loop, = ctx.loops
+    assert (loop.tid, len(loop.steps)) == (7, 10) and {st.mode for st in loop.steps} == {"graph"}
+    warm, = ctx.warm_ups
+    assert warm.tid == 8
+    assert "Thread 7/8: no steps" in analyzer.report()
+    assert [r["type"] for r in analyzer.records()][:3] == ["steps", "warm_up", "graph_replays"]
+
+
+def _churn(s: Script, line: Optional[int], steps: int = 5) -> None:
+    for _ in range(steps):
+        s.call("cudaMalloc", size=4096, line=line, outs={"ptr": 0x7f0000000000})
+        s.launch(0x100, line=line)
+        s.call("cudaFree", ptr=0x7f0000000000, line=line)
+
+
+def test_threads_of_one_process_with_the_same_problem_make_one_finding():
+    main, worker = Script(), Script(tid=8)
+    _churn(main, 60)
+    _churn(worker, None)  # (no Python stack: a native thread)
+    analyzer = Analyzer()
+    analyzer.write(main.events + worker.events)
+    finding, = analyzer.findings()
+    assert finding.evidence["threads"] == ["7/7", "7/8"] == finding.where["thread"]
+    assert finding.evidence["allocations"] == 8 and finding.evidence["frees"] == 8
+    assert [e["allocations"] for e in finding.evidence["by_thread"].values()] == [4, 4]
+    assert finding.where["python"] == "/app/train.py:60 in train"
+    # two threads at two lines of the user's: two problems, two findings
+    other = Script(tid=9)
+    _churn(other, 70)
+    analyzer = Analyzer()
+    analyzer.write(main.events + other.events)
+    assert [f.where["thread"] for f in analyzer.findings()] == ["7/7", "7/9"]

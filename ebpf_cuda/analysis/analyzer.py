@@ -46,10 +46,10 @@ class Analyzer:
     def context(self) -> Context:
         if self._context is None:
             self.timeline.finish()
-            loops = find_loops(self.timeline.threads, self.step_at)
+            loops, warm_ups = find_loops(self.timeline.threads, self.step_at)
             waits = derive(self.timeline.calls)
             self._context = Context(self.timeline, loops, waits,
-                                    capture_sites(self.timeline.calls))
+                                    capture_sites(self.timeline.calls), warm_ups)
         return self._context
 
     def findings(self) -> List[Finding]:
@@ -61,6 +61,8 @@ class Analyzer:
         """JSON records: one `steps` record per loop, then one `finding` record each."""
         ctx = self.context()
         out = [_steps_record(ctx, loop) for loop in ctx.loops]
+        out += [{"type": "warm_up", "pid": loop.pid, "tid": loop.tid,
+                 "repeats": len(loop.steps), "found_by": loop.how} for loop in ctx.warm_ups]
         out += [{"type": "graph_replays", "captured_at": site, "replays": n}
                 for site, n in sorted(replays_by_capture(ctx).items())]
         out += [f.to_json() for f in self.findings()]
@@ -79,6 +81,7 @@ class Analyzer:
         parts += [steps_text(loop, ctx) for loop in ctx.loops] or [
             " Steps: none found (no sequence of calls repeats; --step-at FUNCTION names the "
             "step)"]
+        parts += [warm_up_text(loop) for loop in ctx.warm_ups]
         parts.append(waits_text(ctx))
         replays = graphs_text(ctx)
         if replays:
@@ -145,7 +148,8 @@ def steps_text(loop: Loop, ctx: Optional[Context] = None) -> str:
     for step in steps:
         modes.setdefault(step.mode, []).append(step.number)
     text += "\n\n Mode of each step: " + "; ".join(
-        "%s: %s" % (mode, _numbers(numbers)) for mode, numbers in sorted(modes.items()))
+        "%s: %s" % (mode, _numbers(numbers))  # (in the order the modes came)
+        for mode, numbers in sorted(modes.items(), key=lambda item: item[1][0]))
     eager = [s for s in loop.steady() if s.mode == "eager"]
     if ctx is not None and eager:
         launch_ns, one, save, measured = graph_saving(ctx, eager)
@@ -157,6 +161,12 @@ def steps_text(loop: Loop, ctx: Optional[Context] = None) -> str:
         text += "\n Steps that deviate:" + "".join(
             "\n   step %d: %s" % item for item in sorted(loop.deviating.items()))
     return text
+
+
+def warm_up_text(loop: Loop) -> str:
+    return (" Thread %d/%d: no steps; its calls repeated (%d times, %s) only before its "
+            "process replayed CUDA graphs in a loop: the warm-up" % (
+                loop.pid, loop.tid, len(loop.steps), loop.how))
 
 
 def _numbers(numbers: Sequence[int]) -> str:

@@ -52,6 +52,7 @@ class Context:
     loops: List[Loop]
     waits: Waits
     captures: Dict[Tuple[int, Any], str] = field(default_factory=dict)  # (pid, exec) → site
+    warm_ups: List[Loop] = field(default_factory=list)  # loops before graph replays: no steps
 
     @property
     def calls(self) -> List[Call]:
@@ -108,3 +109,56 @@ def region(calls: Sequence[Call]) -> Optional[str]:
 
 def thread_of(loop: Loop) -> str:
     return "%d/%d" % (loop.pid, loop.tid)
+
+
+def user_site(finding: Finding) -> Optional[str]:
+    """The finding's Python place when it is in the user's code (else None: no Python
+    stack, or only library frames, as on PyTorch's autograd thread)."""
+    from .python_lines import is_user_file
+
+    python = finding.where.get("python")
+    if not isinstance(python, str) or not python:
+        return None
+    return python if is_user_file(python.split(":")[0].split(" ")[0]) else None
+
+
+def merge_threads(findings: Sequence[Finding], summed: Sequence[str]) -> List[Finding]:
+    """One finding per (process, user site) of a rule's findings: the threads of one loop
+    (PyTorch's Python thread and its autograd thread, both allocating in every step) show
+    one problem. A finding with no user site joins its process's one finding with a site
+    when there is exactly one. The merged evidence adds up `summed`, names every thread
+    (`threads`) and keeps each thread's own (`by_thread`)."""
+    groups: Dict[Tuple[Any, Optional[str]], List[Finding]] = {}
+    for finding in findings:
+        groups.setdefault((_pid(finding), user_site(finding)), []).append(finding)
+    for (pid, site), group in list(groups.items()):
+        if site is None:
+            sited = [key for key in groups if key[0] == pid and key[1] is not None]
+            if len(sited) == 1:
+                groups[sited[0]] += groups.pop((pid, site))
+    return [_merged(group, summed) for group in groups.values()]
+
+
+def _pid(finding: Finding) -> Any:
+    thread = finding.where.get("thread")
+    return thread.split("/")[0] if isinstance(thread, str) else None
+
+
+def _merged(group: List[Finding], summed: Sequence[str]) -> Finding:
+    if len(group) == 1:
+        return group[0]
+    first = group[0]
+    threads = [f.where.get("thread") for f in group]
+    evidence = dict(first.evidence)
+    for key in summed:
+        if all(isinstance(f.evidence.get(key), (int, float)) for f in group):
+            evidence[key] = sum(f.evidence[key] for f in group)
+    evidence["threads"] = threads
+    evidence["by_thread"] = {str(f.where.get("thread")): f.evidence for f in group}
+    where = dict(first.where, thread=threads)
+    for key, value in first.where.items():
+        if isinstance(value, list) and key != "thread":
+            where[key] = sorted({v for f in group for v in f.where.get(key) or ()}, key=str)
+    summary = "; ".join("thread %s: %s" % (f.where.get("thread"), f.summary) for f in group)
+    return Finding(first.rule, first.severity, first.title, evidence, where, first.advice,
+                   summary)

@@ -5,7 +5,8 @@ says what each rule looks for and why."""
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..spec.apis import Direction, Role
-from .findings import HIGH, LOW, MEDIUM, Context, Finding, median, region, thread_of
+from .findings import (HIGH, LOW, MEDIUM, Context, Finding, median, merge_threads, region,
+                       thread_of)
 from .steps import Loop, Step, loop_lines
 from .thresholds import (CHURN_MIN_CALLS, LAUNCH_BOUND_MAX_BLOCKED, LAUNCH_BOUND_MIN_LAUNCHES,
                          LAUNCH_BOUND_MIN_SHARE, LAUNCH_MAX_CALL_NS, PAGEABLE_MIN_BYTES,
@@ -383,19 +384,23 @@ class Rule(NamedTuple):
     id: str
     severity: str
     check: Callable[[Context], List[Finding]]
+    summed: Tuple[str, ...] = ()  # evidence that adds up when threads' findings merge
 
 
 RULES: Tuple[Rule, ...] = (
-    Rule("sync-in-step", HIGH, sync_in_step),
-    Rule("pageable-copy", HIGH, pageable_copy),
-    Rule("alloc-churn", MEDIUM, alloc_churn),
+    Rule("sync-in-step", HIGH, sync_in_step, ("calls", "waited_ns", "idle_after_ns")),
+    Rule("pageable-copy", HIGH, pageable_copy, ("calls", "bytes", "call_ns")),
+    Rule("alloc-churn", MEDIUM, alloc_churn, ("allocations", "frees", "bytes_allocated",
+                                              "call_ns", "call_ns_per_step")),
     Rule("launch-bound", MEDIUM, launch_bound),
-    Rule("graph-fallback", MEDIUM, graph_fallback),
-    Rule("default-stream-work", LOW, default_stream_work),
-    Rule("ignored-error", HIGH, ignored_error),
+    Rule("graph-fallback", MEDIUM, graph_fallback, ("launches_in_fallback",)),
+    Rule("default-stream-work", LOW, default_stream_work, ("calls", "bytes")),
+    Rule("ignored-error", HIGH, ignored_error, ("calls",)),
 )
 
 
 def run_rules(ctx: Context) -> List[Finding]:
-    """Every rule's findings, in the table's order."""
-    return [finding for rule in RULES for finding in rule.check(ctx)]
+    """Every rule's findings, in the table's order; one per rule and site when threads of
+    a process found the same (merge_threads)."""
+    return [finding for rule in RULES for finding in merge_threads(rule.check(ctx),
+                                                                   rule.summed)]

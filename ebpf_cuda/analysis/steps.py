@@ -2,13 +2,20 @@
 
 Per thread, the calls that put work on the GPU or wait for it (launches by kernel, copies by
 direction and size, memsets by size, graph launches by exec, synchronising calls by function)
-form a sequence of tokens. A loop repeats a run of them. For each token seen at least
-MIN_STEPS times, the runs between its consecutive occurrences are compared: a token that
-starts the loop's body repeats the same run (allowing a share of deviating iterations,
-STEP_REGULAR_SHARE). `_anchor` picks the step's start among them (an outer loop over an
-inner one, the token that marks every iteration over one missing in some). The last step
-ends after one run of tokens (what follows the loop is no step). Calls that are no tokens
-(allocations, event records, queries) belong to the step whose first token follows them.
+form a sequence of tokens. A loop repeats a run of them. The search reads the work tokens
+(how many times a thread waits can vary from step to step: PyTorch's allocator synchronises
+the events of the blocks it frees). For each token seen at least MIN_STEPS times, the runs
+between its consecutive occurrences are compared: a token that starts the loop's body
+repeats the same run (allowing a share of deviating iterations, STEP_REGULAR_SHARE); its
+occurrences in the set-up before the loop and after it are left out (EDGE_STEP_MIN_SHARE).
+`_anchor` picks the step's start among them: not a token of a loop inside another's
+iteration (a model's layers, a compiler's benchmark loop), a token of a loop that replays
+CUDA graphs over one of the eager warm-up before it, then the most regular. The last step
+ends after the tokens most steps have (what follows the loop is no step). Calls that are
+no tokens (allocations, event records, queries) belong to the step whose first token
+follows them, up to a capture (a graph captured before the loop is set-up). In a loop that
+replays graphs, the steps before the first replay are its `warm-up` and `capture`; another
+thread's loop that ended before those replays is their warm-up (`_warm_ups`).
 No token repeating regularly: no steps (nothing is called an iteration by guess). A loop
 whose body repeats one token only (the same kernel, nothing else) cannot be told from a
 loop of one call; a token that comes once every k iterations, perfectly regular, can win
@@ -22,11 +29,11 @@ function whose calls all come from one line is one step).
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..spec.apis import Role
 from .statistics import percentile
-from .thresholds import ANCHOR_SHARE_SLACK, MIN_STEPS, STEP_REGULAR_SHARE
+from .thresholds import EDGE_STEP_MIN_SHARE, MIN_STEPS, STEP_REGULAR_SHARE
 from .timeline import Call
 
 Token = Tuple[str, object]
@@ -60,6 +67,7 @@ class Step:
     start_ns: int
     end_ns: int  # the next step's start; the last step: its last call's end
     tokens: Tuple[Token, ...] = ()
+    phase: str = ""  # "warm-up" or "capture" before a loop's graph replays (_phases)
 
     @property
     def wall_ns(self) -> int:
@@ -91,9 +99,17 @@ class Step:
         return [c for c in self.calls if c.role == Role.FREE and not c.failed]
 
     @property
+    def captures(self) -> bool:
+        """It recorded work into a graph (a stream capture)."""
+        return any(c.captured and not c.failed for c in self.calls)
+
+    @property
     def mode(self) -> str:
         """How its kernels ran: `graph` (graph launches only), `eager` (kernel launches only),
-        `mixed`, or `-` (neither)."""
+        `mixed`, `-` (neither); or its phase before a loop's replays: `warm-up` (eager steps
+        before the first capture or replay), `capture` (the step that recorded the graph)."""
+        if self.phase:
+            return self.phase
         graphs, eager = bool(self.graph_launches), bool(self.launches)
         return "mixed" if graphs and eager else "graph" if graphs else "eager" if eager else "-"
 
@@ -113,8 +129,9 @@ class Loop:
 
     def steady(self) -> List[Step]:
         """The steps after the first (which pays for first-time work: allocations the
-        caching allocators keep, kernel loading, graph capture)."""
-        return self.steps[1:]
+        caching allocators keep, kernel loading, graph capture), and after the warm-up and
+        capture steps of a loop that replays graphs."""
+        return [s for s in self.steps[1:] if not s.phase]
 
 
 _MOD = (1 << 61) - 1  # segments compared by a polynomial hash of their tokens (and length)
@@ -143,39 +160,84 @@ class _Runs:
         return bisect_left(places, b) - bisect_left(places, a)
 
 
-def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[Token, Tuple[Token, ...]]]:
-    """(the token that starts each step, the common run) or None when nothing repeats.
+class _Candidate(NamedTuple):
+    """A token that may start the steps: its occurrences in the loop (`places`, indexes
+    into the tokens), its common run [a, b), and how regular its runs are."""
 
-    Candidates: tokens seen MIN_STEPS times whose runs (occurrence to occurrence) are mostly
-    one run (STEP_REGULAR_SHARE). A candidate whose token comes twice or more in another
-    candidate's run belongs to an inner loop: dropped. Of those nearly as regular as the
-    most regular (ANCHOR_SHARE_SLACK), the one seen most often wins (it marks every
-    iteration, also those that deviate: an eager fallback among graph replays), then the
-    longest run, then the earliest token."""
+    share: float  # of its runs in the loop, those that are the common run
+    token: Token
+    places: Tuple[int, ...]
+    run: Tuple[int, int]
+
+    def rank(self) -> tuple:
+        """The most regular, then seen most often, then the longest run, the earliest."""
+        return self.share, len(self.places), self.run[1] - self.run[0], -self.places[0]
+
+
+def _candidate(runs: _Runs, tok: Token, count: int) -> Optional[_Candidate]:
+    """`tok` as a candidate, or None: seen MIN_STEPS times in the loop, its runs mostly one
+    run (STEP_REGULAR_SHARE). Its occurrences before the loop or after it are left out: the
+    leading ones whose run has fewer tokens than EDGE_STEP_MIN_SHARE of the common run's (a
+    first step has about a step's calls: more for its first-time work, or some fewer,
+    gradients zeroed only once they exist), and a last one followed by as few. Its share
+    counts the runs from its first common run to its last (a first step's first-time work,
+    and a warm-up and capture before the replays, deviate without being irregular; a
+    fallback among them is)."""
+    places = runs.positions[tok]
+    if len(places) < MIN_STEPS:
+        return None
+    keys = [runs.key(a, b) for a, b in zip(places, places[1:])]
+    (common, length), times = Counter(keys).most_common(1)[0]
+    if times < 2 or times < STEP_REGULAR_SHARE * len(keys):
+        return None
+    least = EDGE_STEP_MIN_SHARE * length
+    first = next(i for i, key in enumerate(keys) if key[1] >= least)
+    last = len(places)
+    while last - 1 > first and count - places[last - 1] < least:
+        last -= 1
+    kept = places[first:last]
+    inside = [i for i, key in enumerate(keys[first:last - 1]) if key == (common, length)]
+    if len(kept) < MIN_STEPS or len(inside) < 2:
+        return None
+    start = kept[inside[0]]
+    return _Candidate(len(inside) / (inside[-1] - inside[0] + 1), tok, tuple(kept),
+                      (start, start + length))
+
+
+def _anchor(tokens: Sequence[Token]) -> Optional[Tuple[_Candidate, Tuple[Token, ...]]]:
+    """(the candidate whose occurrences start the steps, the common run) or None when
+    nothing repeats.
+
+    A candidate inside another's loop is dropped (`_inner`). When some candidates' runs
+    replay a CUDA graph, only those remain: a loop of replays is the steady state, the
+    eager loops before it its warm-up (and a compiler's benchmark loops). The best ranked
+    wins (`_Candidate.rank`): a token that marks every iteration, also those that deviate
+    (an eager fallback among graph replays), is more regular than one missing in them."""
     runs = _Runs(tokens)
-    candidates = []
-    for tok, places in runs.positions.items():
-        if len(places) < MIN_STEPS:
-            continue
-        keys = Counter(runs.key(a, b) for a, b in zip(places, places[1:]))
-        common, times = keys.most_common(1)[0]
-        if times >= 2 and times >= STEP_REGULAR_SHARE * (len(places) - 1):
-            start = next(a for a, b in zip(places, places[1:]) if runs.key(a, b) == common)
-            candidates.append((times / (len(places) - 1), len(places), common[1], -places[0],
-                               tok, (start, start + common[1])))
-    outer = [c for c in candidates
-             if not any(runs.count_in(c[4], *other[5]) >= 2 for other in candidates)]
+    candidates = [c for c in (_candidate(runs, tok, len(tokens)) for tok in runs.positions)
+                  if c is not None]
+    outer = [c for c in candidates if not any(_inner(runs, c, other) for other in candidates
+                                              if other is not c)]
+    replaying = [c for c in outer if any(t[0] == "graph" for t in tokens[c.run[0]:c.run[1]])]
+    outer = replaying or outer
     if not outer:
         return None
-    best_share = max(c[0] for c in outer)
-    near = [c for c in outer if c[0] >= best_share - ANCHOR_SHARE_SLACK]
-    chosen = max(near, key=lambda c: (c[1], c[2], c[3]))
-    a, b = chosen[5]
-    return chosen[4], tuple(tokens[a:b])
+    chosen = max(outer, key=_Candidate.rank)
+    return chosen, tuple(tokens[chosen.run[0]:chosen.run[1]])
 
 
-def _starts_by_token(calls: Sequence[Call], anchor: Token) -> List[int]:
-    return [c.index for c in calls if token(c) == anchor]
+def _inner(runs: _Runs, candidate: _Candidate, other: _Candidate) -> bool:
+    """Whether `candidate` is a loop inside `other`'s steps: its token comes twice or more
+    in other's common run (a nested loop), or all its occurrences lie between other's
+    first and last and two or more in one of other's runs (a loop inside one iteration:
+    a warm-up's, a benchmark's)."""
+    if runs.count_in(candidate.token, *other.run) >= 2:
+        return True
+    mine, theirs = candidate.places, other.places
+    if mine[0] < theirs[0] or mine[-1] > theirs[-1]:
+        return False
+    which = Counter(bisect_left(theirs, place) for place in mine)  # the run each lies in
+    return max(which.values()) >= 2
 
 
 def _python_starts(calls: Sequence[Call], function: str) -> List[int]:
@@ -210,20 +272,32 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
         if not starts:
             return None
     else:
-        tokens = [(c.index, token(c)) for c in calls]
-        tokens = [(i, t) for i, t in tokens if t is not None]
-        found = _anchor([t for _, t in tokens])
+        # (the search compares the work queued: how many times a thread waits can vary
+        # from step to step, PyTorch's allocator synchronising its events when it frees)
+        work = [(c.index, tok) for c in calls for tok in [token(c)]
+                if tok is not None and tok[0] != "sync"]
+        found = _anchor([tok for _, tok in work])
         if found is None:
             return None
-        anchor, body = found
-        starts = _starts_by_token(calls, anchor)
-        how = "a repeating sequence of %d calls, starting at %s" % (len(body), _show(anchor))
+        anchor, common = found
+        starts = [work[place][0] for place in anchor.places]
+        body = _usual(calls, starts)
+        how = "a repeating sequence of %d calls, starting at %s" % (len(common),
+                                                                     _show(anchor.token))
     loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
+    _phases(loop.steps)
     loop.frame = _loop_frame(loop.steps)  # (the first step's calls include the set-up's)
     loop.where = loop_lines(loop, [c for step in (loop.steady() or loop.steps)
                                    for c in step.calls])
     loop.deviating = _deviations(loop)
     return loop
+
+
+def _usual(calls: Sequence[Call], starts: Sequence[int]) -> Tuple[Token, ...]:
+    """The tokens (waits too) most steps have: those from one start to the next."""
+    runs = Counter(tuple(tok for tok in map(token, calls[a:b]) if tok is not None)
+                   for a, b in zip(starts, starts[1:]))
+    return runs.most_common(1)[0][0] if runs else ()
 
 
 def _show(tok: Token) -> str:
@@ -243,7 +317,7 @@ def _cut(calls: Sequence[Call], starts: List[int], body: Tuple[Token, ...]) -> L
         end = starts[number + 1] if number + 1 < len(starts) else _last_end(calls, begin, body)
         lead = begin
         while lead > 0 and (number == 0 or lead - 1 >= starts[number - 1]) \
-                and token(calls[lead - 1]) is None:
+                and token(calls[lead - 1]) is None and not _capturing(calls[lead - 1]):
             lead -= 1
         own = list(calls[lead:end])
         steps.append(Step(number, calls[0].pid, calls[0].tid, own, own[0].start_ns, 0,
@@ -255,6 +329,31 @@ def _cut(calls: Sequence[Call], starts: List[int], body: Tuple[Token, ...]) -> L
     if steps:
         steps[-1].end_ns = max(c.end_ns for c in steps[-1].calls)
     return steps
+
+
+# What makes a graph: a step's leading calls stop before it (a capture made before the
+# loop is set-up; one made inside an iteration belongs to it).
+_CAPTURE_ROLES = (Role.CAPTURE_BEGIN, Role.CAPTURE_END, Role.INSTANTIATE)
+
+
+def _capturing(call: Call) -> bool:
+    return call.captured or call.role in _CAPTURE_ROLES
+
+
+def _phases(steps: Sequence[Step]) -> None:
+    """In a loop that replays graphs (torch.compile's cudagraph trees: a warm-up call, a
+    recording call, then replays), the steps before the first that replays without
+    capturing: those that captured are its `capture`, those that ran eagerly its
+    `warm-up` (a loop without a capture or replay has neither)."""
+    if not any(s.graph_launches or s.captures for s in steps):
+        return
+    for step in steps:
+        if step.captures:
+            step.phase = "capture"
+        elif step.graph_launches:
+            return
+        elif step.launches:
+            step.phase = "warm-up"
 
 
 def _last_end(calls: Sequence[Call], begin: int, body: Tuple[Token, ...]) -> int:
@@ -339,8 +438,29 @@ def _difference(body: Sequence[Token], tokens: Sequence[Token]) -> str:
 
 
 def find_loops(threads: Dict[Tuple[int, int], List[Call]],
-               step_at: Optional[str] = None) -> List[Loop]:
-    """The loop of every thread that has one, the threads with most steps first."""
+               step_at: Optional[str] = None) -> Tuple[List[Loop], List[Loop]]:
+    """(the loop of every thread that has one, those replaying graphs first, then the
+    threads with most steps; the warm-up loops: `_warm_ups`)."""
     loops = [loop for calls in threads.values()
              for loop in [find_loop(calls, step_at)] if loop is not None]
-    return sorted(loops, key=lambda lp: (-len(lp.steps), lp.pid, lp.tid))
+    warm = _warm_ups(loops) if step_at is None else []
+    loops = [loop for loop in loops if not any(loop is w for w in warm)]
+    return sorted(loops, key=lambda lp: (not _replays(lp), -len(lp.steps), lp.pid,
+                                         lp.tid)), warm
+
+
+def _replays(loop: Loop) -> bool:
+    return any(s.graph_launches for s in loop.steps)
+
+
+def _warm_ups(loops: Sequence[Loop]) -> List[Loop]:
+    """The loops of threads that ran only before another thread of their process began to
+    replay graphs in a loop: what repeated there was the warm-up (PyTorch's autograd thread
+    running the warm-up steps' backward passes, layer by layer), not steps."""
+    first: Dict[int, int] = {}  # pid → when its first loop's first replay began
+    for loop in loops:
+        replays = [c.start_ns for s in loop.steps for c in s.graph_launches]
+        if replays:
+            first[loop.pid] = min(first.get(loop.pid, replays[0]), min(replays))
+    return [loop for loop in loops if not _replays(loop) and loop.pid in first
+            and loop.steps[-1].end_ns <= first[loop.pid]]

@@ -18,9 +18,11 @@ TABLE: Tuple[Threshold, ...] = (
     Threshold("STEP_REGULAR_SHARE", 0.5, "share of steps",
               "a loop whose body differs in some iterations (a fallback, a periodic "
               "checkpoint) is still a loop when most iterations repeat the same calls"),
-    Threshold("ANCHOR_SHARE_SLACK", 0.2, "share of steps",
-              "an outer loop's runs may deviate a little more often than an inner loop's "
-              "(one odd iteration in ten); within this slack the longer run is the step"),
+    Threshold("EDGE_STEP_MIN_SHARE", 0.5, "share of a step's calls",
+              "a loop's first iteration may skip work the later ones do (gradients are "
+              "zeroed once they exist) but has at least half a step's calls; an occurrence "
+              "of the step's first call before the loop (after it) followed by fewer is "
+              "the set-up's (the epilogue's), no step"),
     Threshold("SLOW_STEP_FACTOR", 1.5, "x median",
               "steps 50% over the median are outside the usual jitter of a host loop "
               "and worth naming"),
@@ -62,7 +64,7 @@ TABLE: Tuple[Threshold, ...] = (
 _VALUES: Dict[str, float] = {t.name: t.value for t in TABLE}
 MIN_STEPS = int(_VALUES["MIN_STEPS"])
 STEP_REGULAR_SHARE = _VALUES["STEP_REGULAR_SHARE"]
-ANCHOR_SHARE_SLACK = _VALUES["ANCHOR_SHARE_SLACK"]
+EDGE_STEP_MIN_SHARE = _VALUES["EDGE_STEP_MIN_SHARE"]
 SLOW_STEP_FACTOR = _VALUES["SLOW_STEP_FACTOR"]
 STEADY_SHARE = _VALUES["STEADY_SHARE"]
 SYNC_MIN_BLOCKED_NS = int(_VALUES["SYNC_MIN_BLOCKED_NS"])

@@ -16,17 +16,23 @@ an MLP trained with SGD (fixed seed). Variants, each traced with
   (TAG item) and calls `torch.cuda.empty_cache()` (TAG churn: the next step's tensors come
   from cudaMalloc again). Checks: steps found = the loop's iterations; the findings are
   exactly sync-in-step at the item line, pageable-copy at the pageable line and alloc-churn
-  with the churn line among its sites; the saved trace analysed offline gives the same records.
-- `eager`, `graphs`, `compile` (width 256, batch 64, 8 layers: launch-bound): the same step
-  without the planted problems, its batch copied from pinned memory into a static tensor
-  (TAG input; the traced eager loop has no warm-up loop before it: its first step is the
-  warm-up); `graphs` captures the step once with torch.cuda.graph (TAG capture) and
-  replays it (TAG replay); `compile` runs torch.compile(model, mode="reduce-overhead")
-  (TAG compiled). Checks: steps = iterations in each; eager: a launch-bound finding; graphs:
-  every step's mode `graph`, the replays attributed to the capture line, STEPS of them;
-  compile: the steps after the first three replay a graph (`graph`, or `mixed` where
-  cudagraph trees copy inputs with a kernel), the first does not (cudagraph trees warm up
-  eagerly), the replays attributed to the compiled call's line. Then the eager version's "graphs would save" range (at least: the
+  with the churn line among its sites, once each (the autograd thread's churn merged into
+  the Python thread's finding); the saved trace analysed offline gives the same records.
+- `eager`, `graphs`, `compile`, `pending` (width 256, batch 64, 8 layers: launch-bound):
+  the same step without the planted problems, its batch copied from pinned memory into a
+  static tensor (TAG input; the traced eager loop has no warm-up loop before it: its first
+  step is the warm-up); `graphs` warms up 3 steps on a side stream, captures the step once
+  with torch.cuda.graph (TAG capture) and replays it (TAG replay); `compile` runs the
+  forward through torch.compile(model, mode="reduce-overhead") (TAG compiled), calling
+  torch.compiler.cudagraph_mark_step_begin() before each call; `pending` the same without
+  it (D35's loop: a forward with grad enabled and no backward leaves a backward pending,
+  and cudagraph trees then warm up eagerly at every call, never replaying). Checks: steps =
+  iterations in each; eager: a launch-bound finding; graphs: every step's mode `graph`,
+  the replays attributed to the capture line, STEPS of them; compile: `warm-up` steps, one
+  `capture` step, then steps replaying (`graph`, or `mixed` where cudagraph trees copy an
+  input with a kernel), at least STEPS - 3 of them, the replays (at least STEPS - 2)
+  attributed to the compiled call's line; pending: every step `eager`, no replay.
+  Then the eager version's "graphs would save" range (at least: the
   launch calls; at most: the host time issuing them, each minus one graph launch) against
   the measured difference of the untraced step times (eager minus graphs, each loop timed
   by itself: wall time of STEPS steps after warm-up, synchronised at both ends): PASS when
@@ -110,12 +116,18 @@ def graphs():
     return loop
 
 
-def compiled():
+def compiled(pending=False):
     run = torch.compile(model, mode="reduce-overhead")
+    # (a forward with grad enabled and no backward leaves its outputs' backward pending:
+    # cudagraph trees then warm up at every call, eagerly, unless told each call is a new
+    # step; D35 ran it so, `pending`)
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
 
     def loop():
         for i in range(steps):
             static_x.copy_(x_pinned, non_blocking=True)
+            if mark is not None and not pending:
+                mark()
             out = run(static_x)  # TAG compiled
     return loop
 
@@ -130,7 +142,7 @@ elif variant == "eager":
 elif variant == "graphs":
     timed(graphs())
 else:
-    loop = compiled()
+    loop = compiled(pending=variant == "pending")
     timed(loop)
 '''
 BIG = ("4096", "2048", "4")
@@ -165,9 +177,9 @@ def judge_planted(v: Verdicts, records: List[dict], path: str, lines: Dict[str, 
     v.add("planted steps", [r["steps"] for r in loops][:1] == [steps],
           "steps found %s (loop iterations %d)" % ([r["steps"] for r in loops], steps))
     found = [r for r in records if r["type"] == "finding"]
-    rules = sorted({f["rule"] for f in found})  # (a rule may fire on two threads' loops)
+    rules = sorted(f["rule"] for f in found)  # (one each: threads' findings merge)
     v.add("planted findings", rules == sorted(PLANTED_RULES),
-          "found %s, planted %s" % (sorted(f["rule"] for f in found), sorted(PLANTED_RULES)))
+          "found %s, planted %s" % (rules, sorted(PLANTED_RULES)))
     for rule, tag in sorted(PLANTED_RULES.items()):
         places = [(place, f["evidence"]) for f in found if f["rule"] == rule
                   for place in [f["where"].get("python") or ""] + list(f["where"].get("sites")
@@ -179,23 +191,46 @@ def judge_planted(v: Verdicts, records: List[dict], path: str, lines: Dict[str, 
 
 
 def judge_graphs(v: Verdicts, name: str, records: List[dict], path: str, line: int,
-                 steps: int, warm: int) -> None:
-    """Steps = iterations; the steps after `warm` replay graphs; replays attributed to the
-    capturing line."""
+                 steps: int, compiled: bool) -> None:
+    """Steps = iterations; every step `graph` (torch.cuda.graph: warm-up and capture come
+    before the loop), or (torch.compile, cudagraph trees) `warm-up` steps, one `capture`
+    step, then steps replaying (`graph`, or `mixed` where an input is copied by a kernel);
+    the replays attributed to the capturing line (the compiled call's for torch.compile:
+    every replay but the first call's and the recording's)."""
     loops = [r for r in records if r["type"] == "steps"]
     modes = loops[0]["modes"] if loops else []
     v.add("%s steps" % name, len(modes) == steps, "steps found %d (iterations %d)"
           % (len(modes), steps))
-    replaying = ("graph", "mixed") if warm else ("graph",)  # (compile may copy inputs eagerly)
-    right = modes[warm:] and all(m in replaying for m in modes[warm:])
-    v.add("%s modes" % name, bool(right) and (warm == 0 or modes[0] != "graph"),
-          "modes %s (graph expected from step %d%s)"
-          % (modes, warm, ", the first eager" if warm else ""))
+    lead = 0
+    while compiled and lead < len(modes) and modes[lead] == "warm-up":
+        lead += 1
+    if compiled:
+        right = lead >= 1 and modes[lead:lead + 1] == ["capture"]
+        lead += 1
+    else:
+        right = True
+    replaying = ("graph", "mixed") if compiled else ("graph",)
+    right = right and len(modes[lead:]) >= steps - 3 and all(m in replaying
+                                                             for m in modes[lead:])
+    v.add("%s modes" % name, bool(right), "modes %s (expected %s)" % (
+        modes, "warm-up..., capture, then graph" if compiled else "graph in every step"))
     replays = [r for r in records if r["type"] == "graph_replays"]
     ours = [r for r in replays if r["captured_at"].startswith(at(path, line) + " ")]
-    v.add("%s replays" % name, bool(ours) and sum(r["replays"] for r in ours) >= steps - warm,
-          "replays by capture site %s; capture line %d"
-          % ([(r["captured_at"], r["replays"]) for r in replays], line))
+    expected = steps - 2 if compiled else steps
+    v.add("%s replays" % name, bool(ours) and sum(r["replays"] for r in ours) >= expected,
+          "replays by capture site %s; capture line %d, %d replays expected"
+          % ([(r["captured_at"], r["replays"]) for r in replays], line, expected))
+
+
+def judge_pending(v: Verdicts, records: List[dict], steps: int) -> None:
+    """D35's compiled loop, whose calls never leave cudagraph trees' warm-up: steps =
+    iterations, each `eager`, no graph replayed."""
+    loops = [r for r in records if r["type"] == "steps"]
+    modes = loops[0]["modes"] if loops else []
+    v.add("pending steps", len(modes) == steps and set(modes) == {"eager"},
+          "modes %s (iterations %d, each eager)" % (modes, steps))
+    replays = [r for r in records if r["type"] == "graph_replays"]
+    v.add("pending replays", not replays, "graph replays %s (none expected)" % replays)
 
 
 def judge_saving(v: Verdicts, eager: List[dict], eager_ns: Optional[int],
@@ -252,7 +287,7 @@ def check(v: Verdicts, folder: str, tracer: List[str], steps: int) -> Dict[str, 
           % (len(records_of(again.stdout)), len(planted)))
     result["planted"] = planted
     variants = {}
-    for name in ("eager", "graphs", "compile"):
+    for name in ("eager", "graphs", "compile", "pending"):
         rc, records, err = run_traced(tracer, folder, name, SMALL, steps,
                                       save=os.path.join(folder, name + ".ebpfcuda"))
         v.add("%s run" % name, rc == 0, "exit %d %s" % (rc, tail(err)))
@@ -262,8 +297,9 @@ def check(v: Verdicts, folder: str, tracer: List[str], steps: int) -> Dict[str, 
     loops = [r for r in variants["eager"] if r["type"] == "steps"]
     v.add("eager steps", [r["steps"] for r in loops][:1] == [steps],
           "steps found %s (iterations %d)" % ([r["steps"] for r in loops], steps))
-    judge_graphs(v, "graphs", variants["graphs"], path, lines["capture"], steps, 0)
-    judge_graphs(v, "compile", variants["compile"], path, lines["compiled"], steps, 3)
+    judge_graphs(v, "graphs", variants["graphs"], path, lines["capture"], steps, False)
+    judge_graphs(v, "compile", variants["compile"], path, lines["compiled"], steps, True)
+    judge_pending(v, variants["pending"], steps)
     result.update(variants)
     result["saving"] = judge_saving(v, variants["eager"], run_untraced(folder, "eager", steps),
                                     run_untraced(folder, "graphs", steps))
@@ -283,14 +319,20 @@ def self_test() -> int:
     judge_planted(ok, good, path, lines, 5)
     bad = Verdicts("self-test")
     judge_planted(bad, good[:-1] + [finding("alloc-churn", "item")], path, lines, 4)
-    graphs = [{"type": "steps", "modes": ["eager"] * 3 + ["graph"] * 2},
-              {"type": "graph_replays", "replays": 2,
-               "captured_at": "%s:%d compiled" % (path, lines["compiled"])}]
-    judge_graphs(ok, "compile", graphs, path, lines["compiled"], 5, 3)
-    judge_graphs(bad, "graphs", graphs, path, lines["capture"], 5, 0)
-    # the bad cases: a wrong step count, churn at another line, an eager step in the graphs
-    # loop, replays attributed to another line: four FAILs
-    passed = ok.counts["FAIL"] == 0 and ok.counts["PASS"] == 8 and bad.counts["FAIL"] == 4
+    twice = Verdicts("self-test")  # a finding once per thread: a false duplicate
+    judge_planted(twice, good + [finding("alloc-churn", "churn")], path, lines, 5)
+    compiled = [{"type": "steps", "modes": ["warm-up", "capture"] + ["graph"] * 3},
+                {"type": "graph_replays", "replays": 3,
+                 "captured_at": "%s:%d compiled" % (path, lines["compiled"])}]
+    judge_graphs(ok, "compile", compiled, path, lines["compiled"], 5, True)
+    judge_graphs(bad, "graphs", compiled, path, lines["capture"], 5, False)
+    judge_pending(ok, [{"type": "steps", "modes": ["eager"] * 5}], 5)
+    judge_pending(bad, compiled, 5)
+    # the bad cases: a wrong step count, churn at another line, a step not replaying in the
+    # graphs loop, replays attributed to another line, a pending loop that replays (its
+    # modes, its replays): six FAILs; the duplicate: one
+    passed = ok.counts["FAIL"] == 0 and ok.counts["PASS"] == 10 and bad.counts["FAIL"] == 6 \
+        and twice.counts["FAIL"] == 1
     print("self-test %s" % ("ok" if passed else "FAILED"))
     return 0 if passed else 1
 
