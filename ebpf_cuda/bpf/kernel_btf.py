@@ -208,6 +208,37 @@ def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
     return member_offset(("task_struct", "thread", "fsbase"), btf_path)
 
 
+TASK_FIELDS = ("pid", "tgid", "comm")
+
+
+def task_fields(btf_path: str = VMLINUX) -> Optional[Tuple[int, int, int]]:
+    """Byte offsets of task_struct's pid, tgid and comm: the probes read them through
+    bpf_get_current_task_btf's pointer (two loads each) rather than by a helper call apiece
+    (~20 ns for get_current_pid_tgid, ~70 for get_current_comm here). None without BTF."""
+    found = _cached(btf_path, ("task_fields",), lambda data: _direct_members(
+        data, "task_struct", TASK_FIELDS))
+    return tuple(found) if found is not None else None  # type: ignore[return-value]
+
+
+def _direct_members(data: bytes, struct_name: str,
+                    names: Sequence[str]) -> Optional[Tuple[int, ...]]:
+    """Byte offsets of members `names` of struct `struct_name` (each byte-aligned), in one
+    pass over the types that stops at the struct."""
+    _, _, _, hdr_len, _, _, str_off, str_len = _HEADER.unpack_from(data)
+    strings = hdr_len + str_off
+    name_off = _string_offset(data[strings:strings + str_len], struct_name)
+    if name_off is None:
+        return None
+    entry = next((t for t in _types(data) if t[0] == KIND_STRUCT and t[2] == name_off
+                  and _vlen(data, t)), None)
+    if entry is None:
+        return None
+    bits = {_string(data, strings, m[0]): m[2] for m in _members(data, entry)}
+    if any(name not in bits or bits[name] % 8 for name in names):
+        return None
+    return tuple(bits[name] // 8 for name in names)
+
+
 KIND_FUNC, KIND_FUNC_PROTO = 12, 13
 
 

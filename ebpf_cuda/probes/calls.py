@@ -25,12 +25,12 @@ from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
-from .inflight import (dropped_return, find_in_map, find_in_task, inflight_key, launch_layer,
-                       stash_entry, stash_in_task, task_storage, twin_return)
+from .inflight import (dropped_return, find_in_map, find_in_task, inflight_key, key_from_task,
+                       launch_layer, stash_entry, stash_in_task, task_storage, twin_return)
 from .options import ProbeOptions
 from .records import (comm, count, entry_head, py_stack_into, reserve, stack_id, store_fn_and_phase,
                       submit)
-from .scope import in_namespace, only_followed, pid_tgid
+from .scope import in_namespace, only_followed, pid_tgid, task_read
 
 Items = List[object]
 
@@ -105,7 +105,11 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += inflight_key(arch, arch.stack_args_start, options)
     layer = launch_layer(api)
-    prog += find_in_task(bool(layer)) if options.task_storage else find_in_map()
+    if options.task_storage:
+        prog += find_in_task(bool(layer), task_read(options))
+        prog += key_from_task(options)
+    else:
+        prog += find_in_map()
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
@@ -231,7 +235,7 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
         asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.stx(DW, R8, record.PID_TGID, R1),
     ] + store_fn_and_phase(fn_id, record.PHASE_CALL)
     prog += stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
-    prog += comm()
+    prog += comm(options)
     for cell in range(record.ARG_CELLS):  # (the entry zeroed the cells its row leaves unused)
         prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
                  asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]

@@ -6,7 +6,7 @@ from .. import asm
 from ..asm import DW, FP, R0, R1, R2, R3, R6, R8, RB_FORCE_WAKEUP, RB_NO_WAKEUP, Helper, W
 from ..spec import layout, record
 from .options import ProbeOptions
-from .scope import pid_tgid
+from .scope import pid_tgid_from_task, task_read
 
 BPF_F_USER_STACK = 1 << 8
 BPF_RB_AVAIL_DATA = 0  # ringbuf_query: bytes not yet consumed
@@ -29,12 +29,19 @@ def store_fn_and_phase(fn_id: FnId, phase: int, flags: int = 0) -> Items:
 def entry_head(fn_id: FnId, phase: int, options: ProbeOptions, flags: int = 0) -> Items:
     """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
     function id, phase and flags, no stack, comm."""
-    return [
+    prog = spill_task() if task_read(options) else []
+    return prog + [
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),
-    ] + pid_tgid(options) + [
+    ] + pid_tgid_from_task(options) + [
         asm.stx(DW, R8, record.PID_TGID, R0),
-    ] + store_fn_and_phase(fn_id, phase, flags) + [asm.st(W, R8, record.STACK_ID, 0)] + comm()
+    ] + store_fn_and_phase(fn_id, phase, flags) + [asm.st(W, R8, record.STACK_ID, 0)] + comm(
+        options)
+
+
+def spill_task() -> Items:
+    """fp-408 = the current task (a trusted pointer: the verifier keeps its type spilled)."""
+    return [asm.call(Helper.GET_CURRENT_TASK_BTF), asm.stx(DW, FP, layout.TASK_AT, R0)]
 
 
 def py_stack_into(base, offset: int, options: ProbeOptions) -> Items:
@@ -68,9 +75,16 @@ def stack_id() -> Items:
     ]
 
 
-def comm() -> Items:
-    return [asm.mov(R1, R8), asm.add(R1, record.COMM), asm.mov(R2, record.COMM_LEN),
-            asm.call(Helper.GET_CURRENT_COMM)]
+def comm(options: ProbeOptions) -> Items:
+    """The record's comm, at R8: the task's 16 bytes in two loads (task_read: the kernel
+    keeps comm NUL-padded, as get_current_comm copies it), else by the helper."""
+    if not task_read(options):
+        return [asm.mov(R1, R8), asm.add(R1, record.COMM), asm.mov(R2, record.COMM_LEN),
+                asm.call(Helper.GET_CURRENT_COMM)]
+    at = options.task_fields[2]
+    return [asm.ldx(DW, R1, FP, layout.TASK_AT),
+            asm.ldx(DW, R2, R1, at), asm.stx(DW, R8, record.COMM, R2),
+            asm.ldx(DW, R2, R1, at + 8), asm.stx(DW, R8, record.COMM + 8, R2)]
 
 
 def submit(options: ProbeOptions) -> Items:
