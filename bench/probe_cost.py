@@ -1,7 +1,7 @@
 """The probe programs' own cost per run in every mode (issue 36, "Programs"), from the
 kernel's run statistics, beside the bare counters, interleaved.
 
-bench/native/callloop calls cudaGetDevice of the stand-in runtime CALLS times (pinned to
+bench/native/callloop calls cudaGetDevice (--op) of the stand-in runtime CALLS times (pinned to
 CPU 1, SCHED_FIFO: no other process preempts it, nor its probes, whose run time would count
 the preemption) under each mode, as a user runs it (the CLI in a child process pinned to CPU 0, its
 programs found by id as they load and held open so that their statistics outlive it):
@@ -12,7 +12,7 @@ programs found by id as they load and held open so that their statistics outlive
   save         ebpf-cuda --save FILE -- loop       show the reader's share is not in them)
   -r           ebpf-cuda -r -o FILE -- loop        (entry records only)
   summary      ebpf-cuda --summary -- loop
-  monitor      ebpf-cuda monitor -p LIB --functions cudaGetDevice, the loop run beside it
+  monitor      ebpf-cuda monitor -p LIB --functions FUNCTION, the loop run beside it
 
 Each round runs every mode once, the order rotated from round to round. The figure of a
 program kind (entry, return) is Σ run_time_ns / Σ run_cnt of the mode's programs of that
@@ -23,7 +23,7 @@ the bare counter of the same kind in the same round (median of the differences).
 --baseline DIR another checkout's CLI runs every mode in the same rounds (`base:` rows).
 
     sudo python3 bench/probe_cost.py [--rounds 7] [--calls 200000] [--ring 64M] [--baseline DIR]
-                                     [--only text,summary]
+                                     [--only text,summary] [--op getlasterror]
 """
 import argparse
 import ctypes
@@ -47,7 +47,8 @@ from common import BareCounters  # noqa: E402
 
 from ebpf_cuda import syscalls  # noqa: E402
 
-FUNCTION = "cudaGetDevice"
+FUNCTIONS = {"getdevice": "cudaGetDevice", "getlasterror": "cudaGetLastError",
+             "launch": "cudaLaunchKernel"}
 BPF_ENABLE_STATS = 32
 BPF_STATS_RUN_TIME = 0
 KINDS = ("ent", "ret", "ses")
@@ -150,8 +151,9 @@ class Bench:
         self.built = common.build()
         # SCHED_FIFO: other processes of this shared machine cannot preempt the loop (and
         # with it a program in its run) on its CPU.
+        self.function = FUNCTIONS[args.op]
         self.loop = ["chrt", "-f", "1"] + common.loop_args(
-            self.built, "getdevice", args.calls, 1, cpu=1)
+            self.built, args.op, args.calls, 1, cpu=1)
         self.scratch = Path(tempfile.mkdtemp(prefix="probe_cost."))
 
     def env(self, tree: Optional[Path]) -> Dict[str, str]:
@@ -160,7 +162,7 @@ class Bench:
         return env
 
     def bare(self) -> Dict[str, Tuple[int, int]]:
-        with BareCounters(self.built.lib, FUNCTION, True) as counters:
+        with BareCounters(self.built.lib, self.function, True) as counters:
             before = [syscalls.prog_info(p.fd) for p in counters.programs]
             subprocess.run(self.loop, stdout=subprocess.DEVNULL, check=True)
             after = [syscalls.prog_info(p.fd) for p in counters.programs]
@@ -171,7 +173,7 @@ class Bench:
     def cli(self, options: Sequence[str], tree: Optional[Path]) -> Dict[str, Tuple[int, int]]:
         out = str(self.scratch / "out")
         command = [sys.executable, "-m", "ebpf_cuda", "-p", str(self.built.lib), "--functions",
-                   FUNCTION] + [o.format(out=out) for o in options]
+                   self.function] + [o.format(out=out) for o in options]
         if self.args.ring and "--summary" not in options:
             command += ["--ring-size", self.args.ring]
         child = subprocess.Popen(command + ["--"] + self.loop, stdout=subprocess.DEVNULL,
@@ -189,7 +191,7 @@ class Bench:
     def monitor(self, tree: Optional[Path]) -> Dict[str, Tuple[int, int]]:
         child = subprocess.Popen(
             [sys.executable, "-m", "ebpf_cuda", "monitor", "-p", str(self.built.lib),
-             "--functions", FUNCTION], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             "--functions", self.function], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=self.env(tree), cwd=str(tree or common.REPO), preexec_fn=TRACER_CPU)
         grabber = Grabber(child.pid)
         try:
@@ -229,6 +231,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200000)
+    parser.add_argument("--op", choices=sorted(FUNCTIONS), default="getdevice",
+                        help="the call: cudaGetDevice (an out-parameter read at return), "
+                        "cudaGetLastError (none), cudaLaunchKernel")
     parser.add_argument("--ring", default="64M", help="the record modes' --ring-size ('' for"
                         " the default): big enough that no reader falls behind by a ring")
     parser.add_argument("--baseline", type=Path, default=None)
@@ -256,7 +261,7 @@ def main() -> None:
 
 def report(results, args) -> None:
     print("probe_cost: %s; %d rounds x %d %s calls; record modes' ring %s" % (
-        common.machine(), args.rounds, args.calls, FUNCTION, args.ring or "default"))
+        common.machine(), args.rounds, args.calls, FUNCTIONS[args.op], args.ring or "default"))
     print("%-14s %-18s %-18s %-18s %-14s %-14s %s" % (
         "mode", "entry ns/run", "return ns/run", "session ns/run", "entry - bare",
         "return - bare", "pair / bare pair   lost"))
