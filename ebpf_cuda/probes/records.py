@@ -88,18 +88,19 @@ def comm(options: ProbeOptions) -> Items:
 
 
 # A record wakes the reader when the bytes waiting in the ring (its own included) are in
-# [wakeup_bytes, wakeup_bytes + WAKE_WINDOW) or [4 wakeup_bytes, 4 wakeup_bytes +
-# WAKE_WINDOW): the reader sleeps only once it has read the ring empty (epoll says a ring
-# with data is ready at once), so the fill crosses those marks once per sleep. A window, not
-# one record's width: producers on several CPUs query after reserving, so each sees a little
-# more than its own share; 64 records make missing it need 64 reservations between one
-# record's reserve and query. The second mark wakes a reader whose first wakeup was missed
-# anyway before half the ring is full. Beyond the marks no record wakes it: a reader that
-# is behind is awake. (Before: every record past wakeup_bytes forced a wakeup, ~0.5-1.5 µs
-# of the traced thread's time each, an interrupt work item and an IPI, while the reader fell
-# behind: the return programs cost 1.0-2.0 µs a call with the default ring.)
+# [wakeup_bytes, wakeup_bytes + WAKE_WINDOW), or are WAKE_URGENT times wakeup_bytes or more
+# (half the ring). The reader sleeps only once it has read the ring empty (epoll says a ring
+# with data is ready at once), so the fill crosses the first mark once per sleep. A window,
+# not one record's width: producers on several CPUs query after reserving, so each sees a
+# little more than its own share; 64 records make missing it need 64 reservations between
+# one record's reserve and query. Between the window and half the ring no record wakes it:
+# a reader that is behind is awake, and each forced wakeup costs the traced thread an
+# irq_work and an IPI (~0.5-1.5 µs here: the return programs cost 1.0-2.0 µs a call with the
+# default ring when every record past wakeup_bytes woke it). Past half the ring every record
+# does, as before: a loss is near, and the wakeups' cost slows a producer that outruns the
+# reader (without it, a pinned reader on a busy CPU lost launches that it kept up with).
 WAKE_WINDOW = 64 * record.FRAME_SIZE
-WAKE_SECOND_MARK = 4
+WAKE_URGENT = 4
 
 
 def submit(options: ProbeOptions) -> Items:
@@ -108,15 +109,13 @@ def submit(options: ProbeOptions) -> Items:
         flags = RB_FORCE_WAKEUP if options.wake_now else 0
         return [asm.mov(R1, R8), asm.mov(R2, flags), asm.call(Helper.RINGBUF_SUBMIT)]
     first = options.wakeup_bytes
-    second = WAKE_SECOND_MARK * first
     return [
         asm.ld_map(R1, layout.EVENTS), asm.mov(R2, BPF_RB_AVAIL_DATA),
         asm.call(Helper.RINGBUF_QUERY),
         asm.mov(R2, RB_NO_WAKEUP),
         asm.jlt(R0, first, "quiet"),
         asm.jlt(R0, first + WAKE_WINDOW, "wake"),
-        asm.jlt(R0, second, "quiet"),
-        asm.jge(R0, second + WAKE_WINDOW, "quiet"),
+        asm.jlt(R0, WAKE_URGENT * first, "quiet"),
         asm.Label("wake"),
         asm.mov(R2, RB_FORCE_WAKEUP),
         asm.Label("quiet"),
