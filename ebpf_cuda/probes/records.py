@@ -89,18 +89,19 @@ def comm(options: ProbeOptions) -> Items:
 
 # A record wakes the reader when the bytes waiting in the ring (its own included) are in
 # [wakeup_bytes, wakeup_bytes + WAKE_WINDOW), or are WAKE_URGENT times wakeup_bytes or more
-# (half the ring). The reader sleeps only once it has read the ring empty (epoll says a ring
-# with data is ready at once), so the fill crosses the first mark once per sleep. A window,
-# not one record's width: producers on several CPUs query after reserving, so each sees a
-# little more than its own share; 64 records make missing it need 64 reservations between
-# one record's reserve and query. Between the window and half the ring no record wakes it:
-# a reader that is behind is awake, and each forced wakeup costs the traced thread an
-# irq_work and an IPI (~0.5-1.5 µs here: the return programs cost 1.0-2.0 µs a call with the
-# default ring when every record past wakeup_bytes woke it). Past half the ring every record
-# does, as before: a loss is near, and the wakeups' cost slows a producer that outruns the
-# reader (without it, a pinned reader on a busy CPU lost launches that it kept up with).
+# (a quarter of the ring). The reader sleeps only once it has read the ring empty (epoll
+# says a ring with data is ready at once), so the fill crosses the first mark once a sleep.
+# A window, not one record's width: producers on several CPUs query after reserving, so
+# each sees a little more than its own share; 64 records make missing it need 64
+# reservations between one record's reserve and query. Between the window and a quarter of
+# the ring no record wakes it: a reader that is behind is awake, and each forced wakeup
+# costs the traced thread an irq_work and an IPI (~0.5-1.5 µs here: the return programs
+# cost 1.0-2.0 µs a call with the default ring when every record past wakeup_bytes woke
+# it). Past a quarter every record does, as before: a loss is nearer, and the wakeups' cost
+# slows a producer that outruns the reader (with no such zone below half the ring, a
+# pinned reader on a busy CPU lost more launches than before).
 WAKE_WINDOW = 64 * record.FRAME_SIZE
-WAKE_URGENT = 4
+WAKE_URGENT = 2
 
 
 def submit(options: ProbeOptions) -> Items:
