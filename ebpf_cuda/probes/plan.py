@@ -20,7 +20,7 @@ from ..spec.config import TraceConfig
 from . import calls
 from .calls import ProbeOptions
 
-WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
+WAKEUP_FRACTION = 8  # the probes wake the reader as 1/8 of the ring comes to wait (records.py)
 ENTRY, RETURN, SESSION = "entry", "return", "session"  # the kinds of program
 
 
