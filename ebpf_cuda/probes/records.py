@@ -26,10 +26,11 @@ def store_fn_and_phase(fn_id: FnId, phase: int, flags: int = 0) -> Items:
     return [asm.st(W, R8, record.FN_ID, fn_id | phase << 16 | flags << 24)]
 
 
-def entry_head(fn_id: FnId, phase: int, options: ProbeOptions, flags: int = 0) -> Items:
+def entry_head(fn_id: FnId, phase: int, options: ProbeOptions, flags: int = 0,
+               spilled: bool = False) -> Items:
     """The head of a record written at entry, at R8: the time now, no exit time, pid_tgid,
-    function id, phase and flags, no stack, comm."""
-    prog = spill_task() if task_read(options) else []
+    function id, phase and flags, no stack, comm (`spilled`: the task is at fp-408 already)."""
+    prog = spill_task() if task_read(options) and not spilled else []
     return prog + [
         asm.call(Helper.KTIME_GET_NS), asm.stx(DW, R8, record.TS_ENTER, R0),
         asm.st(DW, R8, record.TS_EXIT, 0),

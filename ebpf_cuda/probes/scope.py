@@ -52,9 +52,10 @@ def pid_tgid_from_task(options: ProbeOptions) -> Items:
             asm.ldx(W, R1, R1, pid), asm.or_(R0, R1)]
 
 
-def only_followed(options: ProbeOptions, outside: int = 0) -> Items:
-    """Return at once (with `outside`) unless this process is in the `followed` map."""
-    prog = pid_tgid(options) + [
+def only_followed(options: ProbeOptions, outside: int = 0, from_task: bool = False) -> Items:
+    """Return at once (with `outside`) unless this process is in the `followed` map
+    (`from_task`: its pid from the task spilled at fp-408)."""
+    prog = (pid_tgid_from_task(options) if from_task else pid_tgid(options)) + [
         asm.rsh(R0, 32),
         asm.stx(W, FP, layout.STAT_KEY_AT, R0),
         asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),
