@@ -241,8 +241,9 @@ class Session:
         multi = attach_path() == UPROBE_MULTI
         kfunc = (features.session_is_return_id() if plan.may_sample_returns(self.options, multi)
                  else None)  # (a search of the kernel's BTF: only for a mode that uses it)
-        return plan.Features(current_arch(), multi, layout.TASKS in self.maps, kfunc,
-                             self.pid_ns, self.thread_pointer)
+        tasks = layout.TASKS in self.maps
+        return plan.Features(current_arch(), multi, tasks, kfunc, self.pid_ns,
+                             self.thread_pointer, features.task_fields() if tasks else None)
 
     def probe_options(self, api: Api) -> calls.ProbeOptions:
         """What the programs of `api` do (plan.probe_options)."""
