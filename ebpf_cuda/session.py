@@ -470,9 +470,8 @@ class Session:
 
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
-        time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
-        arguments.learn_name), taken out as it is read: the map holds only names not read
-        yet (the least recently stored go when those fill it). None: none, or a chunk lost."""
+        time `when` (arguments.learn_name), taken out as it is read: the map holds only names
+        not read yet (the oldest go when those fill it). None: none, or a chunk lost."""
         lookup = self._name_lookup
         if lookup is None:
             names = self.maps.get(layout.NAMES)
