@@ -35,6 +35,8 @@ from .events import Event, PyFrame
 Log = Callable[[str], None]
 WATCH_AFTER_EXEC_S = 5.0  # how long a process is looked at for its interpreter after exec
 WATCH_EVERY_S = 0.002
+UNMATCHED_MAIN = ("made by a main thread whose thread state was not found (arm64: the kernel "
+                  "had not saved its thread pointer since its exec yet, or it ran no Python)")
 _NAMES = ("python", "libpython")
 
 
@@ -77,6 +79,9 @@ class PyStacks:
         self._watched: Dict[int, float] = {}  # pid -> until when to look for its interpreter
         self._watcher: Optional[threading.Thread] = None
         self._closed = False
+        # arm64: the kernel's copy of a thread pointer, saved at each switch out, is stale
+        # in a main thread that has not been switched out since its exec
+        self._saved_pointer = current_arch().thread_self_symbol is not None
 
     # -- telling the probes --------------------------------------------------------------
 
@@ -233,8 +238,12 @@ class PyStacks:
         for event in events:
             if not event.py_stack_id:
                 since = self._since.get(event.pid)
-                if since is not None and event.ts_ns < since and self._counts(event):
+                if since is None or not self._counts(event):
+                    continue
+                if event.ts_ns < since:
                     self._add("made before its process's interpreter was read")
+                elif self._saved_pointer and event.tid == event.pid:
+                    self._add(UNMATCHED_MAIN)
             else:
                 frames, cause = self.frames(event.pid, event.py_stack_id)
                 event.py_stack = frames
