@@ -2,8 +2,9 @@
 
 The Python stack walker (probes/pystack.py) needs one: where task_struct keeps the user
 thread pointer (x86-64: `thread.fsbase`, which glibc and musl hand out as pthread_self() and
-CPython keeps in each thread state; arm64: `thread.uw.tp_value`, pthread_self() below it). BTF is the UAPI `linux/btf.h` format: a header, a type section of
-variable-size entries (type ids count from 1) and a string section.
+CPython keeps in each thread state; arm64: `thread.uw.tp_value`, pthread_self() below it).
+BTF is the UAPI `linux/btf.h` format: a header, a type section of variable-size entries
+(type ids count from 1) and a string section.
 """
 import os
 import struct

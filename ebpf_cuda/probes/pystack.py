@@ -92,7 +92,8 @@ Items = List[object]
 
 def walk(fsbase_offset: int, pid_tgid: Items) -> Items:
     """Instructions (R6 = ctx, kept): fp[PY_STACK_AT] = the calling thread's Python stack
-    key, or 0. `fsbase_offset`: where task_struct keeps the thread pointer. `pid_tgid`: instructions leaving the thread's pid_tgid in R0."""
+    key, or 0. `fsbase_offset`: where task_struct keeps the thread pointer; `pid_tgid`:
+    instructions leaving the thread's pid_tgid in R0."""
     prog: Items = [asm.st(DW, FP, layout.PY_STACK_AT, 0)]
     prog += pid_tgid + [
         asm.stx(DW, FP, layout.PY_KEY_AT, R0), asm.rsh(R0, 32),
