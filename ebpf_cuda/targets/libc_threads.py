@@ -17,6 +17,7 @@ from .discovery import process_file_path, process_mappings
 from .python_layouts import symbol_u32
 
 _LIBRARIES = ("libc.so", "libc-2.", "libpthread.so", "libpthread-")
+MAX_PTHREAD = 1 << 16  # a larger "size" is no struct pthread: the symbol means another thing
 _cache: Dict[Tuple[str, int, int, int], Optional[int]] = {}
 
 
@@ -43,7 +44,7 @@ def thread_below_pointer(pid: int, symbol: str) -> int:
                 files.append(beside)
     for path in files:
         value = _constant(path, symbol)
-        if value is not None:
+        if value is not None and 0 < value < MAX_PTHREAD:
             return value
     if not files:
         raise NoThreadConstant("it maps no shared C library (a static or musl program?): "
