@@ -102,14 +102,15 @@ class Session:
         self._name_lookup: Optional[syscalls.ElementLookup] = None  # (probe_name's)
         # Not the initial PID namespace: the probes use pids as this one numbers them.
         self.pid_ns = features.pid_namespace()
-        # --py-stacks: where the kernel keeps a thread's pthread_self() (kernel BTF)
+        # --py-stacks: where the kernel keeps a thread's thread pointer (kernel BTF)
         self.thread_pointer: Optional[int] = None
         if options.py_stacks:
             self.thread_pointer = kernel_btf.thread_pointer_offset()
             if self.thread_pointer is None:
                 raise UnsupportedKernelError(
                     "--py-stacks needs the kernel's BTF (/sys/kernel/btf/vmlinux) to find "
-                    "task_struct.thread.fsbase; this kernel has none")
+                    "task_struct.%s; this kernel has none"
+                    % ".".join(current_arch().thread_pointer))
 
     def start(self) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is

@@ -1,16 +1,17 @@
 """Offsets of kernel struct members, read from the kernel's own BTF (/sys/kernel/btf/vmlinux).
 
-The Python stack walker (probes/pystack.py) needs one: where `task_struct.thread.fsbase`
-lies, the thread pointer that glibc and musl hand out as pthread_self() and CPython keeps
-in each thread state. BTF is the UAPI `linux/btf.h` format: a header, a type section of
-variable-size entries (type ids count from 1) and a string section.
+The Python stack walker (probes/pystack.py) needs one: where task_struct keeps the user
+thread pointer (x86-64: `thread.fsbase`, which glibc and musl hand out as pthread_self() and
+CPython keeps in each thread state; arm64: `thread.uw.tp_value`, pthread_self() below it).
+BTF is the UAPI `linux/btf.h` format: a header, a type section of variable-size entries
+(type ids count from 1) and a string section.
 """
 import os
 import struct
 from array import array
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from ..errors import UnsupportedKernelError
+from .. import arch
 
 VMLINUX = "/sys/kernel/btf/vmlinux"
 BTF_MAGIC = 0xEB9F
@@ -198,14 +199,9 @@ def _members(data: bytes, entry: Tuple[int, int, int, int, int]) -> List[Tuple[i
 
 
 def thread_pointer_offset(btf_path: str = VMLINUX) -> Optional[int]:
-    """Where x86-64 keeps a thread's fs base (its pthread_self()) in task_struct. Other
-    architectures: UnsupportedKernelError (arm64's glibc puts pthread_self() sizeof(struct
-    pthread) below the thread pointer the kernel keeps, tp_value: the Python stack walk's
-    thread match would need that size, per glibc; not done)."""
-    if os.uname().machine != "x86_64":
-        raise UnsupportedKernelError("--py-stacks works on x86-64 only so far, not on %s"
-                                     % os.uname().machine)
-    return member_offset(("task_struct", "thread", "fsbase"), btf_path)
+    """Where task_struct keeps a thread's user thread pointer on this architecture
+    (arch.Arch.thread_pointer: x86-64's fs base, arm64's tp_value); None without BTF."""
+    return member_offset(("task_struct",) + arch.current().thread_pointer, btf_path)
 
 
 TASK_FIELDS = ("pid", "tgid", "comm")
