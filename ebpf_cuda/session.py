@@ -107,10 +107,9 @@ class Session:
         if options.py_stacks:
             self.thread_pointer = kernel_btf.thread_pointer_offset()
             if self.thread_pointer is None:
-                raise UnsupportedKernelError(
-                    "--py-stacks needs the kernel's BTF (/sys/kernel/btf/vmlinux) to find "
-                    "task_struct.%s; this kernel has none"
-                    % ".".join(current_arch().thread_pointer))
+                raise UnsupportedKernelError("--py-stacks needs the kernel's BTF (/sys/kernel/"
+                                             "btf/vmlinux) to find task_struct.%s; this kernel "
+                                             "has none" % ".".join(current_arch().thread_pointer))
 
     def start(self) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is
