@@ -443,3 +443,56 @@ def test_threads_of_one_process_with_the_same_problem_make_one_finding():
     analyzer = Analyzer()
     analyzer.write(main.events + other.events)
     assert [f.where["thread"] for f in analyzer.findings()] == ["7/7", "7/9"]
+
+
+LIBCUDART, APP = "/usr/local/cuda/lib64/libcudart.so.12", "/app/bin/train"
+
+
+def test_the_native_site_is_the_innermost_frame_outside_the_cuda_libraries():
+    from ebpf_cuda.analysis.timeline import native_caller
+    from ebpf_cuda.targets.symbols import Frame
+
+    frames = [Frame("cudaStreamSynchronize", 0x12, LIBCUDART),
+              None,  # (an address in no file: skipped, not a caller)
+              Frame(None, 0x4a10, "/opt/nccl/lib/libnccl.so.2"),
+              Frame("step", 0x2c, APP), Frame("main", 0x91, APP)]
+    assert native_caller(frames) == "step+0x2c (train)"
+    assert native_caller([Frame(None, 0x1f40, "/app/lib/libmodel.so")] + frames) \
+        == "libmodel.so+0x1f40"  # (no symbol holds it: the file and offset)
+    assert native_caller(frames[:3]) is None  # only CUDA's frames
+
+
+def test_sites_are_python_lines_else_native_callers_else_the_api_and_thread():
+    from ebpf_cuda.targets.symbols import Frame
+
+    stacks = {1: [Frame("cudaStreamSynchronize", 0x12, LIBCUDART), Frame("sync", 0x1c, APP)],
+              2: [Frame("cudaStreamBeginCapture", 0x8, LIBCUDART), Frame("capture", 0x30, APP)],
+              3: [Frame("cudaGraphLaunch", 0x8, LIBCUDART), Frame("replay", 0x11, APP)]}
+    asked = []
+
+    def frames(pid: int, stack_id: int):
+        asked.append((pid, stack_id))
+        return stacks[stack_id]
+
+    s = Script()
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0).stack_id = 2
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000})
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for _ in range(5):
+        s.call("cudaGraphLaunch", graphExec=0x7000, stream=0x5000).stack_id = 3
+        s.call("cudaStreamSynchronize", took=400 * US, stream=0x5000).stack_id = 1
+        s.now += 200 * US
+    s.call("cudaStreamSynchronize", stream=0x5000, line=21).stack_id = 1  # (a Python line)
+    analyzer = Analyzer(stacks=frames)
+    analyzer.write(s.events)
+    finding, = analyzer.findings()
+    assert finding.rule == "sync-in-step" and finding.where["python"] is None
+    assert finding.where["native"] == "sync+0x1c (train)"
+    assert analyzer.context().captures == {(7, 0x7000): "capture+0x30 (train)"}
+    sites = [c.site for c in analyzer.context().calls if c.api == "cudaStreamSynchronize"]
+    assert sites == ["sync+0x1c (train)"] * 5 + ["/app/train.py:21 train"]
+    assert sorted(set(asked)) == [(7, 1), (7, 2), (7, 3)] and len(asked) == 3  # once each
+    plain = analyzed(s)  # no stacks given (a trace without --stacks): the API and thread
+    assert plain.findings()[0].where["native"] is None
+    assert plain.context().calls[0].site == "cudaStreamBeginCapture (thread 7, no Python stack)"

@@ -3,7 +3,7 @@
 For each variant below (the default set of functions traced the way the command traces by
 default, and the main options), the programs the Tracer would load are those its Session
 loads: chosen by probes/plan.py's `programs_for` (the one place that decides: rows sharing
-a program by shape, --stacks on memory rows only, rows that teach kernel names always
+a program by shape, --stacks on the rows of spec/row.py STACK_CATEGORIES and STACK_ROLES, rows that teach kernel names always
 emitting, ...) from the variant's TraceConfig and a fixed kernel (`Features`), generated
 for x86-64, with nothing created or loaded in the kernel (no root needed). Each is
 assembled, disassembled with ebpf_cuda/asm/disasm.py (map references by name, not fd) and

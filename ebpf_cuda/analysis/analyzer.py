@@ -11,7 +11,7 @@ from .findings import Context, Finding, capture_sites, per_step
 from .rules import graph_saving, run_rules
 from .statistics import percentile
 from .steps import Loop, find_loops
-from .timeline import Namer, Timeline
+from .timeline import Namer, StackFrames, Timeline
 from .waits import derive
 
 TITLE = " ** Analysis (ebpf-cuda analyze)"
@@ -23,8 +23,9 @@ class Analyzer:
     analyzes = True  # (output/plan.py: its report is its own)
 
     def __init__(self, namer: Optional[Namer] = None, step_at: Optional[str] = None,
-                 as_json: bool = False, label: Optional[str] = None) -> None:
-        self.timeline = Timeline(namer)
+                 as_json: bool = False, label: Optional[str] = None,
+                 stacks: Optional[StackFrames] = None) -> None:
+        self.timeline = Timeline(namer, stacks)  # (stacks: --stacks' native callers)
         self.step_at = step_at
         self.as_json = as_json  # report() gives JSON lines (records())
         self.label = label  # the file analysed (several ranks' files: each its own)
@@ -216,7 +217,8 @@ def waits_text(ctx: Context) -> str:
 
 
 def replays_by_capture(ctx: Context) -> Dict[str, int]:
-    """Graph launches that ran, by the site (Python line) of the capture of their graph."""
+    """Graph launches that ran, by the site of their graph's capture (its begin's Python
+    line, else its native caller)."""
     counts: Dict[str, int] = {}
     for call in ctx.calls:
         if call.role == "graph-launch" and call.is_work:
@@ -227,11 +229,11 @@ def replays_by_capture(ctx: Context) -> Dict[str, int]:
 
 
 def graphs_text(ctx: Context) -> str:
-    """Graph replays by the Python line of the capture they were made from."""
+    """Graph replays by the site of the capture they were made from."""
     counts = replays_by_capture(ctx)
     if not counts:
         return ""
-    return " CUDA graph replays by the capture's Python line:\n\n" + table(
+    return " CUDA graph replays by where their capture began:\n\n" + table(
         ("replays", "captured at"), [(integer(n), site) for site, n in sorted(counts.items())],
         left=(1,))
 

@@ -68,7 +68,8 @@ def median(values: Sequence[float]) -> float:
 
 
 def capture_sites(calls: Sequence[Call]) -> Dict[Tuple[int, Any], str]:
-    """(pid, graph exec) → the site (Python line) of the stream capture it was made from."""
+    """(pid, graph exec) → the site (Python line, else native caller) of the stream capture
+    it was made from: the capture's begin."""
     began: Dict[Tuple[int, Any], str] = {}  # (pid, stream) → site of the begin
     graphs: Dict[Tuple[int, Any], str] = {}
     execs: Dict[Tuple[int, Any], str] = {}
@@ -112,13 +113,14 @@ def thread_of(loop: Loop) -> str:
 
 
 def user_site(finding: Finding) -> Optional[str]:
-    """The finding's Python place when it is in the user's code (else None: no Python
-    stack, or only library frames, as on PyTorch's autograd thread)."""
+    """The finding's Python place when it is in the user's code, else its native caller
+    (None: neither, or only library frames, as on PyTorch's autograd thread)."""
     from .python_lines import is_user_file
 
     python = finding.where.get("python")
     if not isinstance(python, str) or not python:
-        return None
+        native = finding.where.get("native")  # (--stacks: the native caller's function)
+        return native if isinstance(native, str) and native else None
     return python if is_user_file(python.split(":")[0].split(" ")[0]) else None
 
 

@@ -279,13 +279,7 @@ def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) 
     """One indented line per frame: `#0 cudaMalloc+0x0 (libcudart.so.12)`."""
     if not addresses:
         return ["      (no stack)"]
-    lines = []
-    for depth, address in enumerate(addresses):
-        frame = None
-        if depth == 0:  # a stack taken at function entry starts with the function itself
-            frame = resolver.frame(pid, address)
-            frame = frame if frame is not None and frame.offset == 0 else None
-        if frame is None:  # a return address: named after the call just before it
-            frame = resolver.frame(pid, address, return_address=True)
-        lines.append("      #%d %s" % (depth, frame if frame is not None else "0x%x" % address))
+    frames = resolver.stack(pid, addresses)
+    lines = ["      #%d %s" % (depth, frame if frame is not None else "0x%x" % address)
+             for depth, (address, frame) in enumerate(zip(addresses, frames))]
     return lines

@@ -55,7 +55,7 @@ def sync_in_step(ctx: Context) -> List[Finding]:
                         "idle_after_ns": idle}
             findings.append(Finding(
                 "sync-in-step", HIGH, "the host waits for the GPU inside every step",
-                evidence, {"python": site if calls[0].py_stack else None,
+                evidence, {"python": calls[0].python, "native": calls[0].native_site,
                            "in_loop": loop_lines(loop, calls), "api": calls[0].api,
                            "stream": calls[0].stream, "thread": thread_of(loop)},
                 "keep the value on the GPU or read it once every N steps or after the loop "
@@ -132,7 +132,7 @@ def pageable_copy(ctx: Context) -> List[Finding]:
             "pageable-copy", HIGH if asynchronous else MEDIUM,
             "%s copies from pageable host memory" % ("async" if asynchronous else "synchronous"),
             {"calls": len(calls), "bytes": moved, "call_ns": took, "asynchronous": asynchronous},
-            {"python": site if calls[0].py_stack else None, "api": calls[0].api,
+            {"python": calls[0].python, "native": calls[0].native_site, "api": calls[0].api,
              "direction": direction, "stream": calls[0].stream,
              "thread": "%d/%d" % (calls[0].pid, calls[0].tid)},
             "allocate the host buffer page-locked (cudaHostAlloc, tensor.pin_memory(), "
@@ -167,7 +167,7 @@ def alloc_churn(ctx: Context) -> List[Finding]:
         findings.append(Finding(
             "alloc-churn", MEDIUM, "memory is allocated and freed in steady-state steps",
             evidence, {"python": loop_lines(loop, calls) or region(calls),
-                       "sites": sorted({c.site for c in calls if c.py_stack})[:8],
+                       "sites": sorted({c.site for c in calls if c.python or c.native_site})[:8],
                        "api": sorted({c.api for c in calls}),
                        "thread": thread_of(loop)},
             "allocate once before the loop and reuse the buffers (in PyTorch: no "
@@ -336,7 +336,8 @@ def default_stream_work(ctx: Context) -> List[Finding]:
     return [Finding(
         "default-stream-work", LOW, "memsets/device-to-device copies on the legacy default "
         "stream", {"calls": len(calls), "bytes": sum(c.bytes for c in calls)},
-        {"python": site if calls[0].py_stack else None, "api": api, "stream": LEGACY_STREAM,
+        {"python": calls[0].python, "native": calls[0].native_site, "api": api,
+         "stream": LEGACY_STREAM,
          "thread": "%d/%d" % (calls[0].pid, calls[0].tid)},
         "issue them on the stream whose work they belong to (cudaMemsetAsync/"
         "cudaMemcpyAsync with that stream): the legacy stream waits for every other stream",
@@ -359,7 +360,7 @@ def ignored_error(ctx: Context) -> List[Finding]:
     return [Finding(
         "ignored-error", HIGH, "a call failed and the program went on as if it had not",
         {"calls": len(pairs), "error": name, "ret": pairs[0][0].ret},
-        {"python": site if pairs[0][0].py_stack else None, "api": api,
+        {"python": pairs[0][0].python, "native": pairs[0][0].native_site, "api": api,
          "stream": pairs[0][0].stream, "then": pairs[0][1].site,
          "thread": "%d/%d" % (pairs[0][0].pid, pairs[0][0].tid)},
         "check the result of %s (or cudaGetLastError after it) and stop or recover" % api,

@@ -7,15 +7,25 @@ memset, alloc, free, graph launch), whether it blocks its thread until the GPU i
 stream (0 and 1, the legacy default stream, are one), its bytes and direction, its kernel.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..decode.events import EXIT, Event, PyFrame
 from ..decode.operations import blocks, byte_count, direction_of, is_driver, row
 from ..spec.apis import Role
+from ..targets.symbols import Frame
 from .layers import LayerFilter
 from .python_lines import frame_text, user_frame
 
 Namer = Callable[[Event, int], Optional[str]]
+# With --stacks: (pid, stack_id) → the frames of that user stack, innermost first (None for
+# an address in no file); live, read from the stack map, offline from the saved trace.
+StackFrames = Callable[[int, int], Sequence[Optional[Frame]]]
+# The files whose frames are CUDA's, not the caller's (the tests' stand-ins take the real
+# names): a call's native site is the innermost frame outside them.
+CUDA_LIBRARIES = ("libcudart.", "libcuda.", "libnccl.", "libcublas", "libcublasLt.", "libcudnn",
+                  "libcufft.", "libcurand.", "libcusparse.", "libcusolver.", "libnvrtc.",
+                  "libnvJitLink.")
 LEGACY_STREAM = 0  # the legacy default stream (handle 0, or cudaStreamLegacy: 1)
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
 # Roles whose calls put work on a stream (the steps' tokens, the streams' submissions).
@@ -50,6 +60,7 @@ class Call:
     kernels_run: int = 0  # graph launches: the kernels its nodes run
     index: int = 0  # position in its thread's list
     unnamed: Optional[Event] = None  # a launch not named yet: named again at the end
+    native: Optional[str] = None  # with --stacks: the native caller (`native_caller`)
 
     @property
     def duration_ns(self) -> int:
@@ -67,11 +78,38 @@ class Call:
     @property
     def site(self) -> str:
         """Where it was called from: the innermost user Python frame (`FILE:LINE FUNCTION`),
-        else the function's name and thread (no Python stack was recorded)."""
+        else the native caller (--stacks: `FUNCTION+0xOFF (FILE)`), else the function's name
+        and thread (neither stack was recorded)."""
         frame = user_frame(self.py_stack)
         if frame is not None:
             return frame_text(frame)
+        if self.native is not None:
+            return self.native
         return "%s (thread %d, no Python stack)" % (self.api, self.tid)
+
+    @property
+    def python(self) -> Optional[str]:
+        """Its site when that is a Python line (a finding's `where.python`)."""
+        return self.site if self.py_stack else None
+
+    @property
+    def native_site(self) -> Optional[str]:
+        """Its site when that is its native caller (a finding's `where.native`)."""
+        return self.native if self.native is not None and not self.py_stack else None
+
+
+def is_cuda_file(path: str) -> bool:
+    """A CUDA library's file (see CUDA_LIBRARIES)."""
+    return os.path.basename(path).startswith(CUDA_LIBRARIES)
+
+
+def native_caller(frames: Sequence[Optional[Frame]]) -> Optional[str]:
+    """The innermost frame outside the CUDA libraries, as `FUNCTION+0xOFF (FILE)` (or
+    `FILE+0xOFF` where no symbol holds it); None when every frame is CUDA's or unknown."""
+    for frame in frames:
+        if frame is not None and not is_cuda_file(frame.path):
+            return str(frame)
+    return None
 
 
 def stream_of(value: Any) -> Optional[int]:
@@ -125,9 +163,11 @@ class Timeline:
     time order (`calls`). Feed exit events with `add`; `finish()` before reading."""
 
     namer: Optional[Namer] = None
+    stacks: Optional[StackFrames] = None  # with --stacks: each call's native caller
     threads: Dict[Tuple[int, int], List[Call]] = field(default_factory=dict)
     calls: List[Call] = field(default_factory=list)
     _layers: LayerFilter = field(default_factory=LayerFilter)
+    _native: Dict[Tuple[int, int], Optional[str]] = field(default_factory=dict)
 
     def add(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -150,6 +190,11 @@ class Timeline:
     def _keep(self, event: Event) -> Optional[Call]:
         call = make_call(event, self.namer)
         if call is not None:
+            if event.stack_id and self.stacks is not None and not call.py_stack:
+                key = (event.pid, event.stack_id)  # (symbolised once, while the process lives)
+                if key not in self._native:
+                    self._native[key] = native_caller(self.stacks(*key))
+                call.native = self._native[key]
             self.calls.append(call)
         return call
 

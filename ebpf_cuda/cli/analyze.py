@@ -35,7 +35,8 @@ def analyze_cmd(paths: Tuple[str, ...], as_json: bool, step_at: Optional[str],
             plan.refuse_same_files([("--report", report_html)], [("the input trace", path)])
         saved = savefile.load(path)
         analyzer = Analyzer(saved.namer, step_at, as_json=as_json,
-                            label=path if len(paths) > 1 else None)
+                            label=path if len(paths) > 1 else None,
+                            stacks=saved.stack_frames if saved.stacks else None)
         sinks = [analyzer]
         if report_html:
             request = plan.Request(report_html=report_html)

@@ -142,7 +142,8 @@ def summary_losses(losses: Losses) -> str:
 def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
     """The outputs of a live trace by `tracer` (not started yet)."""
     namer = tracer.names
-    analyses = _analyses(namer, request, warn)
+    stacks = _stack_frames(tracer, namer) if request.stacks else None
+    analyses = _analyses(namer, request, warn, stacks)
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html or request.save or request.pprof_out))
@@ -156,13 +157,16 @@ def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
                             request.pprof_out))
     spool = (_spool(request.spool_size, request.output)
              if lines_only(sinks) is not None and not request.save else None)
-    return Plan(analyses, sinks, spool, _saver(request.save, tracer, namer), request.stacks,
-                namer)
+    saver = _saver(request.save, tracer, namer)
+    if saver is not None:
+        saver.stacks = stacks  # (its trailer keeps the stacks, symbolised: for `analyze`)
+    return Plan(analyses, sinks, spool, saver, request.stacks, namer)
 
 
 def for_replay(request: Request, saved, warn: Optional[Warn] = None) -> Plan:
     """The outputs of a saved trace read again (`saved`: a savefile.SavedTrace)."""
-    analyses = _analyses(saved.namer, request, warn)
+    analyses = _analyses(saved.namer, request, warn,
+                         saved.stack_frames if saved.stacks else None)
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, saved.namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html))
@@ -256,7 +260,15 @@ def _check_reports_stdout(request: Request, analyses: List[Sink]) -> None:
         raise UsageError("stdout is closed: the reports would go there")
 
 
-def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
+def _stack_frames(tracer, namer):
+    """(pid, stack_id) → the frames of a user stack of the live trace (--stacks: the native
+    callers of --analyze and of a saved trace), symbolised as --leaks does."""
+    def frames(pid: int, stack_id: int):
+        return namer.resolver.stack(pid, tracer.stack(stack_id))
+    return frames
+
+
+def _analyses(namer, request: Request, warn: Optional[Warn], stacks=None) -> List[Sink]:
     """Sinks that build end-of-run reports; leak warnings are told as they happen."""
     from ..analysis import LeakTracker, Summary
 
@@ -270,7 +282,8 @@ def _analyses(namer, request: Request, warn: Optional[Warn]) -> List[Sink]:
     if request.analyze:
         from ..analysis.analyzer import Analyzer
 
-        analyses.append(Analyzer(namer, request.step_at, as_json=request.as_json))
+        analyses.append(Analyzer(namer, request.step_at, as_json=request.as_json,
+                                 stacks=stacks))
     if request.leaks:
         analyses.append(LeakTracker(on_warning=lambda w: warn("warning: %s" % w) if warn
                                     else None))

@@ -121,6 +121,7 @@ class RankFiles:
         self.clock_offset_ns = clock_offset_ns
         self.namer = namer
         self.from_start: Optional[bool] = None  # given to every file (savefile.SaveWriter)
+        self.stacks = None  # --stacks: given to every file (savefile.SaveWriter.stacks)
         self.files: Dict[int, RankFile] = {}  # by pid
         self._paths: Dict[str, int] = {}  # file -> the pid it holds
         self._by_rank = "r" in {kind for kind, _ in _parts(pattern)}
@@ -202,6 +203,7 @@ class RankFiles:
         path = self._free_path(rank, pid)
         writer = _open(path, self.table, self.clock_offset_ns, self.namer)
         writer.from_start = self.from_start
+        writer.stacks = self.stacks
         if self._ring_full:  # (records lost before this one may have been its own)
             writer.note_lost(self._ring_full)
         found = self.files[pid] = RankFile(pid, path, writer, rank)

@@ -12,7 +12,10 @@ Layout (little-endian):
     frames   fbytes   ring frames (8-byte header + record) appended batch after batch
     trailer  ...      JSON: {"kernels": [[pid, func, name], ...], "lost": {...}}, the kernel
                       names known when tracing (resolving them needs the live process) and
-                      the records lost, by cause (losses.Losses), written at close
+                      the records lost, by cause (losses.Losses), written at close;
+                      with --stacks, "stacks": [[pid, stack_id, [[function, offset, file]
+                      or null, ...]], ...], the user stacks the records name, symbolised
+                      while their processes lived (the stack map is gone offline)
 
 Frames have a fixed size, so no batch framing is needed. A file whose writer was killed has
 fbytes all ones and no trailer: its frames are read to the end, a trailing partial frame is dropped
@@ -42,6 +45,7 @@ from ..errors import DecodeError, UsageError
 from ..gpu.records import from_json as gpu_record
 from ..spec import apis, record
 from ..spec.apis import Api
+from ..targets.symbols import Frame
 
 MAGIC = b"EBPFCUDA"
 FORMAT_VERSION = 2  # 2: frames may hold hello records (record.PHASE_HELLO)
@@ -57,6 +61,8 @@ _FRAME_HEAD = struct.Struct("<II")
 RECORD_SIZE_BEFORE_PY_STACK = record.SIZE - 8
 
 Namer = Callable[[Event, int], Optional[str]]  # (launch event, func) -> kernel name
+# (pid, stack_id) -> the stack's frames, innermost first (analysis/timeline.StackFrames)
+StackFrames = Callable[[int, int], Sequence[Optional[Frame]]]
 
 
 class SaveWriter:
@@ -77,6 +83,9 @@ class SaveWriter:
         # --py-stacks: the stacks' frames by key, for the trailer (note_py_stacks)
         self.py_stacks: Dict[int, List[list]] = {}
         self.gpu: List[dict] = []  # the GPU's samples and events as JSON (note_gpu)
+        # --stacks: each user stack the records name, symbolised when first seen
+        self.stacks: Optional[StackFrames] = None
+        self.stack_frames: Dict[Tuple[int, int], list] = {}
         self._frame_bytes = 0
         self._lost_noted = 0
         names = "\n".join(api.name for api in table).encode()
@@ -87,6 +96,17 @@ class SaveWriter:
         """Append a batch of raw ring frames (as `Tracer.frames()` yields them)."""
         self.stream.write(frames)
         self._frame_bytes += len(frames)
+        if self.stacks is not None:
+            self._keep_stacks(frames)
+
+    def _keep_stacks(self, frames: bytes) -> None:
+        """Symbolise the user stacks first named in a batch, while their processes live."""
+        ids = record.frame_column(frames, record.STACK_ID, "I")
+        pids = record.frame_column(frames, record.PID_TGID + 4, "I")
+        for key in set(zip(pids, ids)):
+            if key[1] and key not in self.stack_frames:
+                self.stack_frames[key] = [list(frame) if frame is not None else None
+                                          for frame in self.stacks(*key)]
 
     def header(self) -> None:
         """The file header is written at creation."""
@@ -141,6 +161,9 @@ class SaveWriter:
             trailer["py_stacks"] = [[key, frames] for key, frames in self.py_stacks.items()]
         if self.gpu:
             trailer["gpu"] = self.gpu
+        if self.stack_frames:
+            trailer["stacks"] = [[pid, stack_id, frames]
+                                 for (pid, stack_id), frames in self.stack_frames.items()]
         self.stream.write(json.dumps(trailer).encode())
         if self.stream.seekable():
             self.stream.seek(_FBYTES_AT)
@@ -201,6 +224,8 @@ class SavedTrace:
         self._trailer_losses: Optional[Losses] = None
         self.from_start = False  # (the trailer says; a killed writer's file has none)
         self.py_stacks: Dict[int, Tuple[PyFrame, ...]] = {}  # (the trailer says)
+        # --stacks: (pid, stack_id) → the user stack's frames (the trailer says)
+        self.stacks: Dict[Tuple[int, int], Tuple[Optional[Frame], ...]] = {}
         self.gpu: list = []  # the GPU's samples and events (gpu/records.py; the trailer's)
         with self._open() as f:
             size = os.fstat(f.fileno()).st_size
@@ -247,6 +272,7 @@ class SavedTrace:
                 self._trailer_losses = Losses.from_json(trailer["lost"])
             self.from_start = trailer.get("from_start") is True
             self.py_stacks = _py_stacks(trailer.get("py_stacks", []))
+            self.stacks = _stacks(trailer.get("stacks", []))
             self.gpu = [gpu_record(obj) for obj in trailer.get("gpu", [])]
             return names
         except (ValueError, TypeError, KeyError, RecursionError) as err:
@@ -359,6 +385,10 @@ class SavedTrace:
                 if event.py_stack_id:
                     event.py_stack = self.py_stacks.get(event.py_stack_id)
 
+    def stack_frames(self, pid: int, stack_id: int) -> Sequence[Optional[Frame]]:
+        """The frames of a user stack (--stacks), as the tracer symbolised them; () unknown."""
+        return self.stacks.get((pid, stack_id), ())
+
     def names(self) -> "SavedNames":
         """The kernel names as a namer of both kinds: `namer(event, address)` and, for the
         lines straight from frames, `name_for(pid, api, address, when)`."""
@@ -418,6 +448,28 @@ def _py_stacks(entries) -> Dict[int, Tuple[PyFrame, ...]]:
                                  % (frame,))
             frames.append(PyFrame(*frame))
         stacks[entry[0]] = tuple(frames)
+    return stacks
+
+
+def _stacks(entries) -> Dict[Tuple[int, int], Tuple[Optional[Frame], ...]]:
+    """A trailer's user stacks: [[pid, stack_id, [[function, offset, file] or null, ...]]]."""
+    if not isinstance(entries, list):
+        raise ValueError("its stacks are not a list")
+    stacks = {}
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], int)
+                and isinstance(entry[1], int) and isinstance(entry[2], list)):
+            raise ValueError("a stack is not [pid, stack_id, frames]: %.60r" % (entry,))
+        frames = []
+        for frame in entry[2]:
+            if frame is not None and not (
+                    isinstance(frame, list) and len(frame) == 3 and isinstance(frame[1], int)
+                    and isinstance(frame[2], str)
+                    and (frame[0] is None or isinstance(frame[0], str))):
+                raise ValueError("a stack frame is not [function, offset, file]: %.60r"
+                                 % (frame,))
+            frames.append(Frame(*frame) if frame is not None else None)
+        stacks[(entry[0], entry[1])] = tuple(frames)
     return stacks
 
 

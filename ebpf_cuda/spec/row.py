@@ -142,6 +142,13 @@ class Out(NamedTuple):
     size: int = 8
 
 
+# With --stacks, the rows whose records carry the caller's user stack (Api.captures_stack):
+# memory calls (--leaks), and the copies, memsets, synchronising calls, stream captures and
+# graph launches the analysis's rules name (their native callers). Other rows cost nothing more.
+STACK_CATEGORIES = ("memory", "memcpy", "memset", "sync")
+STACK_ROLES = (Role.CAPTURE_BEGIN, Role.CAPTURE_END, Role.GRAPH_LAUNCH, Role.HOST_REGISTER)
+
+
 class Api(NamedTuple):
     """One traced function."""
 
@@ -200,5 +207,6 @@ class Api(NamedTuple):
 
     @property
     def captures_stack(self) -> bool:
-        """With --stacks its records carry the caller's user stack (shown by --leaks)."""
-        return self.category == "memory"
+        """With --stacks its records carry the caller's user stack: the memory calls (shown
+        by --leaks) and the calls the analysis's rules name (each finding's native caller)."""
+        return self.category in STACK_CATEGORIES or self.role in STACK_ROLES

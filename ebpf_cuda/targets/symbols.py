@@ -11,7 +11,7 @@ and per address; names are resolved in user space, after the event was read.
 """
 import os
 from bisect import bisect_right
-from typing import Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..errors import TracerError
 from .discovery import Mapping, parse_maps_line, process_file_path, process_mappings
@@ -174,6 +174,21 @@ class AddressResolver:
         if frame is None:
             frame = self._frames[key] = _symbolize(path, vaddr, return_address)
         return frame
+
+    def stack(self, pid: int, addresses: Sequence[int]) -> List[Optional[Frame]]:
+        """The frames of a user call stack (innermost first; None where an address lies in
+        no file): a stack taken at a function's entry starts with the function itself, the
+        rest are return addresses, each named after the call just before it."""
+        frames: List[Optional[Frame]] = []
+        for depth, address in enumerate(addresses):
+            frame = None
+            if depth == 0:
+                frame = self.frame(pid, address)
+                frame = frame if frame is not None and frame.offset == 0 else None
+            if frame is None:
+                frame = self.frame(pid, address, return_address=True)
+            frames.append(frame)
+        return frames
 
 
 def _symbolize(path: str, vaddr: int, return_address: bool) -> Frame:
