@@ -227,3 +227,40 @@ def test_the_trailer_keeps_python_stacks(tmp_path):
                                                PyFrame("/app/train.py", 40, "<module>"))] * 2
     assert events[1].to_json()["py_stack"][0] == {"file": "/app/train.py", "line": 12,
                                                   "function": "step"}
+
+
+def test_the_trailer_keeps_user_stacks_symbolised_when_first_seen(tmp_path):
+    from ebpf_cuda.targets.symbols import Frame
+
+    path = tmp_path / "t.ebpfcuda"
+    frames = {(42, 3): [Frame("cudaStreamSynchronize", 0x12, "/lib/libcudart.so.12"), None,
+                        Frame("step", 0x2c, "/app/train")],
+              (43, 3): [Frame(None, 0x1f40, "/app/other")]}
+    asked = []
+
+    def stacks(pid, stack_id):
+        asked.append((pid, stack_id))
+        return frames[(pid, stack_id)]
+
+    writer = savefile.open_save(str(path), apis.TABLE, OFFSET)
+    writer.stacks = stacks
+    writer.write_frames(pack_frame("cudaStreamSynchronize", 1000, (0,), stack_id=3)
+                        + pack_frame("cudaStreamSynchronize", 2000, (0,), stack_id=3)
+                        + pack_frame("cudaStreamSynchronize", 3000, (0,), pid=43, stack_id=3)
+                        + pack_frame("cudaLaunchKernel", 4000))  # (no stack: not asked)
+    writer.close()
+    assert sorted(asked) == [(42, 3), (43, 3)]  # once each
+    saved = savefile.load(str(path))
+    assert saved.stack_frames(42, 3) == tuple(frames[(42, 3)])
+    assert saved.stack_frames(43, 3) == tuple(frames[(43, 3)])
+    assert saved.stack_frames(42, 4) == ()
+    assert [ev.stack_id for ev in saved if ev.phase == "exit"] == [3, 3, 3, 0]
+
+
+def test_a_damaged_stack_in_the_trailer_is_a_decode_error(tmp_path):
+    path = tmp_path / "t.ebpfcuda"
+    writer = write(path, [FRAMES[0]], close=False)
+    writer.stack_frames = {(42, 3): [["step", "0x2c", "/app/train"]]}  # (an offset as text)
+    writer.close()
+    with pytest.raises(DecodeError, match="a stack frame is not"):
+        savefile.load(str(path))

@@ -62,7 +62,7 @@ from .signals import stopper
                    "end, list the allocations never freed.")
 @click.option("--stacks", is_flag=True,
               help="Capture the user call stack of memory calls (--leaks shows where each "
-                   "leak was allocated).")
+                   "leak was allocated) and of those --analyze names (their native callers).")
 @click.option("--py-stacks", is_flag=True,
               help="Each call carries its thread's Python stack (file, executing line, "
                    "function), walked by the probe: JSON `py_stack`, ` at FILE:LINE (FUNCTION)` "
@@ -70,7 +70,8 @@ from .signals import stopper
 @click.option("--analyze", is_flag=True,
               help="At the end: the program's steps (loop iterations), where the host waits "
                    "on the GPU, and findings (what to change); with --json as JSON records. "
-                   "Best with --py-stacks (findings name Python lines). See docs/analysis.md.")
+                   "Best with --py-stacks (findings name Python lines) or --stacks (native "
+                   "callers). See docs/analysis.md.")
 @click.option("--step-at", metavar="FUNCTION",
               help="With --analyze: each call of this CUDA function, or each invocation of "
                    "this Python function (--py-stacks), starts a step.")

@@ -46,7 +46,8 @@ class TraceConfig:
     # -- what each call writes -------------------------------------------------------------
     # `return_probes=False`: entry probes only (enter events, no durations); `entries`: an
     # enter record at entry too (calls that block for long); `ring_size`: the ring buffer's
-    # bytes (a power of two); `stacks`: the user call stack of memory calls (Tracer.stack);
+    # bytes (a power of two); `stacks`: the user call stack of memory calls and of the calls
+    # the analysis names (Tracer.stack; spec/row.py STACK_CATEGORIES);
     # `py_stacks`: each call's Python stack (pystack.py, pystacks.py; needs kernel BTF).
     return_probes: bool = True
     entries: bool = False
