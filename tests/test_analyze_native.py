@@ -92,3 +92,31 @@ def test_graph_replays_attributed_to_the_capturing_function(lib, native, tmp_pat
     assert replays["replays"] == STEPS
     assert_names(replays["captured_at"], native, "capture_forward")
     assert findings(records) == []
+
+
+def test_alloc_churn_names_the_c_functions_that_allocate_and_free(lib, native, tmp_path):
+    records = trace(tmp_path, lib, native, "churn")
+    finding, = findings(records)
+    assert finding["rule"] == "alloc-churn"
+    assert (finding["evidence"]["allocations"], finding["evidence"]["frees"]) == (STEPS - 1,
+                                                                                 STEPS - 1)
+    alloc, free = finding["where"]["sites"]  # (sorted: scratch_alloc's first)
+    assert_names(alloc, native, "scratch_alloc")
+    assert_names(free, native, "scratch_free")
+
+
+def test_default_stream_memset_names_the_c_function(lib, native, tmp_path):
+    records = trace(tmp_path, lib, native, "default")
+    finding, = findings(records)
+    assert finding["rule"] == "default-stream-work" and finding["where"]["python"] is None
+    assert finding["evidence"] == {"calls": STEPS, "bytes": STEPS << 20}
+    assert_names(finding["where"]["native"], native, "clear_on_default")
+
+
+def test_ignored_error_names_the_c_function(lib, native, tmp_path):
+    records = trace(tmp_path, lib, native, "error")
+    finding, = findings(records)
+    assert finding["rule"] == "ignored-error"
+    assert finding["evidence"] == {"calls": STEPS, "error": "cudaErrorInvalidMemcpyDirection",
+                                   "ret": 21}
+    assert_names(finding["where"]["native"], native, "copy_result")

@@ -6,7 +6,10 @@
  *
  * Linked against the stand-in libcudart (tests/native/fakecudart.c); its simulated device
  * (FAKECUDA_DEVICE_US) makes the synchronising calls wait for the launches' device time.
- * The functions the test names are noinline: each call site stays in its own function. */
+ * The functions the test names are noinline: each call site stays in its own function.
+ * Each loop ends with a synchronisation (the simulated device's time: tens of ms), so the
+ * process lives until the tracer has read its maps (a stack's addresses are named through
+ * them; a process gone before its first record is read has none to name them by). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,7 @@ cudaError_t cudaFree(void *ptr);
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned flags);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t size, int kind,
                             cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t size, cudaStream_t stream);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, int mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
@@ -113,9 +117,70 @@ static void graphs_loop(void) {
     cudaStreamSynchronize(s);
 }
 
+/* churn: a scratch buffer allocated and freed in every step, by scratch_alloc and
+ * scratch_free. */
+NOINLINE void *scratch_alloc(void) {
+    void *p = NULL;
+    cudaMalloc(&p, 4 * MB);
+    __asm__ volatile("" ::: "memory");
+    return p;
+}
+
+NOINLINE void scratch_free(void *p) {
+    cudaFree(p);
+    __asm__ volatile("" ::: "memory");
+}
+
+static void churn_loop(void) {
+    cudaStream_t s = new_stream();
+    for (int i = 0; i < STEPS; i++) {
+        void *p = scratch_alloc();
+        launch(0x1000, s);
+        launch(0x2000, s);
+        scratch_free(p);
+    }
+    cudaStreamSynchronize(s);
+}
+
+/* default: a memset on the legacy default stream in every step, from clear_on_default,
+ * while the process queues work on a stream created blocking. */
+NOINLINE void clear_on_default(void *device) {
+    cudaMemsetAsync(device, 0, MB, NULL);
+    __asm__ volatile("" ::: "memory");
+}
+
+static void default_loop(void) {
+    cudaStream_t s = new_stream();
+    void *device;
+    cudaMalloc(&device, MB);
+    for (int i = 0; i < STEPS; i++) {
+        launch(0x1000, s);
+        clear_on_default(device);
+    }
+    cudaStreamSynchronize(s);
+}
+
+/* error: a copy of a bad kind (7) fails in every step, from copy_result, and work goes on. */
+NOINLINE void copy_result(void *device, void *host, cudaStream_t s) {
+    cudaMemcpyAsync(device, host, 16, 7, s);
+    __asm__ volatile("" ::: "memory");
+}
+
+static void error_loop(void) {
+    cudaStream_t s = new_stream();
+    void *device;
+    char host[16];
+    cudaMalloc(&device, MB);
+    for (int i = 0; i < STEPS; i++) {
+        copy_result(device, host, s);
+        launch(0x1000, s);
+    }
+    cudaStreamSynchronize(s);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: analyze_native sync|pageable|graphs\n");
+        fprintf(stderr, "usage: analyze_native sync|pageable|graphs|churn|default|error\n");
         return 2;
     }
     if (!strcmp(argv[1], "sync"))
@@ -124,6 +189,12 @@ int main(int argc, char **argv) {
         pageable_loop();
     else if (!strcmp(argv[1], "graphs"))
         graphs_loop();
+    else if (!strcmp(argv[1], "churn"))
+        churn_loop();
+    else if (!strcmp(argv[1], "default"))
+        default_loop();
+    else if (!strcmp(argv[1], "error"))
+        error_loop();
     else
         return 2;
     return 0;
