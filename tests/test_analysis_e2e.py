@@ -160,8 +160,9 @@ def _number(text: str) -> float:
 @pytest.mark.parametrize("variant", ["pie", "nopie"])
 def test_summary_leaks_and_stacks(programs, variant, tmp_path):
     trace = tmp_path / "trace.jsonl"
-    done = run_cli("--summary", "--leaks", "--stacks", "--json", "-o", trace, "--",
-                   programs[variant])
+    saved = tmp_path / "run.ebpfcuda"
+    done = run_cli("--summary", "--leaks", "--stacks", "--json", "-o", trace, "--save", saved,
+                   "--", programs[variant])
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     exits = [e for e in events if e["phase"] == "exit"]
     pid = exits[0]["pid"]
@@ -221,6 +222,11 @@ def test_summary_leaks_and_stacks(programs, variant, tmp_path):
     assert re.fullmatch(r"      #0 make_scratch\(unsigned long\)\+0x[0-9a-f]+ \(%s\)" % name,
                         leaks[4]), leaks[4]
     assert re.fullmatch(r"      #1 main\+0x[0-9a-f]+ \(%s\)" % name, leaks[5]), leaks[5]
+    # the saved trace keeps the stacks symbolized: `report --leaks` shows the same frames
+    again = helpers.run_cli("report", "--leaks", saved)
+    assert again.returncode == 0, again.stderr
+    offline = again.stdout[again.stdout.index("Leaks:"):].splitlines()
+    assert offline[:len(leaks)] == leaks
 
 
 def test_summary_alone_prints_no_event_lines(programs):

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequenc
 
 from ..decode.events import EXIT, Event, PyFrame
 from ..spec.apis import TABLE, Api, Role
-from ..targets.symbols import AddressResolver
+from ..targets.symbols import AddressResolver, Frame
 from ._table import clock, integer, table
 from .layers import LayerFilter
 from .python_lines import stack_lines
@@ -246,12 +246,16 @@ class LeakTracker:
 
 
 StackOf = Callable[[int], List[int]]  # stack id → return addresses, innermost first
+# (pid, stack id) → the frames, innermost first, symbolized already (a saved trace's)
+FramesOf = Callable[[int, int], Sequence[Optional[Frame]]]
 
 
 def format_leaks(tracker: LeakTracker, stack_of: Optional[StackOf] = None,
-                 resolver: Optional[AddressResolver] = None) -> str:
+                 resolver: Optional[AddressResolver] = None,
+                 frames_of: Optional[FramesOf] = None) -> str:
     """The leak report: allocations never freed (pointer, size, allocator, time, thread) and,
-    with `stack_of`, each one's user call stack symbolized through `resolver`; then, for
+    with `stack_of`, each one's user call stack symbolized through `resolver` (with
+    `frames_of` instead: symbolized already, a saved trace's); then, for
     those that have one (--py-stacks), its Python stack (`py#0 FILE:LINE FUNCTION`, innermost
     first)."""
     leaks = tracker.leaks()
@@ -271,6 +275,9 @@ def format_leaks(tracker: LeakTracker, stack_of: Optional[StackOf] = None,
         lines.append(row)
         if stack_of is not None:
             lines += format_stack(allocation.pid, stack_of(allocation.stack_id), resolver)
+        elif frames_of is not None:
+            lines += format_frames(frames_of(allocation.pid, allocation.stack_id)
+                                   if allocation.stack_id else ())
         lines += stack_lines(allocation.py_stack)
     return "\n".join(lines)
 
@@ -279,7 +286,14 @@ def format_stack(pid: int, addresses: Sequence[int], resolver: AddressResolver) 
     """One indented line per frame: `#0 cudaMalloc+0x0 (libcudart.so.12)`."""
     if not addresses:
         return ["      (no stack)"]
-    frames = resolver.stack(pid, addresses)
-    lines = ["      #%d %s" % (depth, frame if frame is not None else "0x%x" % address)
-             for depth, (address, frame) in enumerate(zip(addresses, frames))]
-    return lines
+    return format_frames(resolver.stack(pid, addresses), addresses)
+
+
+def format_frames(frames: Sequence[Optional[Frame]], addresses: Sequence[int] = ()
+                  ) -> List[str]:
+    """One indented line per frame (one in no file: its address, "?" when not kept)."""
+    if not frames:
+        return ["      (no stack)"]
+    return ["      #%d %s" % (depth, frame if frame is not None else
+                               "0x%x" % addresses[depth] if depth < len(addresses) else "?")
+            for depth, frame in enumerate(frames)]

@@ -23,9 +23,8 @@ Namer = Callable[[Event, int], Optional[str]]
 StackFrames = Callable[[int, int], Sequence[Optional[Frame]]]
 # The files whose frames are CUDA's, not the caller's (the tests' stand-ins take the real
 # names): a call's native site is the innermost frame outside them.
-CUDA_LIBRARIES = ("libcudart.", "libcuda.", "libnccl.", "libcublas", "libcublasLt.", "libcudnn",
-                  "libcufft.", "libcurand.", "libcusparse.", "libcusolver.", "libnvrtc.",
-                  "libnvJitLink.")
+CUDA_LIBRARIES = ("libcudart.", "libcuda.", "libnccl.", "libcublas", "libcudnn", "libcufft.",
+                  "libcurand.", "libcusparse.", "libcusolver.", "libnvrtc.", "libnvJitLink.")
 LEGACY_STREAM = 0  # the legacy default stream (handle 0, or cudaStreamLegacy: 1)
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
 # Roles whose calls put work on a stream (the steps' tokens, the streams' submissions).

@@ -112,6 +112,7 @@ class Plan:
     saver: object = None
     stacks: bool = False
     namer: object = None
+    frames: object = None  # a saved trace's stacks, symbolized (SavedTrace.stack_frames)
 
     def reports(self, tracer=None) -> List[str]:
         """The reports of the analyses; live, rendered while `tracer` is still open (its
@@ -129,7 +130,7 @@ class Plan:
                 stack = tracer.stack if tracer is not None and self.stacks else None
                 resolver = self.namer.resolver if tracer is not None else None
                 reports.append(format_leaks(analysis, stack, resolver) if resolver
-                               else format_leaks(analysis))
+                               else format_leaks(analysis, frames_of=self.frames))
         return reports
 
 
@@ -165,13 +166,13 @@ def for_trace(request: Request, tracer, warn: Optional[Warn] = None) -> Plan:
 
 def for_replay(request: Request, saved, warn: Optional[Warn] = None) -> Plan:
     """The outputs of a saved trace read again (`saved`: a savefile.SavedTrace)."""
-    analyses = _analyses(saved.namer, request, warn,
-                         saved.stack_frames if saved.stacks else None)
+    frames = saved.stack_frames if saved.stacks else None  # (saved with --stacks)
+    analyses = _analyses(saved.namer, request, warn, frames)
     _check_reports_stdout(request, analyses)
     sinks = analyses + _event_sinks(request, saved.namer, events_wanted=not analyses and not (
         request.trace_out or request.report_html))
     return Plan(analyses, sinks + _file_sinks(request, saved.namer, analyses),
-                namer=saved.namer)
+                namer=saved.namer, frames=frames)
 
 
 def replay(saved, sinks: Sequence[Sink], notice: Optional[Warn] = None):
