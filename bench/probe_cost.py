@@ -11,6 +11,7 @@ programs found by id as they load and held open so that their statistics outlive
   json         ebpf-cuda --json -o FILE -- loop    the same TraceConfig, listed apart to
   save         ebpf-cuda --save FILE -- loop       show the reader's share is not in them)
   -r           ebpf-cuda -r -o FILE -- loop        (entry records only)
+  stacks       ebpf-cuda --stacks -o FILE -- loop  (a user stack per call of its rows: --op sync)
   summary      ebpf-cuda --summary -- loop
   monitor      ebpf-cuda monitor -p LIB --functions FUNCTION, the loop run beside it
 
@@ -48,7 +49,7 @@ from common import BareCounters  # noqa: E402
 from ebpf_cuda import syscalls  # noqa: E402
 
 FUNCTIONS = {"getdevice": "cudaGetDevice", "getlasterror": "cudaGetLastError",
-             "launch": "cudaLaunchKernel"}
+             "launch": "cudaLaunchKernel", "sync": "cudaStreamSynchronize"}
 BPF_ENABLE_STATS = 32
 BPF_STATS_RUN_TIME = 0
 KINDS = ("ent", "ret", "ses")
@@ -63,6 +64,7 @@ MODES: Dict[str, Optional[List[str]]] = {
     "json": ["--json", "-o", "{out}"],
     "save": ["--save", "{out}"],
     "-r": ["-r", "-o", "{out}"],
+    "stacks": ["--stacks", "-o", "{out}"],  # (a user stack on the rows of STACK_CATEGORIES)
     "summary": ["--summary"],
     "monitor": None,
 }

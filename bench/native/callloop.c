@@ -6,7 +6,7 @@
  *   gcc -O2 -g -fno-omit-frame-pointer callloop.c -L DIR -l:libcudart.so.12 \
  *       -Wl,-rpath,DIR -lpthread
  *
- * Usage: callloop [--op getdevice|launch|getlasterror] [-n CALLS] [-k REPS] [-s SECONDS]
+ * Usage: callloop [--op getdevice|launch|getlasterror|sync] [-n CALLS] [-k REPS] [-s SECONDS]
  *                 [-r RATE] [-t THREADS] [--cpu N] [--warmup CALLS]
  *   -n CALLS     calls per repetition per thread (default 1000000)
  *   -k REPS      repetitions (default 1); one `rep` line each (thread 0's timing)
@@ -36,6 +36,7 @@ typedef struct dim3 { unsigned int x, y, z; } dim3;
 cudaError_t cudaGetDevice(int *);
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+cudaError_t cudaStreamSynchronize(void *);
 
 static void kernel_stub(void) {}
 
@@ -65,6 +66,8 @@ static inline int call_once(int op) {
     }
     if (op == 1)
         return cudaGetLastError();
+    if (op == 3)
+        return cudaStreamSynchronize(0);
     dim3 grid = {64, 1, 1}, block = {256, 1, 1};
     void *args[1] = {0};
     return cudaLaunchKernel((const void *)kernel_stub, grid, block, args, 0, 0);
@@ -77,6 +80,8 @@ static int op_code(const char *name) {
         return 1;
     if (strcmp(name, "launch") == 0)
         return 2;
+    if (strcmp(name, "sync") == 0)  /* a row that --stacks gives a user stack */
+        return 3;
     fprintf(stderr, "callloop: unknown op %s\n", name);
     exit(2);
 }
