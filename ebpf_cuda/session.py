@@ -16,7 +16,8 @@ from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTup
 
 from . import late_loads, syscalls
 from .arch import current as current_arch
-from .bpf import features, kernel_btf, maps
+from .bpf import features, kernel_btf, maps, tracepoints
+from .bpf.maps import create_map
 from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from .bpf.ringbuf import RingBuffer
 from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
@@ -25,8 +26,8 @@ from .bpf.workers import Workers, close_all, forked_closer
 from .decode import aggregates as sums
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
-from .probes.execs import ExecWatcher
-from .probes.follow import GROUP_DEAD, ProcessFollower
+from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
+from .probes.follow import GROUP_DEAD, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
 from .spec import apis, layout, record
 from .spec.apis import Api
 from .spec.config import TraceConfig
@@ -89,6 +90,7 @@ class Session:
         self._links: List[Link] = []
         self._follower: Optional[ProcessFollower] = None
         self._execs: Optional[ExecWatcher] = None  # when each process exec'd (names.py)
+        self._tracepoints: Optional[tracepoints.ReadAhead] = None  # theirs, read meanwhile
         self._started = False
         self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
         # Libraries mapped after the start (late_loads.py); the lock keeps the reader's
@@ -122,6 +124,8 @@ class Session:
             if o.pid is not None:
                 check_proc_is_ours(o.pid)  # UsageError: /proc numbers another namespace's
                 discovery.process_mappings(o.pid)  # ProcessError for a dead PID
+            # (tracefs mounted privately by a child while the files are read)
+            self._tracepoints = tracepoints.ReadAhead(FOLLOW_TRACEPOINTS + [EXEC_TRACEPOINT])
             self.targets = find_targets(self.selected, o.library, o.pid, o.command, self.log)
             if features.proc_warning() is not None:  # (a PID namespace with another's /proc)
                 self.failures.append(features.proc_warning())
@@ -177,6 +181,8 @@ class Session:
         the generation of the next one). With `attach`, each program's probes are attached
         once it is loaded (the kernel's first uprobe registration waits for an RCU grace
         period: it overlaps the verifier too)."""
+        if self._tracepoints is not None:
+            self._tracepoints.wait()
         if layout.FOLLOWED in self.maps:
             self._follower = self._start_follower()
         self._execs = self._start_exec_watcher()
@@ -532,6 +538,8 @@ class Session:
     def _close_now(self, parallel: bool = True) -> None:
         with self._lock:  # (after a late attach the reader is making, if any)
             self._closed = True
+        if self._tracepoints is not None:
+            self._tracepoints.wait()  # (a child still reading them: reaped)
         # The links and the follower's tracepoints detach in parallel: each waits for a
         # grace period of the kernel's.
         closing = self._links + [o for o in (self._follower, self._execs, self.late)
@@ -577,24 +585,3 @@ def _driver_launches(targets: Sequence[Target]) -> bool:
     return any(api.library == apis.DRIVER and api.category == "launch"
                for target in targets for api, _, _ in target.functions)
 
-
-def create_map(spec: layout.MapSpec) -> maps.Map:
-    """A new map from its spec."""
-    if spec.type == "RingBuf":
-        return maps.RingBufMap(spec.entries, name=spec.name)
-    if spec.type == "TaskStorage":
-        return maps.TaskStorageMap(spec.value_size, name=spec.name)
-    if spec.type == "StackTrace":
-        return maps.StackTraceMap(spec.entries, name=spec.name)
-    if spec.type == "PerCpuArray":
-        return maps.PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
-                                   value_struct=spec.value_struct)
-    if spec.type == "MappedArray":
-        return maps.MappedArrayMap(spec.value_size, spec.entries, name=spec.name,
-                                   value_struct=spec.value_struct)
-    if spec.type == "Array":
-        return maps.ArrayMap(spec.value_size, spec.entries, name=spec.name,
-                             value_struct=spec.value_struct)
-    kind = {"Hash": maps.HashMap, "LruHash": maps.LruHashMap}[spec.type]
-    return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
-                key_struct=spec.key_struct, value_struct=spec.value_struct)
