@@ -44,6 +44,7 @@ class Tracer:
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
         self.stream = Stream(self.session, self.names, self.decoder)
         self.gpu = None  # the GPU sampler (gpu/sampler.py) with `gpu_samples`
+        self._gpu_asked = False
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -51,13 +52,19 @@ class Tracer:
         """Find files, load and attach every probe; a command is started but held until
         `run()` (or the first read), so that its first call is seen."""
         self.session.start()
-        if self.config.gpu_samples > 0 and self.gpu is None:
+        if self.config.gpu_samples > 0 and not self._gpu_asked:
+            self._gpu_asked = True
             self._start_gpu()
         return self
 
     def _start_gpu(self) -> None:
         """The GPU's state sampled beside the calls (gpu/sampler.py); what cannot be is
-        said in `gpu_lines` (and to the `notice` of `trace_into`), never raised."""
+        said in `gpu_lines` (and to the `notice` of `trace_into`), never raised. Where the
+        absence of NVML is no news (the default), a host without it imports no sampler."""
+        from .gpu import nvml
+
+        if self.config.gpu_absent_ok and self.config.nvml is None and not nvml.findable():
+            return
         from .gpu.sampler import Sampler
 
         sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,

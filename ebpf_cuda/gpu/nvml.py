@@ -169,6 +169,16 @@ def _load(path: Optional[str]) -> Tuple[ctypes.CDLL, str]:
     raise NvmlAbsent("no %s (no NVIDIA driver on this host; --nvml PATH names one)" % SONAME)
 
 
+def findable() -> bool:
+    """Whether the library is found as `Nvml()` finds it (a host without it need not import
+    the sampler: the trace's default asks for GPU samples where there is a GPU)."""
+    try:
+        _load(None)
+        return True
+    except NvmlError:
+        return False
+
+
 class Nvml:
     """One loaded library: `Nvml(path).init()`, then the calls below by device handle."""
 
