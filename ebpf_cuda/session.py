@@ -11,8 +11,8 @@ import contextlib
 import errno as errnos
 import os
 import threading
-from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
-                    Sequence, Set, Tuple)
+from typing import (TYPE_CHECKING, Callable, Dict, Hashable, Iterable, Iterator, List,
+                    NamedTuple, Optional, Sequence, Set, Tuple)
 
 from . import late_loads, syscalls
 from .arch import current as current_arch
@@ -23,7 +23,6 @@ from .bpf.ringbuf import RingBuffer
 from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                          attach_uprobe_multi)
 from .bpf.workers import Workers, close_all, forked_closer
-from .decode import aggregates as sums
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
 from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
@@ -34,6 +33,9 @@ from .spec.config import TraceConfig
 from .targets import discovery
 from .targets.command import HeldCommand, alive
 from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
+
+if TYPE_CHECKING:  # (imported when used: --summary and the monitor, not the default trace)
+    from .decode import aggregates as sums
 
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
 _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
@@ -497,10 +499,12 @@ class Session:
                 break
         return b"".join(chunks).decode("utf-8", "replace") or None
 
-    def aggregates(self) -> sums.Aggregates:
+    def aggregates(self) -> "sums.Aggregates":
         """The in-kernel aggregates so far (with the `aggregate` option)."""
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
+        from .decode import aggregates as sums
+
         return sums.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
                                           self.maps[layout.LAUNCHES],
                                           slots_map=self.maps.get(layout.LAUNCH_SLOTS))
@@ -565,11 +569,13 @@ class Session:
         if self.command is not None:
             self.command.close()  # a held command that never ran: let it go
 
-    def live_sums(self) -> sums.LiveSums:
+    def live_sums(self) -> "sums.LiveSums":
         """The in-kernel sums read again and again as they grow, and the entries of exited
         processes let go (with the `aggregate` option; see aggregates.LiveSums)."""
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
+        from .decode import aggregates as sums
+
         return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
                              self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
                              self.maps.get(layout.LAUNCH_SLOTS))

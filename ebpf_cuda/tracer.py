@@ -9,9 +9,8 @@
 
 It never prints, exits or installs signal handlers; progress notes go to `log` if given.
 """
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .decode import aggregates
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
 from .gpu.launches import LastLaunches
@@ -20,6 +19,9 @@ from .spec import apis, layout
 from .spec.config import TraceConfig
 from .stream import Closing, Notice, Stream
 from .targets.selection import Target
+
+if TYPE_CHECKING:  # (imported when used: --summary, not the default trace)
+    from .decode import aggregates as sums
 
 DEFAULT_RING_SIZE = layout.DEFAULT_RING_SIZE
 
@@ -185,7 +187,7 @@ class Tracer:
         """Records lost because the ring buffer was full."""
         return self.stats()["lost"]
 
-    def aggregates(self) -> aggregates.Aggregates:
+    def aggregates(self) -> "sums.Aggregates":
         """The in-kernel aggregates so far (with `aggregate=True`)."""
         return self.session.aggregates()
 
@@ -225,7 +227,7 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def live_sums(self) -> "aggregates.LiveSums":  # (the module: `aggregates` is a method here)
+    def live_sums(self) -> "sums.LiveSums":
         """The in-kernel sums (with `aggregate=True`) read again and again as they grow, and
         the entries of exited processes let go (aggregates.LiveSums). Make it once."""
         return self.session.live_sums()
