@@ -223,6 +223,8 @@ def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[
             common.cli_command(["-p", stand_in], [stamp]), cwd=str(tree))),
         ("baseline: zipapp, warm (from its cache)",
          lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+        ("baseline: zipapp, cold (first run: unpack + compile)",
+         lambda: zipapp.cold(["-p", stand_in], [stamp])),
     ]
 
 
