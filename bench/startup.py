@@ -149,9 +149,9 @@ class Zipapp:
         return env
 
     def run(self, cache: Path, options: List[str], command: List[str],
-            target: Optional[Path] = None) -> float:
-        return time_to_stamp([sys.executable, str(target or self.pyz), *options, "--", *command],
-                             cwd=str(self.folder), env=self.env(cache))
+            target: Optional[Path] = None, flags: Tuple[str, ...] = ()) -> float:
+        return time_to_stamp([sys.executable, *flags, str(target or self.pyz), *options, "--",
+                              *command], cwd=str(self.folder), env=self.env(cache))
 
     def cold(self, options: List[str], command: List[str]) -> float:
         """A first run: a fresh, empty cache (removed afterwards)."""
@@ -223,6 +223,8 @@ def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[
             common.cli_command(["-p", stand_in], [stamp]), cwd=str(tree))),
         ("baseline: zipapp, warm (from its cache)",
          lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+        ("baseline: zipapp, warm, python3 -S (no site)",
+         lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp], flags=("-S",))),
         ("baseline: zipapp, cold (first run: unpack + compile)",
          lambda: zipapp.cold(["-p", stand_in], [stamp])),
     ]
@@ -287,6 +289,12 @@ def main(argv: List[str]) -> None:
          lambda: zipapp.cold(["-p", stand_in], [stamp])),
         ("zipapp, warm (from its cache)",
          lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+        # This interpreter's `site` may import what a plain one would not (an editable
+        # install's finder, .pth files): without it, the tool's own start-up.
+        ("python3 -S -c pass (spawn to exit, no site)",
+         lambda: time_to_exit([py, "-S", "-c", "pass"])),
+        ("zipapp, warm, python3 -S (no site)",
+         lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp], flags=("-S",))),
         ("zipapp unpacked by hand (python3 DIR)",
          lambda: zipapp.run(zipapp.no_cache, ["-p", stand_in], [stamp],
                             target=zipapp.unpacked)),
