@@ -63,9 +63,9 @@ class Tracer:
         """The GPU's state sampled beside the calls (gpu/sampler.py); what cannot be is
         said in `gpu_lines` (and to the `notice` of `trace_into`), never raised. Where the
         absence of NVML is no news (the default), a host without it imports no sampler."""
-        from .gpu import nvml
+        from .gpu import nvml_findable
 
-        if self.config.gpu_absent_ok and self.config.nvml is None and not nvml.findable():
+        if self.config.gpu_absent_ok and self.config.nvml is None and not nvml_findable():
             return
         from .gpu.sampler import Sampler
 

@@ -10,13 +10,7 @@ import os
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import TracerError
-
-SONAME = "libnvidia-ml.so.1"
-# Where drivers install it, after the loader's own search (LD_LIBRARY_PATH, the ld cache):
-# distributions, the CUDA containers' driver mount, the GPU operator's root, WSL.
-FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu",
-           "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
-           "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/usr/lib/wsl/lib")
+from . import FOLDERS, SONAME  # noqa: F401 (where the library is looked for)
 
 # nvml.h's constants (the subset used)
 SUCCESS = 0
@@ -167,16 +161,6 @@ def _load(path: Optional[str]) -> Tuple[ctypes.CDLL, str]:
     if path:
         raise NvmlError("cannot load %s: %s" % (path, errors[0] if errors else "no such file"))
     raise NvmlAbsent("no %s (no NVIDIA driver on this host; --nvml PATH names one)" % SONAME)
-
-
-def findable() -> bool:
-    """Whether the library is found as `Nvml()` finds it (a host without it need not import
-    the sampler: the trace's default asks for GPU samples where there is a GPU)."""
-    try:
-        _load(None)
-        return True
-    except NvmlError:
-        return False
 
 
 class Nvml:
