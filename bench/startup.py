@@ -11,8 +11,10 @@ nvidia-cuda-runtime-cu12 wheel is installed, NVIDIA's libcudart.so.12 (a real sy
 also with --all; the one-file zipapp (`python3 -m ebpf_cuda.bundle`, run without PYTHONPATH,
 as on a host where nothing is installed) run from the archive (its cache unwritable: every
 module compiled at every start), cold (first run: unpacked into a fresh cache, bytecode
-compiled) and warm (from its cache), and unpacked by hand into a folder (`python3 DIR`); for
-reference the bare interpreter (`python3 -c pass` spawn to exit) and importing the CLI; and
+compiled) and warm (from its cache, also under `python3 -S`: without this interpreter's
+`site`, which may import an editable install's finder and .pth files), and unpacked by hand
+into a folder (`python3 DIR`); for reference the bare interpreter (`python3 -c pass` and
+`python3 -S -c pass`, spawn to exit) and importing the CLI; and
 bpftrace with an equivalent script (uprobe + uretprobe on the eleven seed functions, printf
 per call) when it is installed. BCC is tried too (it needs kernel headers to compile its C;
 reported when missing).
