@@ -29,6 +29,15 @@ class Arch(NamedTuple):
     # Where a function's return address is at its entry: in the link register (arm64: x30,
     # this offset in pt_regs), or None: at [sp] (x86-64, pushed by `call`).
     link_register: Optional[int] = None
+    # Where task_struct keeps a thread's user thread pointer (--py-stacks matches a thread's
+    # PyThreadState by its pthread_self()): x86-64's fs base; arm64's TPIDR_EL0, saved at
+    # clone and at each switch out.
+    thread_pointer: Tuple[str, ...] = ("thread", "fsbase")
+    # pthread_self() lies this glibc libthread_db constant's value below the thread pointer
+    # (TLS_DTV_AT_TP: arm64's tls.h, CONST_THREAD_AREA(64, sizeof(struct pthread))), read
+    # from the target's own C library; None: pthread_self() is the thread pointer (x86-64,
+    # whose glibc has the symbol too, meaning another thing: the FS register's number).
+    thread_self_symbol: Optional[str] = None
 
     def arg(self, index: int) -> int:
         """Offset of register argument `index` (0-based) in pt_regs."""
@@ -69,6 +78,8 @@ ARM64 = Arch(
     pt_regs_size=272,  # regs[31], sp, pc, pstate (uapi asm/ptrace.h: struct user_pt_regs)
     stack_args_start=0,
     link_register=240,  # x30 (lr); x29 (232) is the frame pointer
+    thread_pointer=("thread", "uw", "tp_value"),
+    thread_self_symbol="_thread_db_const_thread_area",
 )
 
 ARCHES: Dict[str, Arch] = {m: a for a in (X86_64, ARM64) for m in a.machines}

@@ -106,14 +106,14 @@ class Session:
         self._name_lookup: Optional[syscalls.ElementLookup] = None  # (probe_name's)
         # Not the initial PID namespace: the probes use pids as this one numbers them.
         self.pid_ns = features.pid_namespace()
-        # --py-stacks: where the kernel keeps a thread's pthread_self() (kernel BTF)
+        # --py-stacks: where the kernel keeps a thread's thread pointer (kernel BTF)
         self.thread_pointer: Optional[int] = None
         if options.py_stacks:
             self.thread_pointer = kernel_btf.thread_pointer_offset()
             if self.thread_pointer is None:
-                raise UnsupportedKernelError(
-                    "--py-stacks needs the kernel's BTF (/sys/kernel/btf/vmlinux) to find "
-                    "task_struct.thread.fsbase; this kernel has none")
+                raise UnsupportedKernelError("--py-stacks needs the kernel's BTF (/sys/kernel/"
+                                             "btf/vmlinux) to find task_struct.%s; this kernel "
+                                             "has none" % ".".join(current_arch().thread_pointer))
 
     def start(self) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is
@@ -249,8 +249,9 @@ class Session:
         multi = attach_path() == UPROBE_MULTI
         kfunc = (features.session_is_return_id() if plan.may_sample_returns(self.options, multi)
                  else None)  # (a search of the kernel's BTF: only for a mode that uses it)
-        return plan.Features(current_arch(), multi, layout.TASKS in self.maps, kfunc,
-                             self.pid_ns, self.thread_pointer)
+        tasks = layout.TASKS in self.maps
+        return plan.Features(current_arch(), multi, tasks, kfunc, self.pid_ns,
+                             self.thread_pointer, features.task_fields() if tasks else None)
 
     def probe_options(self, api: Api) -> calls.ProbeOptions:
         """What the programs of `api` do (plan.probe_options)."""
@@ -477,9 +478,8 @@ class Session:
 
     def probe_name(self, pid: int, handle: int, when: int = 0) -> Optional[str]:
         """The name the probes stored for (pid, handle) at the call that returned at kernel
-        time `when`, e.g. cuModuleGetFunction's (each call has its own entries, see
-        arguments.learn_name), taken out as it is read: the map holds only names not read
-        yet (the least recently stored go when those fill it). None: none, or a chunk lost."""
+        time `when` (arguments.learn_name), taken out as it is read: the map holds only names
+        not read yet (the oldest go when those fill it). None: none, or a chunk lost."""
         lookup = self._name_lookup
         if lookup is None:
             names = self.maps.get(layout.NAMES)

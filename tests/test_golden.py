@@ -45,10 +45,12 @@ FORK_CHILD_PID_OFFSET = 20
 EXIT_GROUP_DEAD_OFFSET = 32
 THREAD_POINTER = 3128  # task_struct.thread.fsbase in 6.18's BTF (kernel_btf.py reads it)
 SESSION_IS_RETURN = 65575  # bpf_session_is_return's BTF id in a 6.18 build (kernel_btf.py)
+TASK_FIELDS = (1264, 1268, 1752)  # task_struct's pid, tgid, comm in a 6.18 build (kernel_btf.py)
 # A kernel with everything: uprobe_multi (shared programs, function id from the attach
 # cookie), task-local storage, uprobe sessions, the initial PID namespace.
 KERNEL = plan.Features(ARCH, uprobe_multi=True, task_storage=True,
-                       session_is_return=SESSION_IS_RETURN, thread_pointer=THREAD_POINTER)
+                       session_is_return=SESSION_IS_RETURN, thread_pointer=THREAD_POINTER,
+                       task_fields=TASK_FIELDS)
 COMMAND = ("COMMAND",)
 
 

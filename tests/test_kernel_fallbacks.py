@@ -40,6 +40,10 @@ NO_UPROBE_MULTI = """
 import ebpf_cuda.bpf.features
 ebpf_cuda.bpf.features._cache["uprobe_multi"] = False
 """
+NO_TASK_FIELDS = """
+import ebpf_cuda.bpf.features
+ebpf_cuda.bpf.features._cache["task_fields"] = None
+"""
 MULTI_REFUSED = """
 import errno
 from ebpf_cuda import session
@@ -98,6 +102,31 @@ def test_threads_of_a_followed_process_are_traced_without_group_dead(root, robus
                        prog, "threads", 4, 50)
     assert done.returncode == 0, done.stderr
     assert sum(exits_by_pid(out).values()) == 200
+
+
+# -- task_struct's fields ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [[], ["-r"]], ids=["returns", "entries-only"])
+@pytest.mark.parametrize("patches", ["", NO_TASK_FIELDS], ids=["task_fields", "helpers"])
+def test_records_carry_pids_and_comm_read_either_way(root, robust, tmp_path, patches, mode):
+    """pid, tid and comm loaded through the task's pointer (features.task_fields), or, on a
+    kernel whose BTF does not give them, by the helpers: the same in every record."""
+    _, prog = robust
+    out = tmp_path / "trace.jsonl"
+    done = run_patched(patches, *mode, "--json", "-o", out, "--functions", "cudaMemcpy",
+                       "--", prog, "fork", 30, 20)
+    assert done.returncode == 0, done.stderr
+    with open(out) as f:
+        events = [json.loads(line) for line in f]
+    phase = "enter" if mode else "exit"
+    counts: dict = {}
+    for event in events:
+        if event["phase"] == phase:
+            counts[event["pid"]] = counts.get(event["pid"], 0) + 1
+            assert event["tid"] == event["pid"], event  # (one thread a process)
+            assert event["comm"] == prog.name[:15], event
+    assert counts == {pid_of(done.stdout, "child"): 30, pid_of(done.stdout, "parent"): 20}
 
 
 # -- attach paths ------------------------------------------------------------------------

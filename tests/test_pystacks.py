@@ -1,6 +1,10 @@
 """pystacks.py without probes: records of the `pystacks` ring parsed, stacks resolved with
 each interpreter's line rules, what cannot be shown counted and asked for again."""
+import os
+import shutil
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -108,6 +112,20 @@ def test_calls_before_the_interpreter_was_read_are_counted_once_each(stacks):
     assert stacks.missing == {"made before its process's interpreter was read": 1}
 
 
+def test_arm64_main_thread_calls_without_a_stack_are_counted(stacks):
+    """arm64: a main thread not switched out since its exec has a stale thread pointer in
+    the kernel, and no stack: counted; another thread's calls (a C thread) are not."""
+    stacks._since[7] = 100
+    stacks._saved_pointer = True
+    main = events.Event(0.0, 150, 7, 7, "app", "cudaFree", "exit", {})
+    other = events.Event(0.0, 150, 7, 8, "app", "cudaFree", "exit", {})
+    stacks.annotate([main, other])
+    assert stacks.missing == {pystacks.UNMATCHED_MAIN: 1}
+    stacks._saved_pointer = False  # (x86-64: the fs base is always current)
+    stacks.annotate([main])
+    assert stacks.missing == {pystacks.UNMATCHED_MAIN: 1}
+
+
 def test_the_probes_value_of_a_process():
     value = proc_value(python_layouts.layout_for((3, 8)), 0x7F0000001000, 5)
     fields = pp.PROC.unpack(value)
@@ -116,3 +134,45 @@ def test_the_probes_value_of_a_process():
     assert named["cframe_current_frame"] == pp.NONE  # (3.8: the thread state's frame)
     assert named["frame_owner_skip"] == 0x100  # (no owner field: nothing skipped)
     assert named["generation"] == 5 and named["frame_instr"] == 104
+    assert named["thread_below_tp"] == 0  # (x86-64: pthread_self() is the thread pointer)
+
+
+def test_arm64s_walk_takes_pthread_self_below_the_thread_pointer(monkeypatch):
+    """arm64 (TLS_DTV_AT_TP): the value read at task_struct's tp_value, less the process's
+    thread_below_tp, is what the thread states are matched with; x86-64 reads no such field."""
+    from ebpf_cuda import arch
+    from ebpf_cuda.asm import R0, R7
+
+    def subtracts(machine: str) -> bool:
+        monkeypatch.setattr(pp, "current_arch", lambda: arch.for_machine(machine))
+        prog = [i for i in pp.walk(3128, [pp.asm.mov(R0, 1)])
+                if isinstance(i, pp.asm.Instruction)]
+        return any(i.src == R7 and i.off == pp.PROC_AT["thread_below_tp"] for i in prog)
+
+    assert subtracts("aarch64") and not subtracts("x86_64")
+    value = proc_value(python_layouts.layout_for((3, 11)), 0x1000, 1, thread_below_tp=1856)
+    assert dict(zip(pp.PROC_FIELDS, pp.PROC.unpack(value)[2:]))["thread_below_tp"] == 1856
+    assert arch.for_machine("aarch64").thread_pointer == ("thread", "uw", "tp_value")
+
+
+def test_a_program_without_a_shared_glibc_is_told_in_one_line():
+    """Where pthread_self() lies is read from the process's own glibc: a static program
+    (busybox) has none to read, and says so."""
+    from ebpf_cuda.targets import libc_threads
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox")
+    held = subprocess.Popen([busybox, "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while "busybox" not in open("/proc/%d/maps" % held.pid).read():
+            assert time.monotonic() < deadline
+        with pytest.raises(libc_threads.NoThreadConstant, match="maps no shared C library"):
+            libc_threads.thread_below_pointer(held.pid, "_thread_db_const_thread_area")
+        # this process's glibc (2.34+: in libc.so.6) states it
+        assert 512 < libc_threads.thread_below_pointer(
+            os.getpid(), "_thread_db_sizeof_pthread") < 16384
+    finally:
+        held.kill()
+        held.wait()

@@ -13,6 +13,7 @@ and `report()`, the one-line summary that `-v` prints.
 | perf-event BPF links (5.15) | perf-event uprobes with cookies | PERF_EVENT_IOC_SET_BPF (no cookies) |
 | attach cookies (5.15) | shared programs (function id in the cookie) | one program per function |
 | task storage from uprobe programs + kernel BTF | calls in flight per thread | an LRU hash map |
+| task_struct's pid, tgid, comm read through bpf_get_current_task_btf (kernel BTF, 5.11) | a record's ids and comm, in two loads each | get_current_pid_tgid, get_current_comm |
 | uprobe sessions (6.13) | not used (reported) | |
 | uretprobe system call seen by seccomp (6.11 until the Feb 2025 fix) | hazard check | return probes refused for seccomp-filtered targets |
 | bpf_get_ns_current_pid_tgid (5.7: every kernel with ring buffers) | pids as a PID namespace numbers them, when the tracer runs in one | none needed |
@@ -21,7 +22,7 @@ import ctypes
 import errno as errnos
 import os
 import struct
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 from .. import syscalls
 from ..errors import KernelError
@@ -146,6 +147,25 @@ def task_storage_reason() -> Optional[str]:
 
 def task_storage() -> bool:
     return task_storage_reason() is None
+
+
+def task_fields() -> Optional[Tuple[int, int, int]]:
+    """task_struct's pid, tgid and comm offsets (kernel_btf.task_fields) when uprobe programs
+    may load them through bpf_get_current_task_btf's pointer; else None (the helpers read
+    them)."""
+    def probe() -> Optional[Tuple[int, int, int]]:
+        if not kernel_btf():
+            return None
+        from . import kernel_btf as btf_file
+
+        found = btf_file.task_fields()
+        if found is None:
+            return None
+        pid, tgid, comm = found
+        code = (_call(158) + _insn(0x61, 1, 0, pid) + _insn(0x61, 1, 0, tgid)
+                + _insn(0x79, 1, 0, comm) + _insn(0x79, 1, 0, comm + 8) + _EXIT0)
+        return found if _loads(code, "probe_taskf") is None else None
+    return _cached("task_fields", probe)  # type: ignore[return-value]
 
 
 def uprobe_sessions() -> bool:

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Set, Tuple
 
+from ..arch import current as current_arch
 from ..bpf.maps import Map
 from ..bpf.ringbuf import RingBuffer
 from ..errors import TracerError
@@ -26,6 +27,7 @@ from ..probes.pystack import (CODE_FILENAME_AT, CODE_HEAD, CODE_LINETABLE_AT, CO
                               STACK_HEAD, STACK_RECORD, STACK_TRUNCATED, seen_slot)
 from ..spec import layout, record
 from ..targets import discovery
+from ..targets.libc_threads import NoThreadConstant, thread_below_pointer
 from ..targets.python_layouts import (Interpreter, Layout, UnknownInterpreter, decode_unicode,
                                       find_interpreter, line_number, unicode_kind)
 from .events import Event, PyFrame
@@ -33,6 +35,8 @@ from .events import Event, PyFrame
 Log = Callable[[str], None]
 WATCH_AFTER_EXEC_S = 5.0  # how long a process is looked at for its interpreter after exec
 WATCH_EVERY_S = 0.002
+UNMATCHED_MAIN = ("made by a main thread whose thread state was not found (arm64: the kernel "
+                  "had not saved its thread pointer since its exec yet, or it ran no Python)")
 _NAMES = ("python", "libpython")
 
 
@@ -75,6 +79,9 @@ class PyStacks:
         self._watched: Dict[int, float] = {}  # pid -> until when to look for its interpreter
         self._watcher: Optional[threading.Thread] = None
         self._closed = False
+        # arm64: the kernel's copy of a thread pointer, saved at each switch out, is stale
+        # in a main thread that has not been switched out since its exec
+        self._saved_pointer = current_arch().thread_self_symbol is not None
 
     # -- telling the probes --------------------------------------------------------------
 
@@ -112,11 +119,15 @@ class PyStacks:
             self._generation += 1
             generation = self._generation
         try:
-            value = proc_value(interpreter.layout, interpreter.runtime_vaddr + bias, generation)
-        except ValueError as err:
+            below = _thread_below_pointer(pid)
+            value = proc_value(interpreter.layout, interpreter.runtime_vaddr + bias, generation,
+                               below)
+        except (ValueError, NoThreadConstant) as err:
             self._unknown(pid, interpreter.path, str(err))
             self.not_python.add(pid)
             return False
+        except TracerError:
+            return False  # (gone)
         self.procs[pid] = value
         self.registered[pid] = Registered(interpreter, generation)
         self._since[pid] = time.monotonic_ns()
@@ -227,8 +238,12 @@ class PyStacks:
         for event in events:
             if not event.py_stack_id:
                 since = self._since.get(event.pid)
-                if since is not None and event.ts_ns < since and self._counts(event):
+                if since is None or not self._counts(event):
+                    continue
+                if event.ts_ns < since:
                     self._add("made before its process's interpreter was read")
+                elif self._saved_pointer and event.tid == event.pid:
+                    self._add(UNMATCHED_MAIN)
             else:
                 frames, cause = self.frames(event.pid, event.py_stack_id)
                 event.py_stack = frames
@@ -341,7 +356,15 @@ def _text(state: int, data: bytes) -> Optional[str]:
 DATASTACK_CHUNK = {(3, 11): 296, (3, 12): 232, (3, 13): 232}
 
 
-def proc_value(lay: Layout, runtime: int, generation: int) -> bytes:
+def _thread_below_pointer(pid: int) -> int:
+    """How far below the thread pointer the kernel keeps a thread of `pid` has its
+    pthread_self(): 0 where they are one (x86-64), else read from the process's own C
+    library (libc_threads.py)."""
+    symbol = current_arch().thread_self_symbol
+    return 0 if symbol is None else thread_below_pointer(pid, symbol)
+
+
+def proc_value(lay: Layout, runtime: int, generation: int, thread_below_tp: int = 0) -> bytes:
     """The `pyprocs` value of a process (probes/pystack.PROC); ValueError when its thread
     state's fields do not fit one window."""
     values = {name: getattr(lay, name) for name in PROC_FIELDS if hasattr(lay, name)}
@@ -354,7 +377,8 @@ def proc_value(lay: Layout, runtime: int, generation: int) -> bytes:
         raise ValueError("its thread state's fields lie too far apart")
     values.update(tstate_window=low, window_thread_id=lay.tstate_thread_id - low,
                   window_frame=lay.tstate_frame - low,
-                  window_chunk=NONE if chunk is None else chunk - low, pad=0)
+                  window_chunk=NONE if chunk is None else chunk - low,
+                  thread_below_tp=thread_below_tp)
     values["cframe_current_frame"] = NONE if lay.cframe_current_frame < 0 \
         else lay.cframe_current_frame
     if lay.frame_owner < 0:  # (no owner field: no frame is skipped)

@@ -25,12 +25,12 @@ from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
 from .arguments import field_offset, in_registers, learn_name, load_args, read_outs
-from .inflight import (dropped_return, find_in_map, find_in_task, inflight_key, launch_layer,
-                       stash_entry, stash_in_task, task_storage, twin_return)
+from .inflight import (dropped_return, find_in_map, find_in_task, inflight_key, key_from_task,
+                       launch_layer, stash_entry, stash_in_task, task_storage, twin_return)
 from .options import ProbeOptions
-from .records import (comm, count, entry_head, py_stack_into, reserve, stack_id, store_fn_and_phase,
-                      submit)
-from .scope import in_namespace, only_followed, pid_tgid
+from .records import (comm, count, entry_head, py_stack_into, reserve, spill_task, stack_id,
+                      store_fn_and_phase, submit)
+from .scope import in_namespace, only_followed, pid_tgid, task_read
 
 Items = List[object]
 
@@ -72,13 +72,17 @@ def _entry_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Ite
     # in the `followed` map (when nothing is written before the stash).
     by_storage = (options.follow and options.task_storage and options.stash
                   and not options.emit_entry)
+    # An entry record loads pid_tgid and comm through the task (task_read): fetched once,
+    # before the followed check, which then needs no get_current_pid_tgid either.
+    spilled = task_read(options) and (options.emit_entry or not options.stash)
+    prog += spill_task() if spilled else []
     if options.follow and not by_storage:
-        prog += only_followed(options)
+        prog += only_followed(options, from_task=spilled)
     if options.py_stacks is not None:  # (before the entry time is taken: not in the call's)
         prog += pystack.walk(options.py_stacks, pid_tgid(options))
     if options.emit_entry or not options.stash:
         prog += _read_cookie() if fn_id is FROM_COOKIE else []
-        prog += _emit_enter_record(api, fn_id, arch, options)
+        prog += _emit_enter_record(api, fn_id, arch, options, spilled)
     if options.stash and options.task_storage:
         if by_storage:
             prog += task_storage(create=False) + [asm.jne(R0, 0, "have_storage")]
@@ -105,7 +109,11 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
     prog += _read_cookie() if fn_id is FROM_COOKIE else []
     prog += inflight_key(arch, arch.stack_args_start, options)
     layer = launch_layer(api)
-    prog += find_in_task(bool(layer)) if options.task_storage else find_in_map()
+    if options.task_storage:
+        prog += find_in_task(bool(layer), task_read(options))
+        prog += key_from_task(options)
+    else:
+        prog += find_in_map()
     prog += [asm.call(Helper.KTIME_GET_NS), asm.stx(DW, FP, layout.NOW_AT, R0)]
     if options.emit:
         prog += _emit_call_record(api, fn_id, arch, options)
@@ -231,7 +239,7 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
         asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.stx(DW, R8, record.PID_TGID, R1),
     ] + store_fn_and_phase(fn_id, record.PHASE_CALL)
     prog += stack_id() if options.stacks else [asm.st(W, R8, record.STACK_ID, 0)]
-    prog += comm()
+    prog += comm(options)
     for cell in range(record.ARG_CELLS):  # (the entry zeroed the cells its row leaves unused)
         prog += [asm.ldx(DW, R1, R7, record.INFLIGHT_ARGS + 8 * cell),
                  asm.stx(DW, R8, record.ARGS + 8 * cell, R1)]
@@ -247,13 +255,15 @@ def _emit_call_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) 
     return prog + [asm.Label("emitted")]
 
 
-def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> Items:
+def _emit_enter_record(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions,
+                       spilled: bool = False) -> Items:
     """Write an enter record straight into the ring buffer: with return probes (--entries) an
     extra record of a call whose complete record follows (flagged so, and its loss counted
     apart: decode/losses.py), else (-r) the call's only record."""
     follows = options.stash  # (the entry is stashed: its return writes the complete record)
     flags = record.FLAG_RETURN_FOLLOWS if follows else 0
-    prog = reserve("enter_lost") + entry_head(fn_id, record.PHASE_ENTER, options, flags)
+    prog = reserve("enter_lost") + entry_head(fn_id, record.PHASE_ENTER, options, flags,
+                                              spilled)
     prog += load_args(api, arch, R6, R8, record.ARGS)
     prog += [asm.st(DW, R8, record.RET, 0)]
     prog += [asm.st(DW, R8, record.OUTS + 8 * j, 0) for j in range(record.OUT_CELLS)]

@@ -12,7 +12,7 @@ from ..spec.apis import DRIVER, RUNTIME, Api, Role
 from .arguments import load_args
 from .options import ProbeOptions
 from .records import count, entry_head, py_stack_into, reserve
-from .scope import pid_tgid
+from .scope import pid_tgid, pid_tgid_from_task, task_read
 
 BPF_LOCAL_STORAGE_GET_F_CREATE = 1
 
@@ -29,10 +29,12 @@ def find_in_map() -> Items:
     ]
 
 
-def task_storage(create: bool) -> Items:
-    """R0 = this thread's `tasks` value (created when asked), or NULL."""
+def task_storage(create: bool, keep_task: bool = False) -> Items:
+    """R0 = this thread's `tasks` value (created when asked), or NULL; `keep_task`: fp-408 =
+    the task."""
     return [
         asm.call(Helper.GET_CURRENT_TASK_BTF), asm.mov(R2, R0),
+    ] + ([asm.stx(DW, FP, layout.TASK_AT, R0)] if keep_task else []) + [
         asm.ld_map(R1, layout.TASKS), asm.mov(R3, 0),
         asm.mov(R4, BPF_LOCAL_STORAGE_GET_F_CREATE if create else 0),
         asm.call(Helper.TASK_STORAGE_GET),
@@ -146,13 +148,14 @@ def dropped_return() -> Items:
     ]
 
 
-def find_in_task(twins: bool = False) -> Items:
+def find_in_task(twins: bool = False, keep_task: bool = False) -> Items:
     """R7 = this call's slot on the thread's stack (the topmost whose entry stack pointer is
     the one at fp-8), popping it and anything above; else jump to no_entry (or, for a thread
     without storage, one whose entries were never stashed, to done). `twins` (launch rows):
     a slot with twins is kept, one twin fewer, and the return ends (a twin entered by a
-    jump, whose stack pointer is the outer launch's, returns first)."""
-    return list(_FIND_IN_TASK_TWINS if twins else _FIND_IN_TASK)
+    jump, whose stack pointer is the outer launch's, returns first). `keep_task`: the task's
+    pointer is also spilled at fp-408 (scope.task_read)."""
+    return list(_FIND_IN_TASK[twins, keep_task])
 
 
 def _twin_found(level: int) -> Items:
@@ -164,8 +167,8 @@ def _twin_found(level: int) -> Items:
     ]
 
 
-def _build_find_in_task(twins: bool) -> Items:
-    prog = task_storage(create=False) + [
+def _build_find_in_task(twins: bool, keep_task: bool) -> Items:
+    prog = task_storage(create=False, keep_task=keep_task) + [
         asm.jeq(R0, 0, "done"),
         asm.mov(R9, R0),
         asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT + 8), asm.ldx(DW, R2, R9, 0),
@@ -186,14 +189,25 @@ def _build_find_in_task(twins: bool) -> Items:
 
 
 # The same in every return program (instructions are immutable values): built once.
-_FIND_IN_TASK = tuple(_build_find_in_task(twins=False))
-_FIND_IN_TASK_TWINS = tuple(_build_find_in_task(twins=True))
+_FIND_IN_TASK = {(twins, keep): tuple(_build_find_in_task(twins, keep))
+                 for twins in (False, True) for keep in (False, True)}
+
+
+def key_from_task(options: ProbeOptions) -> Items:
+    """fp-16 = pid_tgid, from the task that find_in_task spilled (task_read; else
+    inflight_key wrote it already)."""
+    if not (options.task_storage and task_read(options)):
+        return []
+    return pid_tgid_from_task(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
 
 
 def inflight_key(arch: Arch, sp_adjust: int, options: ProbeOptions) -> Items:
-    """fp-16 = pid_tgid, fp-8 = the stack pointer as it was at function entry."""
-    prog: Items = pid_tgid(options) + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0),
-                                       asm.ldx(DW, R1, R6, arch.sp)]
+    """fp-16 = pid_tgid (with task storage and task_read: after find_in_task, by
+    key_from_task), fp-8 = the stack pointer as it was at function entry."""
+    later = options.task_storage and task_read(options)
+    prog: Items = [] if later else pid_tgid(options) + [
+        asm.stx(DW, FP, layout.INFLIGHT_KEY_AT, R0)]
+    prog += [asm.ldx(DW, R1, R6, arch.sp)]
     if sp_adjust:
         prog.append(asm.sub(R1, sp_adjust))
     return prog + [asm.stx(DW, FP, layout.INFLIGHT_KEY_AT + 8, R1)]

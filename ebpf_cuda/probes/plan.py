@@ -20,7 +20,7 @@ from ..spec.config import TraceConfig
 from . import calls
 from .calls import ProbeOptions
 
-WAKEUP_FRACTION = 8  # the probes wake the reader when 1/8 of the ring is waiting
+WAKEUP_FRACTION = 8  # the probes wake the reader as 1/8 of the ring comes to wait (records.py)
 ENTRY, RETURN, SESSION = "entry", "return", "session"  # the kinds of program
 
 
@@ -33,6 +33,9 @@ class Features(NamedTuple):
     session_is_return: Optional[int] = None  # bpf_session_is_return's BTF id: uprobe sessions
     pid_ns: Optional[Tuple[int, int]] = None  # the tracer's PID namespace, if not the first
     thread_pointer: Optional[int] = None  # task_struct.thread.fsbase (for Python stacks)
+    # task_struct's pid, tgid and comm offsets, when the probes may load them through
+    # bpf_get_current_task_btf (features.task_fields): no helper call for either
+    task_fields: Optional[Tuple[int, int, int]] = None
 
 
 class ProgramSpec(NamedTuple):
@@ -111,6 +114,7 @@ def probe_options(api: Api, config: TraceConfig, features: Features) -> ProbeOpt
         follow=c.follows, task_storage=features.task_storage, pid_ns=features.pid_ns,
         py_stacks=features.thread_pointer if c.py_stacks else None,
         per_process=c.aggregate and c.per_process,
+        task_fields=features.task_fields if features.task_storage else None,
         wakeup_bytes=c.ring_size // WAKEUP_FRACTION,
         stacks=c.stacks and api.captures_stack)
     if api.teaches_names:

@@ -3,7 +3,8 @@
 At each traced call's entry, when the process is in `pyprocs` (its interpreter was read by
 pystacks.py: where `_PyRuntime` lies, and the offsets of its version), the probe
 - finds the thread's PyThreadState: cached in `pythreads` by pid_tgid, checked by its
-  `thread_id` (pthread_self(), the thread's fs base from task_struct), else found by
+  `thread_id` (pthread_self(): x86-64's fs base from task_struct; arm64's thread pointer
+  less the process's `thread_below_tp`, from its C library), else found by
   walking the main interpreter's list of thread states;
 - walks its frames innermost first, with one bpf_probe_read_user of each frame, keeping
   (code object, raw instruction value) pairs; frames that run no Python code (3.12+'s
@@ -20,6 +21,7 @@ import struct
 from typing import List
 
 from .. import asm
+from ..arch import current as current_arch
 from ..asm import DW, FP, R0, R1, R2, R3, R4, R5, R7, R8, R9, B, Helper, W
 from ..spec import layout, record
 
@@ -47,7 +49,9 @@ PROC_FIELDS = (
     # One read of a thread state covers the fields a walk needs: from `tstate_window` on,
     # the thread id, the frame (or cframe) pointer and the data stack chunk (NONE before
     # 3.11) at these offsets in it.
-    "tstate_window", "window_thread_id", "window_frame", "window_chunk", "pad")
+    "tstate_window", "window_thread_id", "window_frame", "window_chunk",
+    # How far pthread_self() lies below the thread pointer (arm64; 0 on x86-64).
+    "thread_below_tp")
 PROC = struct.Struct("<QQ%dI" % len(PROC_FIELDS))
 PROC_RUNTIME, PROC_TAG_MASK = 0, 8
 PROC_AT = {name: 16 + 4 * i for i, name in enumerate(PROC_FIELDS)}
@@ -88,7 +92,8 @@ Items = List[object]
 
 def walk(fsbase_offset: int, pid_tgid: Items) -> Items:
     """Instructions (R6 = ctx, kept): fp[PY_STACK_AT] = the calling thread's Python stack
-    key, or 0. `pid_tgid`: instructions leaving the thread's pid_tgid in R0."""
+    key, or 0. `fsbase_offset`: where task_struct keeps the thread pointer; `pid_tgid`:
+    instructions leaving the thread's pid_tgid in R0."""
     prog: Items = [asm.st(DW, FP, layout.PY_STACK_AT, 0)]
     prog += pid_tgid + [
         asm.stx(DW, FP, layout.PY_KEY_AT, R0), asm.rsh(R0, 32),
@@ -108,6 +113,9 @@ def walk(fsbase_offset: int, pid_tgid: Items) -> Items:
         asm.mov(R1, R8), asm.add(R1, S_FSBASE), asm.mov(R2, 8),
         asm.call(Helper.PROBE_READ_KERNEL), asm.jne(R0, 0, "py_done"),
     ]
+    if current_arch().thread_self_symbol is not None:  # (pthread_self() below the pointer)
+        prog += [asm.ldx(DW, R1, R8, S_FSBASE), asm.ldx(W, R2, R7, PROC_AT["thread_below_tp"]),
+                 asm.sub(R1, R2), asm.stx(DW, R8, S_FSBASE, R1)]
     # (the loop over code objects leaves by jumps only: py_lost follows it)
     return (prog + _thread_state() + _frames() + _send_stack() + _send_codes()
             + [asm.Label("py_lost")] + _count_lost("stack") + [asm.Label("py_done")])

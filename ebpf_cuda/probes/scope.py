@@ -35,9 +35,27 @@ def pid_tgid(options: ProbeOptions) -> Items:
     return [asm.ldx(DW, R0, FP, layout.NS_PID_TGID_AT)]
 
 
-def only_followed(options: ProbeOptions, outside: int = 0) -> Items:
-    """Return at once (with `outside`) unless this process is in the `followed` map."""
-    prog = pid_tgid(options) + [
+def task_read(options: ProbeOptions) -> bool:
+    """Whether pid_tgid and comm are loaded through the current task's pointer (spilled at
+    layout.TASK_AT) rather than by helper calls."""
+    return options.task_fields is not None
+
+
+def pid_tgid_from_task(options: ProbeOptions) -> Items:
+    """R0 = this thread's pid_tgid, from the task spilled at TASK_AT (task_read): the
+    kernel's (bpf_get_current_pid_tgid's tgid << 32 | pid), or in a PID namespace the one
+    `in_namespace` saved."""
+    if options.pid_ns is not None or options.task_fields is None:
+        return pid_tgid(options)
+    pid, tgid, _ = options.task_fields
+    return [asm.ldx(DW, R1, FP, layout.TASK_AT), asm.ldx(W, R0, R1, tgid), asm.lsh(R0, 32),
+            asm.ldx(W, R1, R1, pid), asm.or_(R0, R1)]
+
+
+def only_followed(options: ProbeOptions, outside: int = 0, from_task: bool = False) -> Items:
+    """Return at once (with `outside`) unless this process is in the `followed` map
+    (`from_task`: its pid from the task spilled at fp-408)."""
+    prog = (pid_tgid_from_task(options) if from_task else pid_tgid(options)) + [
         asm.rsh(R0, 32),
         asm.stx(W, FP, layout.STAT_KEY_AT, R0),
         asm.ld_map(R1, layout.FOLLOWED), asm.mov(R2, FP), asm.add(R2, layout.STAT_KEY_AT),

@@ -201,10 +201,13 @@ CAPTURE_FLAG_AT = CAPTURE_VALUE_AT - 8
 SAMPLE_AT = CAPTURE_FLAG_AT - 8  # a session program's draw: 0 takes the return
 PROCESS_KEY_AT = SAMPLE_AT - PROCESS_KEY.size  # the monitor's per-process aggregates: fp-376
 PROCESS_VALUE_AT = PROCESS_KEY_AT - PROCESS_VALUE.size  # fp-400
+# Programs reading task_struct's fields (ProbeOptions.task_fields): the current task's
+# pointer (bpf_get_current_task_btf), spilled: fp-408.
+TASK_AT = PROCESS_VALUE_AT - 8
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -280 and PROCESS_VALUE_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -280 and TASK_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

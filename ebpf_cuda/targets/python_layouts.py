@@ -233,6 +233,23 @@ def _file_offset(segments: List[Tuple[int, int, int]], vaddr: int) -> Optional[i
     return None
 
 
+def symbol_u32(path: str, name: str) -> Optional[int]:
+    """The 4-byte little-endian constant that symbol `name` of file `path` holds (from
+    .dynsym, then .symtab; read from the file); None when the file is no ELF, lacks the
+    symbol, or does not hold its bytes."""
+    symbols = _read_symbols(path, (name,))
+    if symbols is None or name not in symbols.values:
+        return None
+    offset = _file_offset(symbols.segments, symbols.values[name][0])
+    if offset is None:
+        return None
+    try:
+        data = _read(path, offset, 4)
+    except OSError:
+        return None
+    return struct.unpack("<I", data)[0] if len(data) == 4 else None
+
+
 def _read(path: str, offset: int, count: int) -> bytes:
     with open(path, "rb") as stream:
         stream.seek(offset)
