@@ -11,8 +11,10 @@ nvidia-cuda-runtime-cu12 wheel is installed, NVIDIA's libcudart.so.12 (a real sy
 also with --all; the one-file zipapp (`python3 -m ebpf_cuda.bundle`, run without PYTHONPATH,
 as on a host where nothing is installed) run from the archive (its cache unwritable: every
 module compiled at every start), cold (first run: unpacked into a fresh cache, bytecode
-compiled) and warm (from its cache), and unpacked by hand into a folder (`python3 DIR`); for
-reference the bare interpreter (`python3 -c pass` spawn to exit) and importing the CLI; and
+compiled) and warm (from its cache, also under `python3 -S`: without this interpreter's
+`site`, which may import an editable install's finder and .pth files), and unpacked by hand
+into a folder (`python3 DIR`); for reference the bare interpreter (`python3 -c pass` and
+`python3 -S -c pass`, spawn to exit) and importing the CLI; and
 bpftrace with an equivalent script (uprobe + uretprobe on the eleven seed functions, printf
 per call) when it is installed. BCC is tried too (it needs kernel headers to compile its C;
 reported when missing).
@@ -149,9 +151,9 @@ class Zipapp:
         return env
 
     def run(self, cache: Path, options: List[str], command: List[str],
-            target: Optional[Path] = None) -> float:
-        return time_to_stamp([sys.executable, str(target or self.pyz), *options, "--", *command],
-                             cwd=str(self.folder), env=self.env(cache))
+            target: Optional[Path] = None, flags: Tuple[str, ...] = ()) -> float:
+        return time_to_stamp([sys.executable, *flags, str(target or self.pyz), *options, "--",
+                              *command], cwd=str(self.folder), env=self.env(cache))
 
     def cold(self, options: List[str], command: List[str]) -> float:
         """A first run: a fresh, empty cache (removed afterwards)."""
@@ -223,6 +225,10 @@ def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[
             common.cli_command(["-p", stand_in], [stamp]), cwd=str(tree))),
         ("baseline: zipapp, warm (from its cache)",
          lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+        ("baseline: zipapp, warm, python3 -S (no site)",
+         lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp], flags=("-S",))),
+        ("baseline: zipapp, cold (first run: unpack + compile)",
+         lambda: zipapp.cold(["-p", stand_in], [stamp])),
     ]
 
 
@@ -285,6 +291,12 @@ def main(argv: List[str]) -> None:
          lambda: zipapp.cold(["-p", stand_in], [stamp])),
         ("zipapp, warm (from its cache)",
          lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])),
+        # This interpreter's `site` may import what a plain one would not (an editable
+        # install's finder, .pth files): without it, the tool's own start-up.
+        ("python3 -S -c pass (spawn to exit, no site)",
+         lambda: time_to_exit([py, "-S", "-c", "pass"])),
+        ("zipapp, warm, python3 -S (no site)",
+         lambda: zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp], flags=("-S",))),
         ("zipapp unpacked by hand (python3 DIR)",
          lambda: zipapp.run(zipapp.no_cache, ["-p", stand_in], [stamp],
                             target=zipapp.unpacked)),

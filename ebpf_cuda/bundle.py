@@ -12,8 +12,9 @@ start, into a per-user cache folder named after a hash of the archive's bytes,
 
     $XDG_CACHE_HOME/ebpf-cuda/<hash>/   (else ~/.cache/ebpf-cuda/<hash>/)
 
-compiling every module's bytecode there (whatever PYTHONDONTWRITEBYTECODE says), and every
-start runs from that folder. The folder is made in a private temporary folder beside it and
+compiling every module's bytecode there (whatever PYTHONDONTWRITEBYTECODE says; the files
+are shared out among forked children, one per usable CPU up to 8, each writing and compiling
+its own: compiling is most of a first start), and every start runs from that folder. The folder is made in a private temporary folder beside it and
 renamed into place, so concurrent first starts are safe (one rename wins, the others use it).
 It is used only when it and every folder above it can be changed by nobody but root and the
 user running it (owner root or that user, not writable by group or others unless sticky, as
@@ -121,50 +122,125 @@ def compiled_marker():
     return ".compiled-%s%s" % (tag, ".opt-%d" % sys.flags.optimize if sys.flags.optimize else "")
 
 
-def compile_tree(folder):
-    """Bytecode of every module under `folder` for this interpreter, then the marker file."""
-    marker = compiled_marker()
-    if marker is None:
-        return
+def compile_files(paths):
+    """Bytecode of each source file of `paths` for this interpreter."""
     import py_compile
     mode = py_compile.PycInvalidationMode.TIMESTAMP  # not SOURCE_DATE_EPOCH's hashed pycs
-    for top, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
+    for path in paths:
+        if path.endswith(".py"):
+            try:
+                py_compile.compile(path, doraise=True, invalidation_mode=mode)
+            except (py_compile.PyCompileError, OSError, ValueError):
+                pass  # Python compiles it in memory when it imports it
+
+
+def in_parallel(work, shares):
+    """work(share) for each share, the first in this process and each other in a forked
+    child (compiling is CPU-bound, one core each: the first start's figure). Raises OSError
+    when a child failed; no child is left running."""
+    children = []
+    try:
+        for share in shares[1:]:
+            pid = os.fork()
+            if pid == 0:
+                status = 1
                 try:
-                    py_compile.compile(os.path.join(top, name), doraise=True,
-                                       invalidation_mode=mode)
-                except (py_compile.PyCompileError, OSError, ValueError):
-                    pass  # Python compiles it in memory when it imports it
-    temporary = os.path.join(folder, "%s.%d" % (marker, os.getpid()))
+                    work(share)
+                    status = 0
+                finally:
+                    os._exit(status)
+            children.append(pid)
+        work(shares[0])
+    except BaseException:
+        for pid in children:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        for pid in children:
+            os.waitpid(pid, 0)
+        raise
+    if any([os.waitpid(pid, 0)[1] for pid in children]):  # (every child reaped)
+        raise OSError("a child unpacking the archive failed")
+
+
+def split(items, weight):
+    """`items` dealt into one share per usable CPU (at most 8), heaviest first."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    shares = [[] for _ in range(max(1, min(cpus, 8, len(items))))]
+    loads = [0] * len(shares)
+    for item in sorted(items, key=weight, reverse=True):
+        least = loads.index(min(loads))
+        shares[least].append(item)
+        loads[least] += weight(item)
+    return shares
+
+
+def mark_compiled(folder):
+    """The marker file that says this interpreter's bytecode is there."""
+    temporary = os.path.join(folder, "%s.%d" % (compiled_marker(), os.getpid()))
     with open(temporary, "w"):
         pass
-    os.replace(temporary, os.path.join(folder, marker))
+    os.replace(temporary, os.path.join(folder, compiled_marker()))
+
+
+def compile_tree(folder):
+    """Bytecode of every module under `folder` for this interpreter, then the marker file."""
+    if compiled_marker() is None:
+        return
+    paths = []
+    for top, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        paths += [os.path.join(top, name) for name in sorted(files) if name.endswith(".py")]
+    if paths:
+        in_parallel(compile_files, split(paths, lambda p: os.stat(p).st_size))
+    mark_compiled(folder)
+
+
+def extract(archive, temporary, entries):
+    """Write `entries` (names) of `archive` under `temporary`, and compile them."""
+    import zipfile
+    written = []
+    with zipfile.ZipFile(archive) as zipped:
+        for name in entries:
+            target = os.path.join(temporary, *name.split("/"))
+            os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+            descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(descriptor, "wb") as out:
+                out.write(zipped.read(name))
+            written.append(target)
+    if compiled_marker() is not None:
+        compile_files(written)
 
 
 def unpack(archive, root, final):
-    """Unpack `archive` with its bytecode into a private temporary folder in `root`, then
-    rename it to `final`; losing the race to a concurrent start is fine."""
+    """Unpack `archive` with its bytecode into a private temporary folder in `root` (files
+    shared out among forked children, each writing and compiling its own), then rename it
+    to `final`; losing the race to a concurrent start is fine."""
     import shutil
-    import tempfile
     import time
     import zipfile
 
-    temporary = tempfile.mkdtemp(prefix=".unpack-", dir=root)
+    temporary = os.path.join(root, ".unpack-%d-%s" % (os.getpid(), os.urandom(6).hex()))
+    os.mkdir(temporary, 0o700)
     try:
         with zipfile.ZipFile(archive) as zipped:
+            sizes = {}
             for entry in zipped.infolist():
                 parts = entry.filename.split("/")
                 if entry.is_dir() or entry.filename.startswith("/") or \
                         any(p in ("", ".", "..") for p in parts):
                     continue
-                target = os.path.join(temporary, *parts)
-                os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
-                descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with zipped.open(entry) as source, open(descriptor, "wb") as out:
-                    shutil.copyfileobj(source, out)
-        compile_tree(temporary)
+                sizes[entry.filename] = entry.file_size
+        for folder in {os.path.dirname(name) for name in sizes}:  # (before the children)
+            os.makedirs(os.path.join(temporary, *folder.split("/")), 0o700, exist_ok=True)
+        in_parallel(lambda share: extract(archive, temporary, share),
+                    split(list(sizes), sizes.get))
+        if compiled_marker() is not None:
+            mark_compiled(temporary)
         try:
             os.rename(temporary, final)
         except OSError:

@@ -11,28 +11,31 @@ import contextlib
 import errno as errnos
 import os
 import threading
-from typing import (Callable, Dict, Hashable, Iterable, Iterator, List, NamedTuple, Optional,
-                    Sequence, Set, Tuple)
+from typing import (TYPE_CHECKING, Callable, Dict, Hashable, Iterable, Iterator, List,
+                    NamedTuple, Optional, Sequence, Set, Tuple)
 
 from . import late_loads, syscalls
 from .arch import current as current_arch
-from .bpf import features, kernel_btf, maps
+from .bpf import features, kernel_btf, maps, tracepoints
+from .bpf.maps import create_map
 from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from .bpf.ringbuf import RingBuffer
 from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
                          attach_uprobe_multi)
 from .bpf.workers import Workers, close_all, forked_closer
-from .decode import aggregates as sums
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
-from .probes.execs import ExecWatcher
-from .probes.follow import GROUP_DEAD, ProcessFollower
+from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
+from .probes.follow import GROUP_DEAD, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
 from .spec import apis, layout, record
 from .spec.apis import Api
 from .spec.config import TraceConfig
 from .targets import discovery
 from .targets.command import HeldCommand, alive
 from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
+
+if TYPE_CHECKING:  # (imported when used: --summary and the monitor, not the default trace)
+    from .decode import aggregates as sums
 
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
 _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
@@ -89,6 +92,7 @@ class Session:
         self._links: List[Link] = []
         self._follower: Optional[ProcessFollower] = None
         self._execs: Optional[ExecWatcher] = None  # when each process exec'd (names.py)
+        self._tracepoints: Optional[tracepoints.ReadAhead] = None  # theirs, read meanwhile
         self._started = False
         self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
         # Libraries mapped after the start (late_loads.py); the lock keeps the reader's
@@ -122,6 +126,8 @@ class Session:
             if o.pid is not None:
                 check_proc_is_ours(o.pid)  # UsageError: /proc numbers another namespace's
                 discovery.process_mappings(o.pid)  # ProcessError for a dead PID
+            # (tracefs mounted privately by a child while the files are read)
+            self._tracepoints = tracepoints.ReadAhead(FOLLOW_TRACEPOINTS + [EXEC_TRACEPOINT])
             self.targets = find_targets(self.selected, o.library, o.pid, o.command, self.log)
             if features.proc_warning() is not None:  # (a PID namespace with another's /proc)
                 self.failures.append(features.proc_warning())
@@ -177,6 +183,8 @@ class Session:
         the generation of the next one). With `attach`, each program's probes are attached
         once it is loaded (the kernel's first uprobe registration waits for an RCU grace
         period: it overlaps the verifier too)."""
+        if self._tracepoints is not None:
+            self._tracepoints.wait()
         if layout.FOLLOWED in self.maps:
             self._follower = self._start_follower()
         self._execs = self._start_exec_watcher()
@@ -491,10 +499,12 @@ class Session:
                 break
         return b"".join(chunks).decode("utf-8", "replace") or None
 
-    def aggregates(self) -> sums.Aggregates:
+    def aggregates(self) -> "sums.Aggregates":
         """The in-kernel aggregates so far (with the `aggregate` option)."""
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
+        from .decode import aggregates as sums
+
         return sums.read_aggregates(self.maps[layout.AGG], self.maps[layout.ERRORS],
                                           self.maps[layout.LAUNCHES],
                                           slots_map=self.maps.get(layout.LAUNCH_SLOTS))
@@ -532,6 +542,8 @@ class Session:
     def _close_now(self, parallel: bool = True) -> None:
         with self._lock:  # (after a late attach the reader is making, if any)
             self._closed = True
+        if self._tracepoints is not None:
+            self._tracepoints.wait()  # (a child still reading them: reaped)
         # The links and the follower's tracepoints detach in parallel: each waits for a
         # grace period of the kernel's.
         closing = self._links + [o for o in (self._follower, self._execs, self.late)
@@ -557,11 +569,13 @@ class Session:
         if self.command is not None:
             self.command.close()  # a held command that never ran: let it go
 
-    def live_sums(self) -> sums.LiveSums:
+    def live_sums(self) -> "sums.LiveSums":
         """The in-kernel sums read again and again as they grow, and the entries of exited
         processes let go (with the `aggregate` option; see aggregates.LiveSums)."""
         if not self.options.aggregate:
             raise UsageError("aggregates need Tracer(aggregate=True)")
+        from .decode import aggregates as sums
+
         return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
                              self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
                              self.maps.get(layout.LAUNCH_SLOTS))
@@ -577,24 +591,3 @@ def _driver_launches(targets: Sequence[Target]) -> bool:
     return any(api.library == apis.DRIVER and api.category == "launch"
                for target in targets for api, _, _ in target.functions)
 
-
-def create_map(spec: layout.MapSpec) -> maps.Map:
-    """A new map from its spec."""
-    if spec.type == "RingBuf":
-        return maps.RingBufMap(spec.entries, name=spec.name)
-    if spec.type == "TaskStorage":
-        return maps.TaskStorageMap(spec.value_size, name=spec.name)
-    if spec.type == "StackTrace":
-        return maps.StackTraceMap(spec.entries, name=spec.name)
-    if spec.type == "PerCpuArray":
-        return maps.PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
-                                   value_struct=spec.value_struct)
-    if spec.type == "MappedArray":
-        return maps.MappedArrayMap(spec.value_size, spec.entries, name=spec.name,
-                                   value_struct=spec.value_struct)
-    if spec.type == "Array":
-        return maps.ArrayMap(spec.value_size, spec.entries, name=spec.name,
-                             value_struct=spec.value_struct)
-    kind = {"Hash": maps.HashMap, "LruHash": maps.LruHashMap}[spec.type]
-    return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
-                key_struct=spec.key_struct, value_struct=spec.value_struct)

@@ -9,9 +9,8 @@
 
 It never prints, exits or installs signal handlers; progress notes go to `log` if given.
 """
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from .decode import aggregates
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
 from .gpu.launches import LastLaunches
@@ -20,6 +19,9 @@ from .spec import apis, layout
 from .spec.config import TraceConfig
 from .stream import Closing, Notice, Stream
 from .targets.selection import Target
+
+if TYPE_CHECKING:  # (imported when used: --summary, not the default trace)
+    from .decode import aggregates as sums
 
 DEFAULT_RING_SIZE = layout.DEFAULT_RING_SIZE
 
@@ -44,6 +46,7 @@ class Tracer:
         self.decoder = Decoder(apis.TABLE)  # clock offset measured now, before the start
         self.stream = Stream(self.session, self.names, self.decoder)
         self.gpu = None  # the GPU sampler (gpu/sampler.py) with `gpu_samples`
+        self._gpu_asked = False
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -51,13 +54,19 @@ class Tracer:
         """Find files, load and attach every probe; a command is started but held until
         `run()` (or the first read), so that its first call is seen."""
         self.session.start()
-        if self.config.gpu_samples > 0 and self.gpu is None:
+        if self.config.gpu_samples > 0 and not self._gpu_asked:
+            self._gpu_asked = True
             self._start_gpu()
         return self
 
     def _start_gpu(self) -> None:
         """The GPU's state sampled beside the calls (gpu/sampler.py); what cannot be is
-        said in `gpu_lines` (and to the `notice` of `trace_into`), never raised."""
+        said in `gpu_lines` (and to the `notice` of `trace_into`), never raised. Where the
+        absence of NVML is no news (the default), a host without it imports no sampler."""
+        from .gpu import nvml_findable
+
+        if self.config.gpu_absent_ok and self.config.nvml is None and not nvml_findable():
+            return
         from .gpu.sampler import Sampler
 
         sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,
@@ -178,7 +187,7 @@ class Tracer:
         """Records lost because the ring buffer was full."""
         return self.stats()["lost"]
 
-    def aggregates(self) -> aggregates.Aggregates:
+    def aggregates(self) -> "sums.Aggregates":
         """The in-kernel aggregates so far (with `aggregate=True`)."""
         return self.session.aggregates()
 
@@ -218,7 +227,7 @@ class Tracer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def live_sums(self) -> "aggregates.LiveSums":  # (the module: `aggregates` is a method here)
+    def live_sums(self) -> "sums.LiveSums":
         """The in-kernel sums (with `aggregate=True`) read again and again as they grow, and
         the entries of exited processes let go (aggregates.LiveSums). Make it once."""
         return self.session.live_sums()

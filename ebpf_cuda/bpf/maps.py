@@ -13,6 +13,7 @@ import struct
 from typing import Any, Iterator, List, Optional, Tuple
 
 from .. import kernel_abi, syscalls
+from ..spec.layout import MapSpec
 from ..syscalls import MapInfo
 
 POSSIBLE_CPUS = "/sys/devices/system/cpu/possible"
@@ -449,3 +450,25 @@ class TaskStorageMap(Map):
     def close(self) -> None:
         super().close()
         self._btf.close()
+
+
+def create_map(spec: MapSpec) -> Map:
+    """A new map from its spec."""
+    if spec.type == "RingBuf":
+        return RingBufMap(spec.entries, name=spec.name)
+    if spec.type == "TaskStorage":
+        return TaskStorageMap(spec.value_size, name=spec.name)
+    if spec.type == "StackTrace":
+        return StackTraceMap(spec.entries, name=spec.name)
+    if spec.type == "PerCpuArray":
+        return PerCpuArrayMap(spec.value_size, spec.entries, name=spec.name,
+                              value_struct=spec.value_struct)
+    if spec.type == "MappedArray":
+        return MappedArrayMap(spec.value_size, spec.entries, name=spec.name,
+                              value_struct=spec.value_struct)
+    if spec.type == "Array":
+        return ArrayMap(spec.value_size, spec.entries, name=spec.name,
+                        value_struct=spec.value_struct)
+    kind = {"Hash": HashMap, "LruHash": LruHashMap}[spec.type]
+    return kind(spec.key_size, spec.value_size, spec.entries, name=spec.name,
+                key_struct=spec.key_struct, value_struct=spec.value_struct)

@@ -6,7 +6,7 @@ mounts it in a private mount namespace, reads what is needed and exits.
 import ctypes
 import os
 import re
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import UnsupportedKernelError
 
@@ -40,16 +40,63 @@ def find(category: str, name: str) -> Tracepoint:
     return find_all([(category, name)])[0]
 
 
+# What was read already: a tracepoint's id and format last as long as the boot, and one
+# private mount costs 3-8 ms (much more on a busy machine), so a session's tracepoints are
+# read once, together (ReadAhead), and whoever asks again is answered from here.
+_known: Dict[Tuple[str, str], Tracepoint] = {}
+
+
 def find_all(wanted: List[Tuple[str, str]]) -> List[Tracepoint]:
     """The tracepoints (category, name) of `wanted`, read from tracefs (mounted privately,
-    once for all of them, when it is not mounted)."""
-    for root in TRACEFS_ROOTS:
-        if os.path.isdir(os.path.join(root, "events")):
-            return [_from_texts(category, name,
-                                *_read_texts(os.path.join(root, "events", category, name)))
-                    for category, name in wanted]
-    texts = _read_in_private_mount(wanted)
+    once for all of them, when it is not mounted) unless read before."""
+    missing = [w for w in dict.fromkeys(wanted) if w not in _known]
+    if missing:
+        _known.update(zip(missing, _read(missing)))
+    return [_known[w] for w in wanted]
+
+
+def _read(wanted: List[Tuple[str, str]]) -> List[Tracepoint]:
+    root = _mounted_root()
+    if root is not None:
+        return [_from_texts(category, name,
+                            *_read_texts(os.path.join(root, "events", category, name)))
+                for category, name in wanted]
+    texts = _PrivateMount(wanted).texts()
     return [_from_texts(category, name, *pair) for (category, name), pair in zip(wanted, texts)]
+
+
+def _mounted_root() -> Optional[str]:
+    return next((root for root in TRACEFS_ROOTS if os.path.isdir(os.path.join(root, "events"))),
+                None)
+
+
+class ReadAhead:
+    """The tracepoints a session will need, read while it does other work: where tracefs is
+    not mounted, the child that mounts it privately starts now and `wait()` takes its answer
+    (into what find_all knows). What it could not read, find_all reads again, and says why."""
+
+    def __init__(self, wanted: List[Tuple[str, str]]) -> None:
+        wanted = [w for w in wanted if w not in _known]
+        self._wanted = wanted
+        self._reading: Optional[_PrivateMount] = None
+        if wanted and _mounted_root() is None:
+            try:
+                self._reading = _PrivateMount(wanted)
+            except OSError:  # (no fork now: find_all tries again, and says why)
+                pass
+
+    def wait(self) -> None:
+        """Take the answer (idempotent; also when the session ends before it is needed)."""
+        reading, self._reading = self._reading, None
+        if reading is None:
+            return
+        try:
+            texts = reading.texts()
+            found = [_from_texts(category, name, *pair)
+                     for (category, name), pair in zip(self._wanted, texts)]
+        except (UnsupportedKernelError, OSError):
+            return
+        _known.update(zip(self._wanted, found))
 
 
 def _read_texts(folder: str) -> Tuple[str, str]:
@@ -68,41 +115,65 @@ def _from_texts(category: str, name: str, id_text: str, format_text: str) -> Tra
         raise UnsupportedKernelError("tracepoint %s:%s has no readable id" % (category, name))
 
 
-def _read_in_private_mount(wanted: List[Tuple[str, str]]) -> List[Tuple[str, str]]:
-    """Mount tracefs where only a child process sees it, and read the tracepoints there."""
-    # Its usual mount point exists, empty, in sysfs; a temporary folder only when it does not.
-    folder = next((root for root in TRACEFS_ROOTS if os.path.isdir(root)), None)
-    made = folder is None
-    if made:
-        import tempfile
+class _PrivateMount:
+    """A child that mounts tracefs where only it sees it and writes the tracepoints' texts
+    to a pipe; `texts()` waits for them."""
 
-        folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
+    def __init__(self, wanted: List[Tuple[str, str]]) -> None:
+        self.wanted = wanted
+        # Its usual mount point exists, empty, in sysfs; a temporary folder only when not.
+        folder = next((root for root in TRACEFS_ROOTS if os.path.isdir(root)), None)
+        self.made = folder is None
+        if folder is None:
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="ebpf-cuda-tracefs-")
+        self.folder = folder
+        read_end, write_end = os.pipe()
         try:
+            self.pid = os.fork()
+        except OSError:
             os.close(read_end)
-            libc = ctypes.CDLL(None, use_errno=True)
-            if (libc.unshare(CLONE_NEWNS) == 0
-                    and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
-                    and libc.mount(b"nodev", folder.encode(), b"tracefs", 0, None) == 0):
-                texts = [text for category, name in wanted for text in
-                         _read_texts(os.path.join(folder, "events", category, name))]
-                os.write(write_end, "\0".join(texts).encode())
-                status = 0
-        except BaseException:
-            pass
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    if made:
-        os.rmdir(folder)
-    if not data:
-        raise UnsupportedKernelError("tracepoint %s: tracefs is not mounted and could not be "
-                                     "mounted privately" % ", ".join("%s:%s" % w for w in wanted))
-    texts = data.decode().split("\0")  # id, format, id, format... (neither holds a NUL)
-    return list(zip(texts[0::2], texts[1::2]))
+            os.close(write_end)
+            self._remove_folder()
+            raise
+        if self.pid == 0:
+            _child(wanted, folder, read_end, write_end)
+        os.close(write_end)
+        self.read_end = read_end
+
+    def texts(self) -> List[Tuple[str, str]]:
+        """(id, format) of each tracepoint; UnsupportedKernelError when none could be read."""
+        with os.fdopen(self.read_end, "rb") as f:
+            data = f.read()
+        os.waitpid(self.pid, 0)
+        self._remove_folder()
+        if not data:
+            raise UnsupportedKernelError(
+                "tracepoint %s: tracefs is not mounted and could not be mounted privately"
+                % ", ".join("%s:%s" % w for w in self.wanted))
+        texts = data.decode().split("\0")  # id, format, id, format... (neither holds a NUL)
+        return list(zip(texts[0::2], texts[1::2]))
+
+    def _remove_folder(self) -> None:
+        if self.made:
+            os.rmdir(self.folder)
+
+
+def _child(wanted: List[Tuple[str, str]], folder: str, read_end: int, write_end: int) -> None:
+    """In the forked child: mount, read, write, exit (never returns)."""
+    status = 1
+    try:
+        os.close(read_end)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if (libc.unshare(CLONE_NEWNS) == 0
+                and libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) == 0
+                and libc.mount(b"nodev", folder.encode(), b"tracefs", 0, None) == 0):
+            texts = [text for category, name in wanted for text in
+                     _read_texts(os.path.join(folder, "events", category, name))]
+            os.write(write_end, "\0".join(texts).encode())
+            status = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(status)

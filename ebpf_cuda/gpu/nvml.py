@@ -10,13 +10,7 @@ import os
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import TracerError
-
-SONAME = "libnvidia-ml.so.1"
-# Where drivers install it, after the loader's own search (LD_LIBRARY_PATH, the ld cache):
-# distributions, the CUDA containers' driver mount, the GPU operator's root, WSL.
-FOLDERS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu",
-           "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
-           "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/usr/lib/wsl/lib")
+from . import FOLDERS, SONAME  # noqa: F401 (where the library is looked for)
 
 # nvml.h's constants (the subset used)
 SUCCESS = 0

@@ -18,7 +18,6 @@ Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0
 slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the
 record's key), and the writers show it (output/text.py, Event.to_json).
 """
-import json
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -327,7 +326,12 @@ class TextLines(_FrameLines):
         return self.kernel_name(row, f[3], func, f[0]) or "0x%x" % func
 
 
-_json_str = json.JSONEncoder().encode  # ensure_ascii, as JsonWriter
+def _json_encoder() -> Callable[[str], str]:
+    """json's string encoder, ensure_ascii as JsonWriter (json imported by the JSON lines
+    alone: text lines do not need it, and it is 2-3 ms of the start)."""
+    import json
+
+    return json.JSONEncoder().encode
 
 
 class JsonLines(_FrameLines):
@@ -336,6 +340,7 @@ class JsonLines(_FrameLines):
     def __init__(self, table: Sequence[Api], decoder: Decoder,
                  slow: Callable[[List[Event]], List[str]], namer=None,
                  context: Optional["DecodeContext"] = None) -> None:
+        self._json_str = _json_encoder()
         super().__init__(table, decoder, slow, namer, context)
         self._members: Dict[str, str] = {}
 
@@ -360,7 +365,7 @@ class JsonLines(_FrameLines):
         outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
                       [e for f in outs for e in f.parts])
         tail = ("%s}", ("fn",))
-        success = _literal(_json_str(error_name(0, api.library)))
+        success = _literal(self._json_str(error_name(0, api.library)))
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])
@@ -368,8 +373,9 @@ class JsonLines(_FrameLines):
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.of(pid) if self.containers is not None else None
         device = self.devices.current(pid, tid) if self.devices is not None else None
-        columns = (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, _json_str(self.decoder.comm(comm)))
-                   + (',"container":%s' % _json_str(container) if container else ""))
+        quote = self._json_str
+        columns = (',"pid":%d,"tid":%d,"comm":%s' % (pid, tid, quote(self.decoder.comm(comm)))
+                   + (',"container":%s' % quote(container) if container else ""))
         return (columns + (',"device":%d' % device if device is not None else ""), "", columns)
 
     def launch_text(self, row: _Row, f: tuple) -> str:
@@ -382,9 +388,9 @@ class JsonLines(_FrameLines):
         if member is None:
             if len(self._members) > 4096:
                 self._members.clear()
-            member = self._members[name] = ',"kernel":' + _json_str(name)
+            member = self._members[name] = ',"kernel":' + self._json_str(name)
         return member
 
     def ret_text(self, row: _Row, ret: int) -> str:
-        return _json_str(row.ret_name(ret))
+        return self._json_str(row.ret_name(ret))
 

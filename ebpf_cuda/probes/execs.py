@@ -34,6 +34,7 @@ from ..bpf.workers import close_all
 from ..errors import KernelError
 from ..spec import layout, record
 
+TRACEPOINT = ("sched", "sched_process_exec")
 EXECS_MAP = "execs"
 MAX_EXECS = 16384  # entries (a count and a time per exec); the least recent go first
 KEY = struct.Struct("<Q")
@@ -196,7 +197,7 @@ class ExecNotices(_OnExec):
     program cannot be loaded or attached."""
 
     def __init__(self, maps: Dict[str, Map], pid_ns: Optional[Tuple[int, int]] = None) -> None:
-        tracepoint = tracepoints.find("sched", "sched_process_exec")
+        tracepoint = tracepoints.find(*TRACEPOINT)
         self._fds: List[syscalls.Fd] = []
         self._program: Optional[Program] = Program(
             on_exec_notice(pid_ns), {name: maps[name] for name in (layout.EVENTS, NOTICES_LOST)},
@@ -218,7 +219,7 @@ class ExecWatcher(_OnExec):
 
     def __init__(self, pid_ns: Optional[Tuple[int, int]] = None,
                  maps: Optional[Dict[str, Map]] = None) -> None:
-        tracepoint = tracepoints.find("sched", "sched_process_exec")
+        tracepoint = tracepoints.find(*TRACEPOINT)
         self.map = LruHashMap(KEY.size, VALUE.size, MAX_EXECS, name=EXECS_MAP,
                               key_struct=KEY, value_struct=VALUE)
         self._fds: List[syscalls.Fd] = []

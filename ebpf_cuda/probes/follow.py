@@ -36,6 +36,7 @@ from ..spec import layout
 
 FOLLOWED_MAP = layout.FOLLOWED
 FORKED_MAP = layout.FORKED
+TRACEPOINTS = [("sched", "sched_process_fork"), ("sched", "sched_process_exit")]  # (read once)
 PidNs = Optional[Tuple[int, int]]  # features.PidNamespace (nsfs device, inode), or None
 
 
@@ -181,8 +182,7 @@ class ProcessFollower:
 
     def __init__(self, followed: Optional[HashMap] = None, forked: Optional[HashMap] = None,
                  pid_ns: PidNs = None) -> None:
-        fork, exit_ = tracepoints.find_all([("sched", "sched_process_fork"),
-                                            ("sched", "sched_process_exit")])
+        fork, exit_ = tracepoints.find_all(TRACEPOINTS)
         self.pid_ns = pid_ns
         self.exit_rule = ""
         self.map = followed_map() if followed is None else followed
