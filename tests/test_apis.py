@@ -147,9 +147,15 @@ def test_asynchronous_rows_are_the_stream_ordered_ones():
 def test_policies_follow_the_category():
     for api in apis.TABLE:
         assert api.teaches_names == (api.category == "module"), api.name
-        assert api.captures_stack == (api.category == "memory"), api.name
+        assert api.captures_stack == (api.category in ("memory", "memcpy", "memset", "sync")
+                                      or api.role in (apis.Role.CAPTURE_BEGIN,
+                                                      apis.Role.CAPTURE_END,
+                                                      apis.Role.GRAPH_LAUNCH,
+                                                      apis.Role.HOST_REGISTER)), api.name
         if api.learn_name or api.learn_func or api.learn_alias:
             assert api.teaches_names, api.name
     assert apis.BY_NAME["cuModuleGetFunction"].teaches_names
     assert apis.BY_NAME["cudaMalloc"].captures_stack
-    assert not apis.BY_NAME["cudaMemcpy"].captures_stack
+    assert apis.BY_NAME["cudaMemcpy"].captures_stack  # (--analyze's native callers)
+    assert not apis.BY_NAME["cudaLaunchKernel"].captures_stack
+    assert not apis.BY_NAME["cudaGetDevice"].captures_stack

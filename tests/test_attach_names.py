@@ -55,6 +55,8 @@ def test_a_warmed_up_process_attached_later_has_its_launches_named(root, layered
                         and e["phase"] == "exit"]
     driver_launches = [e for e in events if e["api"] == "cuLaunchKernel" and e["phase"] == "exit"]
     assert len(driver_launches) > 20
+    assert runtime_launches, ("no runtime launch among %d events (%d driver launches)"
+                              % (len(events), len(driver_launches)), stderr)
     # The probes go on one by one, so the first launches may be seen at one layer only. From
     # the moment both layers have been seen, each runtime launch holds exactly one driver
     # launch (a driver launch ends before the runtime launch around it).
