@@ -14,9 +14,10 @@ Every failure while reading a file (pyelftools' ELFError and construct errors, s
 corrupted field) comes out as an `ElfError` (or a subclass) with a one-line message, never as
 a raw exception.
 """
+import contextlib
 import gc
 import os
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from ..errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 from .cxx_demangle import demangle  # noqa: F401 (importable from here, as before)
@@ -24,7 +25,6 @@ from .elf_headers import (ELF_MAGIC, ELFCLASS64,  # noqa: F401 (importable from 
                           ELFDATA2LSB, ET_DYN, ET_EXEC, MACHINES, ElfHeaders, Segment,
                           describe_error, is_elf_for_this_machine)
 from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probes/loader uses)
-from .elf_headers import running_machine
 from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
                           AddressIndex, FunctionSymbol, Sym, SymbolSection, base_name,
                           defines_a_function, find_functions, lookup_functions, merge_preferring_global,
@@ -163,19 +163,9 @@ class ElfFile(ElfHeaders):
         missing = wanted - self._looked_up.keys()
         if missing:
             found: Dict[str, Sym] = {}
-            try:
-                with open(self.path, "rb") as stream:
-                    for section in self._function_tables():
-                        merge_preferring_global(found, lookup_functions(stream, section,
-                                                                        missing))
-            except OSError as err:
-                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
-                    from None
-            except ElfError:
-                raise
-            except Exception as err:
-                raise ElfError("%s has a corrupted symbol table (%s)"
-                               % (self.path, describe_error(err))) from None
+            with self._symbol_table_errors(), open(self.path, "rb") as stream:
+                for section in self._function_tables():
+                    merge_preferring_global(found, lookup_functions(stream, section, missing))
             self._looked_up.update((n, found.get(n)) for n in missing)
         return {n: self._looked_up[n] for n in wanted}
 
@@ -246,21 +236,26 @@ class ElfFile(ElfHeaders):
         found = self.function_at(vaddr)
         return None if found is None else found[0]
 
+    @contextlib.contextmanager
+    def _symbol_table_errors(self) -> Iterator[None]:
+        """Reading the symbol tables: what goes wrong is one ElfError naming the file."""
+        try:
+            yield
+        except OSError as err:
+            raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) from None
+        except ElfError:
+            raise
+        except Exception as err:
+            raise ElfError("%s has a corrupted symbol table (%s)"
+                           % (self.path, describe_error(err))) from None
+
     def function_at(self, vaddr: int) -> Optional[Tuple[str, int]]:
         """(name, start) of the function whose [value, value + size) holds `vaddr` (or
         starts at it), else None. The file's functions are indexed by address at the first
         call, compactly (elf_symbols.AddressIndex: no table of every name is made)."""
         if self._index is None:
-            try:
+            with self._symbol_table_errors():
                 self._index = AddressIndex(self.path, self._function_tables())
-            except OSError as err:
-                raise ElfError("%s: cannot read: %s" % (self.path, err.strerror or err)) \
-                    from None
-            except ElfError:
-                raise
-            except Exception as err:
-                raise ElfError("%s has a corrupted symbol table (%s)"
-                               % (self.path, describe_error(err))) from None
         return self._index.function_at(vaddr)
 
     def symbolize_offset(self, offset: int) -> Optional[str]:
