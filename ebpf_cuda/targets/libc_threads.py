@@ -10,11 +10,10 @@ libc.so.6 from glibc 2.34, libpthread.so.0 before. It is read from the files the
 itself maps (a container may carry another glibc), as data, never loaded.
 """
 import os
-import stat
 from typing import Dict, List, Optional, Tuple
 
 from .discovery import process_file_path, process_mappings
-from .python_layouts import symbol_u32
+from .python_layouts import file_identity, symbol_u32
 
 _LIBRARIES = ("libc.so", "libc-2.", "libpthread.so", "libpthread-")
 MAX_PTHREAD = 1 << 16  # a larger "size" is no struct pthread: the symbol means another thing
@@ -55,13 +54,10 @@ def thread_below_pointer(pid: int, symbol: str) -> int:
 
 def _constant(path: str, symbol: str) -> Optional[int]:
     """The u32 `symbol` of file `path`, cached per (path, device, inode, mtime)."""
-    try:
-        info = os.stat(path)
-    except OSError:
+    identity = file_identity(path)
+    if identity is None:
         return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    key = (path + "\0" + symbol, info.st_dev, info.st_ino, info.st_mtime_ns)
+    key = (path + "\0" + symbol,) + identity
     if key not in _cache:
         _cache[key] = symbol_u32(path, symbol)
     return _cache[key]

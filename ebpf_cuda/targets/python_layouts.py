@@ -380,6 +380,18 @@ def _version_of(path: str, symbols: _Symbols) -> Tuple[Optional[Tuple[int, int]]
     return minor, version
 
 
+def file_identity(path: str) -> Optional[Tuple[int, int, int]]:
+    """(device, inode, mtime) of a regular file, what a cache of what it holds is keyed on;
+    None when it is no regular file or cannot be seen."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return info.st_dev, info.st_ino, info.st_mtime_ns
+
+
 _cache: Dict[Tuple[str, int, int, int], object] = {}
 _cache_lock = threading.Lock()
 
@@ -389,13 +401,10 @@ def find_interpreter(path: str) -> Optional[Interpreter]:
     a file that is no CPython; UnknownInterpreter for one without a layout here. A Python
     executable linked against libpython gives its libpython (found from the executable's
     RUNPATH/RPATH). Cached per (path, device, inode, mtime)."""
-    try:
-        info = os.stat(path)
-    except OSError:
+    identity = file_identity(path)
+    if identity is None:
         return None
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_mtime_ns)
+    key = (os.path.realpath(path),) + identity
     with _cache_lock:
         known = _cache.get(key)
     if known is None:
