@@ -42,7 +42,9 @@ class ProcessMaps:
     def __init__(self, pid: int, mappings: Iterable[Mapping]) -> None:
         self.pid = pid
         self.mappings: List[Tuple[Mapping, str]] = sorted(
-            ((m, process_file_path(pid, m.path, m.inode)) for m in mappings if m.is_file),
+            # (a file replaced on disk since: the mapped one, through /proc/PID/map_files)
+            ((m, process_file_path(pid, m.path, m.inode, (m.start, m.end)))
+             for m in mappings if m.is_file),
             key=lambda pair: pair[0].start)
         # (bisected: a framework's process maps thousands of files, and an import burst
         # asks for tens of thousands of addresses)
