@@ -52,6 +52,11 @@ def ev(api, args=None, ret=0, duration=1000, outs=None, ts_ns=10**9, phase=EXIT,
     (PyFrame("/usr/lib/python3.13t/json/decoder.py", 1, "f"), False),
     (FROZEN, False), (PyFrame("<string>", 1, "<module>"), False),
     (PyFrame("<stdin>", 3, "<module>"), True),
+    # torch.compile's generated wrapper (it captures and replays the CUDA graphs)
+    (PyFrame("/tmp/torchinductor_root/ba/cba4kh3toyic644vvkbznuisum54qbav5fsvs6w7bjuzt7e43pll.py",
+             241, "call"), False),
+    (PyFrame("/home/u/.triton/cache/Xk2/launcher.py", 9, "launch"), False),
+    (PyFrame("/home/u/torchinductor_notes.py", 9, "f"), True),
     (PyFrame("<ipython-input-4-abc>", 2, "<module>"), True)])
 def test_user_files_are_those_outside_the_interpreter_and_packages(frame, user):
     assert is_user_file(frame.file) is user

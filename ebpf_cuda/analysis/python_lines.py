@@ -28,9 +28,12 @@ from .layers import LayerFilter
 
 PyStack = Sequence[PyFrame]
 # Files that are not the user's code: the interpreter's own library (lib/pythonX.Y, its
-# zip) and installed packages; pseudo files (below) are not either.
+# zip), installed packages, and code a compiler generated in its cache (torch.compile's
+# Inductor writes its wrappers, which capture and replay CUDA graphs, to
+# /tmp/torchinductor_USER/ unless TORCHINDUCTOR_CACHE_DIR names another folder; Triton's
+# launchers lie in ~/.triton/cache/); pseudo files (below) are not either.
 LIBRARY_FILES = re.compile(r"/(?:site|dist)-packages/|/lib(?:64)?/python\d+(?:\.\d+)?t?"
-                           r"(?:/|\.zip/)")
+                           r"(?:/|\.zip/)|/torchinductor(?:_[^/]*)?/|/\.triton/cache/")
 # Pseudo file names are in angle brackets (`<frozen importlib._bootstrap>`, `<string>`);
 # these prefixes are code a person typed, hence user code all the same.
 USER_PSEUDO_FILES = ("<stdin>", "<ipython-input-")

@@ -98,8 +98,10 @@ def attach(mode: str, outdir: str, tracer, v: gpucheck.Verdicts) -> None:
     for name in ("ready", "go", "cupti.json"):
         if os.path.exists(os.path.join(outdir, name)):
             os.unlink(os.path.join(outdir, name))
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--target", mode,
-                             outdir])
+    # (stacks: the eager target, traced with --stacks into a saved trace as well: which
+    # native code calls the driver's launches, read offline from attach-stacks.ebpfcuda)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--target",
+                             "eager" if mode == "stacks" else mode, outdir])
     deadline = time.monotonic() + 300
     while not os.path.exists(os.path.join(outdir, "ready")):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -111,7 +113,9 @@ def attach(mode: str, outdir: str, tracer, v: gpucheck.Verdicts) -> None:
     trace = os.path.join(outdir, "attach-%s.jsonl" % mode)
     err_path = os.path.join(outdir, "attach-%s.err" % mode)
     with open(err_path, "w") as err:
-        traced = subprocess.Popen(tracer + ["--json", "-o", trace, "-d", str(proc.pid)],
+        extra = (["--stacks", "--save", os.path.join(outdir, "attach-stacks.ebpfcuda")]
+                 if mode == "stacks" else [])
+        traced = subprocess.Popen(tracer + ["--json", "-o", trace, *extra, "-d", str(proc.pid)],
                                   stderr=err, text=True)
         started = time.monotonic()
         while time.monotonic() - started < 60:  # (its probes on: it says so)
@@ -139,6 +143,10 @@ def attach(mode: str, outdir: str, tracer, v: gpucheck.Verdicts) -> None:
     if not v.add("%s attach" % mode, exits is not None and not lost,
                  "tracer exited 0 after attaching to pid %d; %d marks seen; %d events lost"
                  % (truth["pid"], len(marks), lost)):
+        return
+    if mode == "stacks":
+        v.info("stacks calls", "calls in the window by function: %s"
+               % dict(Counter(e["api"] for e in exits)))
         return
     work = gpucheck.traced_work(exits)
     ours = Counter(k[1:] for k in work["kernels"].elements())
@@ -173,8 +181,8 @@ def attach(mode: str, outdir: str, tracer, v: gpucheck.Verdicts) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("modes", nargs="*", metavar="MODE", help="eager, compile (default: "
-                        "eager)")
+    parser.add_argument("modes", nargs="*", metavar="MODE", help="eager, compile, stacks (the "
+                        "eager target with native stacks saved: a diagnostic) (default: eager)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/ebpf-cuda-attach"))
     parser.add_argument("--target", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
