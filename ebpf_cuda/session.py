@@ -32,7 +32,8 @@ from .spec.apis import Api
 from .spec.config import TraceConfig
 from .targets import discovery
 from .targets.command import HeldCommand, alive
-from .targets.selection import Target, check_proc_is_ours, find_targets, launch_at_driver_only
+from .targets.selection import (Target, check_proc_is_ours, driver_launches, find_targets,
+                                launch_at_driver_only)
 
 if TYPE_CHECKING:  # (imported when used: --summary and the monitor, not the default trace)
     from .decode import aggregates as sums
@@ -90,6 +91,7 @@ class Session:
         self.command: Optional[HeldCommand] = None
         self.ring: Optional[RingBuffer] = None
         self._links: List[Link] = []
+        self._no_return: Set[Tuple[str, str]] = set()  # (file, function): refused, no entry
         self._follower: Optional[ProcessFollower] = None
         self._execs: Optional[ExecWatcher] = None  # when each process exec'd (names.py)
         self._tracepoints: Optional[tracepoints.ReadAhead] = None  # theirs, read meanwhile
@@ -134,7 +136,7 @@ class Session:
             # A running process (-d) made its driver handles before the trace began: its
             # runtime launches name them (names.py pairs the two); else the driver alone.
             if o.functions is None and not o.everything and o.pid is None:
-                self._runtime_launches = not _driver_launches(self.targets)
+                self._runtime_launches = not driver_launches(self.targets)
                 self.targets = launch_at_driver_only(self.targets, self.log)
             self._create_maps()
             self._log_targets()
@@ -200,10 +202,16 @@ class Session:
             for group in self._link_groups() if attach else []:
                 groups_of.setdefault(id(group[0]), []).append(group)
             with pinned([t.path for t in self.targets] if attach else []) as through:
+                entries = []  # (attached once every return probe is: _link_groups says why)
                 for program, load in loads:
                     load.result()  # the first error, if any (the others finish first)
                     for group in groups_of.get(id(program), []):
-                        self._attach(*group, pid=self.options.pid, at=through[group[1]])
+                        if group[3]:
+                            self._attach(*group, pid=self.options.pid, at=through[group[1]])
+                        else:
+                            entries.append(group)
+                for group in entries:
+                    self._attach(*group, pid=self.options.pid, at=through[group[1]])
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
@@ -273,7 +281,9 @@ class Session:
                      ) -> List[Tuple[Program, str, List[Tuple[str, str, int]], bool]]:
         """(program, file, sites, retprobe) per program and file (of `targets`, else of the
         session's): one link each, a shared program taking all its functions' (function,
-        symbol, offset) sites."""
+        symbol, offset) sites. Return probes first: an entry stashed before its return
+        probe was on stays on its thread's stack, where a launch's entry takes it for its
+        twin's (probes/inflight.py): the runtime's launches went unrecorded (GPU, -d)."""
         groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
         for target in self.targets if targets is None else targets:
             for (api_name, retprobe), program in self.programs.items():
@@ -282,7 +292,7 @@ class Session:
                 if sites:
                     groups.setdefault((id(program), target.path),
                                       (program, target.path, [], retprobe))[2].extend(sites)
-        return list(groups.values())
+        return sorted(groups.values(), key=lambda group: not group[3])
 
     def _attach_all(self, pid: Optional[int]) -> None:
         with pinned([t.path for t in self.targets]) as through:
@@ -291,11 +301,13 @@ class Session:
 
     def _attach(self, program: Program, path: str, sites: List[Tuple[str, str, int]],
                 retprobe: bool, pid: Optional[int], at: Optional[str] = None) -> None:
-        """Attach `program` at (function, symbol, offset) sites of one file; uprobe_multi
-        links carry each site's function id as cookie. A program loaded for uprobe_multi
-        whose link the kernel refuses falls back to perf-event uprobes (its copy loaded for
-        them, the function ids still in cookies). `at`: the path the links are made through
-        (a pinned descriptor of the file at `path`: see `_probe_late`)."""
+        """Attach `program` at (function, symbol, offset) sites of one file (uprobe_multi:
+        function ids in cookies; refused, perf-event uprobes). `at`: the path the links are
+        made through (a pinned descriptor of the file at `path`: see `_probe_late`)."""
+        if not retprobe:  # (an entry without its return probe: see _link_groups)
+            sites = [site for site in sites if (path, site[0]) not in self._no_return]
+            if not sites:
+                return
         names = sorted({api_name for api_name, _, _ in sites})
         through = at or path
         session = program.expected_attach_type == features.BPF_TRACE_UPROBE_SESSION
@@ -322,6 +334,7 @@ class Session:
                         cookie=apis.FN_ID[api_name] if shared else 0))
         except AttachError as err:
             said = str(err).replace(through, path)  # (the file's name, not the descriptor's)
+            self._no_return.update((path, name) for name in names if retprobe)
             self.failures.append(said)
             self.log("not traced: %s" % said)
             return
@@ -432,8 +445,7 @@ class Session:
 
     def _start_exec_watcher(self) -> Optional[ExecWatcher]:
         """Keep the time of each exec (execs.py): launches are named from the program that
-        made them. None (names may then come from the program a process exec'd before or
-        after) when the exec tracepoint cannot be used."""
+        made them. None when the exec tracepoint cannot be used."""
         try:
             return ExecWatcher(self.pid_ns, self.maps)
         except TracerError as err:
@@ -583,11 +595,3 @@ class Session:
 
 _STAT_NAMES = {"lost": record.STAT_RING_FULL, "unpaired": record.STAT_NO_ENTRY,
                "too_deep": record.STAT_INFLIGHT_FULL, "entries_lost": record.STAT_ENTRY_LOST}
-
-
-def _driver_launches(targets: Sequence[Target]) -> bool:
-    """Whether the driver's launch functions are among the targets' (then the runtime's
-    are not probed: targets.launch_at_driver_only)."""
-    return any(api.library == apis.DRIVER and api.category == "launch"
-               for target in targets for api, _, _ in target.functions)
-

@@ -105,3 +105,37 @@ def test_a_launch_site_without_a_stub_is_shown_as_a_hint_and_counted(root, fake,
     assert {e.get("kernel") for e in launches} == {"[kernel launched from do_launch]"}
     assert ("not named: %d launches of 1 kernels made before the trace began, shown by the "
             "code that launched them" % len(launches)) in stderr
+
+
+def _probe_order(lines):
+    """(function, 'uprobe' or 'uretprobe') in the order -v says the probes went on."""
+    order = []
+    for line in lines:
+        words = line.split()
+        if len(words) == 4 and words[0] in ("uprobe", "uretprobe") and words[2] == "at":
+            order.append((words[1], words[0]))
+    return order
+
+
+@pytest.mark.parametrize("how", ["attach", "command"])
+def test_each_return_probe_goes_on_before_its_entry(root, layered, tmp_path, how):
+    """An entry that fires while its return probe is not on yet stays on its thread's stack
+    of calls in flight; a later launch's entry took it for a launch of its own layer (a
+    twin) and was never recorded: on the GPU host, attached to a PyTorch loop, no runtime
+    launch was recorded at all. So every return probe goes on first."""
+    runtime, driver, prog = layered
+    out = tmp_path / "t.jsonl"
+    if how == "attach":
+        status, stderr = attach_during([prog, *["launch:2:64", "sleep:10"] * FOREVER], ["-v"],
+                                       out, seconds=0.5)
+    else:
+        done = subprocess.run([sys.executable, "-m", "ebpf_cuda", "-v", "--json", "-o", str(out),
+                               "--", str(prog), "launch:2:64"], capture_output=True, text=True,
+                              env=cli_env(), timeout=120)
+        status, stderr = done.returncode, done.stderr
+    assert status == 0, stderr
+    order = _probe_order(stderr.splitlines())
+    entries = {name for name, kind in order if kind == "uprobe"}
+    assert {"cudaLaunchKernel", "cuLaunchKernel"} <= entries if how == "attach" else entries
+    for name in entries:
+        assert order.index((name, "uretprobe")) < order.index((name, "uprobe")), name

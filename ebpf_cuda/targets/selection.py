@@ -83,14 +83,20 @@ def _target(path: str, selected: Sequence[Api]) -> Target:
     return target
 
 
+def driver_launches(targets: Sequence[Target]) -> bool:
+    """Whether the driver's launch functions are among the targets' (then the runtime's
+    are not probed: launch_at_driver_only)."""
+    return any(api.library == apis.DRIVER and api.category == "launch"
+               for target in targets for api, _, _ in target.functions)
+
+
 def launch_at_driver_only(targets: List[Target], log: Log) -> List[Target]:
     """Default set, both layers: when the driver's launch functions are probed, the
     runtime's are not. The driver sees every launch (also those of libraries with their
     own static runtime) and names it from the handles it learned; probing the runtime's
     launch too would add two probe hits to each launch, the costliest call of a real
     workload. Name them (--functions) or use --all to see them anyway."""
-    if not any(api.library == apis.DRIVER and api.category == "launch"
-               for target in targets for api, _, _ in target.functions):
+    if not driver_launches(targets):
         return targets
     for target in targets:
         target.functions = [f for f in target.functions if not apis.driver_replaces(f[0])]
