@@ -6,7 +6,9 @@ framework imports.
 Each case runs the tracer ($TRACER, else `python3 -m ebpf_cuda`) with `-o /dev/null` and
 samples its /proc/PID/status every 20 ms until it ends: VmHWM, the kernel's own high-water
 mark of the tracer's resident set (heap and mapped file pages), must be <= 64 MB (it was 374
-MB tracing JAX and 422 MB attached to a PyTorch loop, D34). Traced from their start, the
+MB tracing JAX and 422 MB attached to a PyTorch loop, D34), run with `--gpu-samples 0`: the
+tracer's own memory. Each case runs again as users run it, the GPU's state sampled through
+NVML (the default): that figure is INFO (libnvidia-ml's own ~18 MB: D36). Traced from their start, the
 PyTorch and JAX programs' imports register tens of thousands of kernels: the tracer must not
 say "kernel names lost" (every PyTorch run said "20014 kernel names lost"). Cases:
 
@@ -78,13 +80,26 @@ def _run(argv: List[str], log: str, target: Optional[subprocess.Popen] = None,
     return {"rc": tracer.returncode, "peak": peak, "stderr": stderr}
 
 
-def _judge(v: gpucheck.Verdicts, case: str, run: Dict[str, object], names: bool) -> None:
+def _judge(v: gpucheck.Verdicts, case: str, run: Dict[str, object], names: bool,
+           with_gpu: Optional[Dict[str, object]] = None) -> None:
+    """The tracer's own memory (no GPU state: NVML's library is not loaded) against the
+    bound; with `with_gpu`, the same run with the GPU's state sampled (the default), INFO:
+    what libnvidia-ml adds (monitor's nvml_memory.py measures it step by step)."""
     peak, stderr = run["peak"], str(run["stderr"])
     hwm = peak.get("VmHWM", 0)  # type: ignore[union-attr]
     v.add(case + " rss", run["rc"] == 0 and 0 < hwm <= BOUND_KIB,
-          "tracer exited %s; VmHWM %d KiB (bound %d), at its peak RssAnon %d, RssFile %d: %s"
+          "--gpu-samples 0: tracer exited %s; VmHWM %d KiB (bound %d), at its peak RssAnon "
+          "%d, RssFile %d: %s"
           % (run["rc"], hwm, BOUND_KIB, peak.get("RssAnon", 0),  # type: ignore[union-attr]
              peak.get("RssFile", 0), gpucheck.tail(stderr, 3)))  # type: ignore[union-attr]
+    if with_gpu is not None:
+        gpu = with_gpu["peak"]
+        v.info(case + " rss with the GPU's state",
+               "default (NVML sampled): tracer exited %s; VmHWM %d KiB (+%d over the run "
+               "without), RssAnon %d, RssFile %d"
+               % (with_gpu["rc"], gpu.get("VmHWM", 0),  # type: ignore[union-attr]
+                  gpu.get("VmHWM", 0) - hwm, gpu.get("RssAnon", 0),  # type: ignore[union-attr]
+                  gpu.get("RssFile", 0)))  # type: ignore[union-attr]
     if names:
         lost = [line for line in stderr.splitlines() if "kernel names lost" in line]
         v.add(case + " names", not lost, "; ".join(lost) or "no kernel name said lost")
@@ -98,6 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     v = gpucheck.Verdicts("memory")
     tracer = gpucheck.tracer_command() + ["-o", os.devnull]
+    own = tracer + ["--gpu-samples", "0"]
     for case in args.cases:
         module = "jax" if case == "jax" else "torch"
         if not gpucheck.has_module(module):
@@ -105,20 +121,29 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         log = os.path.join(args.out, "memory-" + case)
         if case in STEPS:
-            _judge(v, case, _run(tracer + ["--", sys.executable, "-c", STEPS[case]], log),
-                   names=True)
+            command = ["--", sys.executable, "-c", STEPS[case]]
+            _judge(v, case, _run(own + command, log), names=True,
+                   with_gpu=_run(tracer + command, log + "-gpu"))
             continue
-        loop = subprocess.Popen([sys.executable, "-c", LOOP], stdout=subprocess.PIPE, text=True)
-        try:
-            assert loop.stdout is not None
-            if loop.stdout.readline().strip() != "ready":
-                v.add(case, False, "the PyTorch loop did not start")
-                continue
-            _judge(v, case, _run(tracer + ["-d", str(loop.pid)], log, loop), names=False)
-        finally:
-            loop.kill()
-            loop.wait()
+        runs = [_attached(argv, log + suffix) for argv, suffix in ((own, ""), (tracer, "-gpu"))]
+        if None in runs:
+            v.add(case, False, "the PyTorch loop did not start")
+            continue
+        _judge(v, case, runs[0], names=False, with_gpu=runs[1])
     return v.status()
+
+
+def _attached(tracer: List[str], log: str) -> Optional[Dict[str, object]]:
+    """`_run` attached (-d) to a PyTorch loop started for it; None if it did not start."""
+    loop = subprocess.Popen([sys.executable, "-c", LOOP], stdout=subprocess.PIPE, text=True)
+    try:
+        assert loop.stdout is not None
+        if loop.stdout.readline().strip() != "ready":
+            return None
+        return _run(tracer + ["-d", str(loop.pid)], log, loop)
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@
 # when no check failed, 1 otherwise, 2 on a usage error.
 #
 # Knobs (environment): KERNEL_CASES (kernels: eager cudagraph compile triton cupy jax numba),
-# GRAPH_CASES (cudagraph compile), MEMORY_CASES (torch jax attach), ATTACH_MODES (eager; compile too), LINES_COST_ROUNDS (0:
+# GRAPH_CASES (cudagraph compile), MEMORY_CASES (torch jax attach), ATTACH_MODES (eager; compile too; stacks: a diagnostic), LINES_COST_ROUNDS (0:
 # the py-stacks cost runs left out), PARALLEL (monitor: MLP children at once, 4),
 # MONITOR_ROUNDS (monitor-cost, 600), NVML_COST_TURNS (nvml: the sampler's cost turns, 3), OVERHEAD_ROUNDS (overhead, 400), NVCC, NVCC_ARCH
 # (-arch=native), PYTHON (python3).
@@ -41,7 +41,7 @@ PY=${PYTHON:-python3}
 # cost measurements last)
 CHECK_TABLE='kernels|200|480|kernel names, launches, geometry of PyTorch eager, CUDA graphs, torch.compile, Triton, CuPy, JAX, numba = CUPTI in the same process (issue 40)
 attach|60|240|-d PID to a warmed-up PyTorch loop: window launches and geometry = CUPTI; runtime-launched kernels >= 99 % named with CUPTI names
-memory|60|240|the tracer'"'"'s VmHWM <= 64 MB tracing PyTorch and JAX from their start and attached to a PyTorch loop; no kernel name said lost in their import bursts (issue 36)
+memory|100|300|the tracer'"'"'s VmHWM <= 64 MB (its own: --gpu-samples 0; with the GPU'"'"'s state INFO) tracing PyTorch and JAX from their start and attached to a PyTorch loop; no kernel name said lost in their import bursts (issue 36)
 driver-api|25|120|driver_check.cu (runtime + driver API, stream capture, graphs, a PTX module): launches, captured, nodes, names, geometry = what the program says it did
 summary|30|120|kernels_check.cu (static and shared cudart): --summary/--leaks tables and JSON names, copies, leak = the program'"'"'s known operations
 targets|45|180|basic02 (static and shared cudart) traced as -- COMMAND, -p PATH system-wide, -d PID: sizes, pointers, copies, geometry, name = what basic02 does
@@ -54,7 +54,7 @@ graphs|150|420|CUDA graphs node by node (CUDAGraph, torch.compile reduce-overhea
 analyze|200|540|--analyze on PyTorch loops: planted .item(), pageable non_blocking copy, empty_cache found at their lines, once each, and nothing else; steps = iterations; CUDA graph and torch.compile replays attributed to the capturing line, each step'"'"'s mode (warm-up, capture, graph; eager for a compiled loop that never replays); graphs would save vs measured (issue 38)
 monitor|110|300|ebpf-cuda monitor beside PyTorch, torch.compile, CuPy and 4 MLPs at once: launches = CUPTI / the loop'"'"'s count, cudaMalloc = PyTorch'"'"'s allocator statistics, 0 unnamed; the GPU state'"'"'s cost: idle scrape with it <= 1.5x + 2 ms without, memory with and without and NVML'"'"'s by step (INFO)
 monitor-cost|150|420|the monitor in turns on its own library copies: tiny op <= 1.02x bare entry probes, MLP step <= 1.02x untraced (issue 21)
-overhead|150|420|the CLI tracer in turns: tiny op trace <= 1.10x, --summary <= 1.05x a bare probe pair; MLP step <= 1.03x untraced (issue 7)'
+overhead|150|420|the CLI tracer in turns: tiny op and MLP step trace <= 1.05x (issue 36), --summary <= 1.05x a bare probe pair; MLP step <= 1.03x untraced (issue 7)'
 
 names() { printf '%s\n' "$CHECK_TABLE" | cut -d'|' -f1; }
 field() { printf '%s\n' "$CHECK_TABLE" | awk -F'|' -v n="$1" -v f="$2" '$1 == n {print $f}'; }
