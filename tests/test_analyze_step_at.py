@@ -109,6 +109,11 @@ def test_step_at_matching_nothing_says_so_in_one_line(lib, program, tmp_path):
     assert none["reason"].startswith("--step-at no_such_function matched nothing: ")
     lines = [line for line in records[-1]["text"].splitlines() if "Steps" in line]
     assert lines == [" Steps: none: " + none["reason"]]
+    html = tmp_path / "report.html"  # (the HTML report's analysis says the same)
+    report = run_cli("analyze", "--report", html, "--step-at", "no_such_function",
+                     tmp_path / "run.ebpfcuda")
+    assert report.returncode == 0, report.stderr
+    assert "<p>Steps: none: %s</p>" % none["reason"] in html.read_text()
 
 
 @pytest.mark.parametrize("options", [(), ("--step-at", "train_step")])

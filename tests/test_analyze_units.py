@@ -268,6 +268,37 @@ def test_graph_replays_their_capture_and_fallback_steps():
     assert "5  /app/train.py:50 train" in analyzer.report()
 
 
+def test_graph_fallback_names_the_native_region_without_python_stacks():
+    """--stacks, no Python stacks: the fallback's region is the innermost function its
+    steps' stacked calls share (the launches record no stack); the capture's site its
+    native caller."""
+    frames = {1: (Frame("capture", 0x8, "/app/train"), Frame("main", 0x20, "/app/train")),
+              2: (Frame("forward", 0x10, "/app/train"), Frame("main", 0x40, "/app/train")),
+              3: (Frame("forward", 0x30, "/app/train"), Frame("main", 0x40, "/app/train"))}
+    s = Script()
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0).stack_id = 1
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000}).stack_id = 1
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for i in range(6):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=16,
+               kind="HostToDevice", stream=0x5000).stack_id = 2
+        if i == 3:
+            s.launch(0x100, stream=0x5000)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0x5000).stack_id = 3
+    s.call("cudaStreamSynchronize", stream=0x5000).stack_id = 1
+    analyzer = Analyzer(stacks=lambda pid, stack: frames[stack])
+    analyzer.write(s.events)
+    loop, = analyzer.context().loops
+    assert loop.where == "forward+0x10-0x30 (train)"
+    finding, = analyzer.findings()
+    assert finding.rule == "graph-fallback" and finding.evidence["fallback_steps"] == [3]
+    assert finding.where["python"] is None
+    assert finding.where["native"] == "forward+0x10 (train)"  # (the step's copy: stacked)
+    assert finding.where["captured_at"] == ["capture+0x8 (train)"]
+
+
 def test_thresholds_are_documented_with_their_values():
     text = DOCS.read_text()
     for row in thresholds.TABLE:
