@@ -4,8 +4,10 @@ from pathlib import Path
 from typing import List, Optional
 
 from ebpf_cuda.analysis import thresholds
-from ebpf_cuda.analysis.analyzer import Analyzer
+from ebpf_cuda.analysis.analyzer import Analyzer, unmatched
+from ebpf_cuda.analysis.steps import names, native_region
 from ebpf_cuda.decode.events import EXIT, Event, PyFrame
+from ebpf_cuda.targets.symbols import Frame
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "analysis.md"
 US = 1000
@@ -106,6 +108,76 @@ def test_step_at_a_cuda_function_and_a_python_function():
     assert len(analyzed(s, step_at="train").context().loops[0].steps) == 4
 
 
+def test_step_at_matching_nothing_says_so_in_one_line():
+    s = Script()
+    for _ in range(4):
+        s.launch(0x100, line=11)
+    analyzer = analyzed(s, step_at="evaluate")
+    assert analyzer.context().loops == []
+    reason = unmatched("evaluate")
+    assert reason.startswith("--step-at evaluate matched nothing: ") and "\n" not in reason
+    assert " Steps: none: " + reason + "\n" in analyzer.report()
+    assert [r for r in analyzer.records() if r["type"] == "no_steps"] == [
+        {"type": "no_steps", "step_at": "evaluate", "reason": reason}]
+
+
+TRAIN = "Model::train_step(float*, int) const"
+NATIVE = {  # stack_id → the user stack of a call, innermost first (as --stacks names them)
+    1: (Frame("cudaMemcpy", 0x40, "/usr/lib/libcudart.so.12"), Frame(TRAIN, 0x10, "/app/train"),
+        Frame("main", 0x80, "/app/train")),
+    2: (Frame("cudaStreamSynchronize", 0x20, "/usr/lib/libcudart.so.12"), None,
+        Frame(TRAIN, 0x30, "/app/train"), Frame("main", 0x80, "/app/train")),
+    3: (Frame("setup", 0x8, "/app/train"), Frame("main", 0x40, "/app/train")),
+    4: (Frame("main", 0x90, "/app/train"),),
+}
+
+
+def native_loop(step_at: Optional[str]) -> Analyzer:
+    """Set-up, 4 invocations of TRAIN (a copy, two launches, a sync; a free from main
+    between the second and the third), a sync after them."""
+    s = Script()
+
+    def stacked(api: str, stack: int, **args) -> None:
+        s.call(api, **args).stack_id = stack
+
+    stacked("cudaMemcpy", 3, dst=0x7f0000000000, src=0x7e0000000000, size=4096,
+            kind="HostToDevice")
+    for step in range(4):
+        stacked("cudaMemcpy", 1, dst=0x7f0000000000, src=0x7e0000000000, size=4096,
+                kind="HostToDevice")
+        s.launch(0x100, stream=0x5000)
+        s.launch(0x200, stream=0x5000)
+        stacked("cudaStreamSynchronize", 2, stream=0x5000)
+        if step == 1:
+            stacked("cudaFree", 4, ptr=0x7d0000000000)
+    stacked("cudaStreamSynchronize", 4, stream=0x5000)
+    analyzer = Analyzer(step_at=step_at, stacks=lambda pid, stack: NATIVE[stack])
+    analyzer.write(s.events)
+    return analyzer
+
+
+def test_step_at_a_native_function_starts_each_invocation():
+    """--stacks: a step starts at the first stacked call with a frame of the function after
+    calls without one, or whose return offset in it is before the previous call's; the
+    launches (no stack) fall in the step they are in; the last step ends after the tokens
+    most steps have (the sync after the loop is no step's)."""
+    for name in ("train_step", "Model::train_step", TRAIN):
+        loop, = native_loop(name).context().loops
+        assert [len(step.launches) for step in loop.steps] == [2] * 4, name
+        assert [step.tokens[0][0] for step in loop.steps] == ["copy"] * 4
+        assert loop.steps[2].calls[0].api == "cudaFree"  # (what no token: the next step's)
+        assert loop.steps[-1].calls[-1].native == "%s+0x30 (train)" % TRAIN
+        # the loop's region: the innermost function its steady steps' stacked calls share
+        # (main: step 2 frees from there), and step 3's: the function's calls' offsets
+        assert loop.where == "main+0x80-0x90 (train)"
+        assert native_region(loop.steps[3].calls) == "%s+0x10-0x30 (train)" % TRAIN
+    assert len(native_loop(None).context().loops[0].steps) == 4  # (found alike)
+    for name in ("step", "Model", "train_step(int)", "cudaMemcpy+0x40"):
+        assert native_loop(name).context().loops == [], name
+    assert names("ns::f(std::function<void (int)>)", "f")
+    assert names("(anonymous namespace)::f(int)", "f") and not names("g(f)", "f")
+
+
 def test_sync_in_step_names_the_line_with_its_waits():
     s = Script()
     for _ in range(5):
@@ -194,6 +266,37 @@ def test_graph_replays_their_capture_and_fallback_steps():
     assert finding.rule == "graph-fallback" and finding.evidence["fallback_steps"] == [3]
     assert finding.where["captured_at"] == ["/app/train.py:50 train"]
     assert "5  /app/train.py:50 train" in analyzer.report()
+
+
+def test_graph_fallback_names_the_native_region_without_python_stacks():
+    """--stacks, no Python stacks: the fallback's region is the innermost function its
+    steps' stacked calls share (the launches record no stack); the capture's site its
+    native caller."""
+    frames = {1: (Frame("capture", 0x8, "/app/train"), Frame("main", 0x20, "/app/train")),
+              2: (Frame("forward", 0x10, "/app/train"), Frame("main", 0x40, "/app/train")),
+              3: (Frame("forward", 0x30, "/app/train"), Frame("main", 0x40, "/app/train"))}
+    s = Script()
+    s.call("cudaStreamBeginCapture", stream=0x5000, mode=0).stack_id = 1
+    s.launch(0x100, stream=0x5000, outs={"captured": True})
+    s.call("cudaStreamEndCapture", stream=0x5000, outs={"graph": 0x6000}).stack_id = 1
+    s.call("cudaGraphInstantiate", graph=0x6000, flags=0, outs={"graphExec": 0x7000})
+    for i in range(6):
+        s.call("cudaMemcpyAsync", dst=0x7f0000000000, src=0x7e0000000000, size=16,
+               kind="HostToDevice", stream=0x5000).stack_id = 2
+        if i == 3:
+            s.launch(0x100, stream=0x5000)
+        else:
+            s.call("cudaGraphLaunch", graphExec=0x7000, stream=0x5000).stack_id = 3
+    s.call("cudaStreamSynchronize", stream=0x5000).stack_id = 1
+    analyzer = Analyzer(stacks=lambda pid, stack: frames[stack])
+    analyzer.write(s.events)
+    loop, = analyzer.context().loops
+    assert loop.where == "forward+0x10-0x30 (train)"
+    finding, = analyzer.findings()
+    assert finding.rule == "graph-fallback" and finding.evidence["fallback_steps"] == [3]
+    assert finding.where["python"] is None
+    assert finding.where["native"] == "forward+0x10 (train)"  # (the step's copy: stacked)
+    assert finding.where["captured_at"] == ["capture+0x8 (train)"]
 
 
 def test_thresholds_are_documented_with_their_values():

@@ -62,6 +62,9 @@ class Analyzer:
         """JSON records: one `steps` record per loop, then one `finding` record each."""
         ctx = self.context()
         out = [_steps_record(ctx, loop) for loop in ctx.loops]
+        if self.step_at is not None and not ctx.loops:
+            out.append({"type": "no_steps", "step_at": self.step_at,
+                        "reason": unmatched(self.step_at)})
         out += [{"type": "warm_up", "pid": loop.pid, "tid": loop.tid,
                  "repeats": len(loop.steps), "found_by": loop.how} for loop in ctx.warm_ups]
         out += [{"type": "graph_replays", "captured_at": site, "replays": n}
@@ -80,6 +83,7 @@ class Analyzer:
         ctx = self.context()
         parts = [TITLE + (" of %s" % self.label if self.label else "")]
         parts += [steps_text(loop, ctx) for loop in ctx.loops] or [
+            " Steps: none: " + unmatched(self.step_at) if self.step_at is not None else
             " Steps: none found (no sequence of calls repeats; --step-at FUNCTION names the "
             "step)"]
         parts += [warm_up_text(loop) for loop in ctx.warm_ups]
@@ -94,6 +98,13 @@ class Analyzer:
         parts.append(" Findings: %d" % len(findings) + "".join(
             "\n\n " + f.text().replace("\n", "\n ") for f in findings))
         return "\n\n".join(parts)
+
+
+def unmatched(step_at: str) -> str:
+    """What a --step-at that started no step matched: nothing (one line)."""
+    return ("--step-at %s matched nothing: no call of a CUDA function %s, no frame of a "
+            "function %s in the Python (--py-stacks) or native (--stacks) stacks recorded"
+            % (step_at, step_at, step_at))
 
 
 def _pcts(values: Sequence[float]) -> List[int]:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from ..spec.apis import Direction, Role
 from .findings import (HIGH, LOW, MEDIUM, Context, Finding, median, merge_threads, region,
                        thread_of)
-from .steps import Loop, Step, loop_lines
+from .steps import Loop, Step, loop_lines, native_region
 from .thresholds import (CHURN_MIN_CALLS, LAUNCH_BOUND_MAX_BLOCKED, LAUNCH_BOUND_MIN_LAUNCHES,
                          LAUNCH_BOUND_MIN_SHARE, LAUNCH_MAX_CALL_NS, PAGEABLE_MIN_BYTES,
                          STEADY_SHARE, SYNC_MIN_BLOCKED_NS, SYNC_MIN_STEP_SHARE)
@@ -260,8 +260,7 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
                 "graph_launch_ns": int(one), "graph_launch_measured": measured}
     return Finding(
         "launch-bound", MEDIUM, "steps are launch-bound: CUDA graphs would save host time",
-        evidence, {"python": loop_lines(loop, calls) or region(calls),
-                   "kernels": _sequence(steady),
+        evidence, {**regions(loop, calls, steady), "kernels": _sequence(steady),
                    "stream": sorted({c.stream for c in calls}), "thread": thread_of(loop)},
         "capture the step's launches once as a CUDA graph and replay it "
         "(torch.cuda.CUDAGraph / torch.compile(mode=\"reduce-overhead\"), or "
@@ -271,6 +270,15 @@ def _graphs_would_save(ctx: Context, loop: Loop, steady: Sequence[Step], launche
         "at least ~%d ns a step (the launch calls) and at most ~%d ns (the host time issuing "
         "them)" % (launches, span, wall, 100 * _share(span, wall), launch_ns, one,
                    ", measured" if measured else ", as one kernel launch", save, most))
+
+
+def regions(loop: Loop, calls: Sequence[Call], steps: Sequence[Step]) -> Dict[str, Any]:
+    """A finding's `python` (the loop's lines that made `calls`, else their innermost
+    shared user frame) and, without one, its `native` (--stacks: the innermost native
+    function the stacked calls of `steps` share; launches record no stack)."""
+    python = loop_lines(loop, calls) or region(calls)
+    return {"python": python, "native": None if python else native_region(
+        [c for s in steps for c in s.calls])}
 
 
 def _threads(grid: Any) -> int:
@@ -297,8 +305,7 @@ def graph_fallback(ctx: Context) -> List[Finding]:
             {"steps": len(steady), "graph_steps": len(graph), "eager_steps": len(eager),
              "fallback_steps": [s.number for s in eager],
              "launches_in_fallback": sum(len(s.launches) for s in eager)},
-            {"python": loop_lines(loop, [c for s in eager for c in s.launches])
-             or region([c for s in eager for c in s.launches]),
+            {**regions(loop, [c for s in eager for c in s.launches], eager),
              "captured_at": sites, "thread": thread_of(loop)},
             "make the fallback steps' inputs match the capture (same shapes, dtypes and "
             "static buffers) so every step replays the graph",

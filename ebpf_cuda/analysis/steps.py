@@ -21,12 +21,17 @@ whose body repeats one token only (the same kernel, nothing else) cannot be told
 loop of one call; a token that comes once every k iterations, perfectly regular, can win
 over one marking every iteration whose runs alternate (steps then span k iterations).
 
-`step_at` names the start instead: a CUDA function (each call starts a step) or a Python
-function (with --py-stacks: each new invocation of it, seen as the first call with a frame
-of it after calls without one, or whose line in it is before the previous call's: a
-function whose calls all come from one line is one step).
+`step_at` names the start instead: a CUDA function (each call starts a step), a Python
+function (with --py-stacks) or a native one (with --stacks: the calls that record a user
+stack). Each new invocation of a Python or native function starts a step, seen as the first
+call with a frame of it after calls without one, or whose line in it (native: return
+offset) is before the previous call's: a function whose calls all come from one place is
+one step. Native calls without a stack (launches) are no evidence either way: they belong
+to the step they fall in. The last such step ends after the function's last call (native:
+and the calls without a stack after it): what follows is no step.
 """
 from bisect import bisect_left
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -259,15 +264,65 @@ def _line_in(call: Call, function: str) -> Optional[int]:
     return None
 
 
+def _native_starts(calls: Sequence[Call], function: str) -> List[int]:
+    """Indexes of the calls that begin a new invocation of native function `function`, read
+    on the calls that recorded a user stack (a launch, with none, falls in its step)."""
+    starts: List[int] = []
+    previous = None
+    for call in calls:
+        if call.native_frames is None:
+            continue
+        offset = _offset_in(call, function)
+        if offset is not None and (previous is None or offset < previous):
+            starts.append(call.index)
+        previous = offset
+    return starts
+
+
+def _offset_in(call: Call, function: str) -> Optional[int]:
+    for frame in call.native_frames or ():
+        if names(frame.function, function):  # type: ignore[arg-type]
+            return frame.offset
+    return None
+
+
+def names(demangled: str, function: str) -> bool:
+    """Whether `function` names the demangled name: itself, or it without its argument
+    list (`train_step` for `train_step(int)`), or the last `::` part of that (`train_step`
+    for `Model::train_step(int) const`)."""
+    if demangled == function:
+        return True
+    bare = demangled
+    close = demangled.rfind(")")
+    if close >= 0:  # (the argument list: from the `(` that matches the last `)`)
+        depth = 0
+        for i in range(close, -1, -1):
+            depth += {")": 1, "(": -1}.get(demangled[i], 0)
+            if depth == 0:
+                bare = demangled[:i]
+                break
+    return bare == function or bare.endswith("::" + function)
+
+
+def _step_at(calls: Sequence[Call], step_at: str) -> Tuple[List[int], int]:
+    """(the calls that start the steps `--step-at` names, where the last step ends: at the
+    thread's end after a CUDA function's last call, else after the tokens most steps have)."""
+    if any(c.api == step_at for c in calls):
+        return [c.index for c in calls if c.api == step_at], len(calls)
+    starts = _python_starts(calls, step_at) or _native_starts(calls, step_at)
+    if not starts:
+        return [], len(calls)
+    return starts, _last_end(calls, starts[-1], _usual(calls, starts))
+
+
 def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[Loop]:
     """The steps of one thread's calls (in time order, `index` their position), or None."""
     if not calls:
         return None
     body: Tuple[Token, ...] = ()
+    end = None
     if step_at is not None:
-        apis = {c.api for c in calls}
-        starts = ([c.index for c in calls if c.api == step_at] if step_at in apis
-                  else _python_starts(calls, step_at))
+        starts, end = _step_at(calls, step_at)
         how = "--step-at %s" % step_at
         if not starts:
             return None
@@ -284,11 +339,11 @@ def find_loop(calls: Sequence[Call], step_at: Optional[str] = None) -> Optional[
         body = _usual(calls, starts)
         how = "a repeating sequence of %d calls, starting at %s" % (len(common),
                                                                      _show(anchor.token))
-    loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body), how, body)
+    loop = Loop(calls[0].pid, calls[0].tid, _cut(calls, starts, body, end), how, body)
     _phases(loop.steps)
     loop.frame = _loop_frame(loop.steps)  # (the first step's calls include the set-up's)
-    loop.where = loop_lines(loop, [c for step in (loop.steady() or loop.steps)
-                                   for c in step.calls])
+    steady = [c for step in (loop.steady() or loop.steps) for c in step.calls]
+    loop.where = loop_lines(loop, steady) or native_region(steady)
     loop.deviating = _deviations(loop)
     return loop
 
@@ -309,12 +364,15 @@ def _show(tok: Token) -> str:
     return "%s %s" % (kind, what)
 
 
-def _cut(calls: Sequence[Call], starts: List[int], body: Tuple[Token, ...]) -> List[Step]:
-    """The steps beginning at the calls `starts`; the calls between the previous step's
-    last token and a step's first token go with that step."""
+def _cut(calls: Sequence[Call], starts: List[int], body: Tuple[Token, ...],
+         last: Optional[int] = None) -> List[Step]:
+    """The steps beginning at the calls `starts`, the last ending before call `last` (None:
+    after the body's tokens); the calls between the previous step's last token and a
+    step's first token go with that step."""
     steps: List[Step] = []
     for number, begin in enumerate(starts):
-        end = starts[number + 1] if number + 1 < len(starts) else _last_end(calls, begin, body)
+        end = starts[number + 1] if number + 1 < len(starts) else \
+            _last_end(calls, begin, body) if last is None else max(last, begin + 1)
         lead = begin
         while lead > 0 and (number == 0 or lead - 1 >= starts[number - 1]) \
                 and token(calls[lead - 1]) is None and not _capturing(calls[lead - 1]):
@@ -407,6 +465,25 @@ def loop_lines(loop: "Loop", calls: Sequence[Call]) -> Optional[str]:
         return "%s in %s" % (file, function)
     span = "%d" % lines[0] if lines[0] == lines[-1] else "%d-%d" % (lines[0], lines[-1])
     return "%s:%s in %s" % (file, span, function)
+
+
+def native_region(calls: Sequence[Call]) -> Optional[str]:
+    """`FUNCTION+0xFIRST-0xLAST (FILE)`: the innermost native function all of `calls` that
+    recorded a user stack were made in (the range: their return offsets in it); None when
+    none recorded one, or their stacks share no function."""
+    stacks = [c.native_frames for c in calls if c.native_frames]
+    if not stacks:
+        return None
+    depth, shortest = 0, min(len(s) for s in stacks)
+    while depth < shortest and len({(s[-1 - depth].function, s[-1 - depth].path)
+                                    for s in stacks}) == 1:
+        depth += 1  # (from the outermost frame inwards, while all share the function)
+    if depth == 0:
+        return None
+    frames = [s[-depth] for s in stacks]
+    offsets = sorted({f.offset for f in frames})
+    span = "0x%x" % offsets[0] if len(offsets) == 1 else "0x%x-0x%x" % (offsets[0], offsets[-1])
+    return "%s+%s (%s)" % (frames[0].function, span, os.path.basename(frames[0].path))
 
 
 def _deviations(loop: Loop) -> Dict[int, str]:

@@ -60,6 +60,10 @@ class Call:
     index: int = 0  # position in its thread's list
     unnamed: Optional[Event] = None  # a launch not named yet: named again at the end
     native: Optional[str] = None  # with --stacks: the native caller (`native_caller`)
+    # with --stacks: its user stack's named frames outside the CUDA libraries, innermost
+    # first (`user_frames`; one tuple per (pid, stack_id), shared by its calls); None: no
+    # stack recorded (a launch, a call with a Python stack)
+    native_frames: Optional[Tuple[Frame, ...]] = None
 
     @property
     def duration_ns(self) -> int:
@@ -109,6 +113,13 @@ def native_caller(frames: Sequence[Optional[Frame]]) -> Optional[str]:
         if frame is not None and not is_cuda_file(frame.path):
             return str(frame)
     return None
+
+
+def user_frames(frames: Sequence[Optional[Frame]]) -> Tuple[Frame, ...]:
+    """The frames of a stack in a named function outside the CUDA libraries (`--step-at`
+    and the native regions read them)."""
+    return tuple(f for f in frames if f is not None and f.function is not None
+                 and not is_cuda_file(f.path))
 
 
 def stream_of(value: Any) -> Optional[int]:
@@ -166,7 +177,8 @@ class Timeline:
     threads: Dict[Tuple[int, int], List[Call]] = field(default_factory=dict)
     calls: List[Call] = field(default_factory=list)
     _layers: LayerFilter = field(default_factory=LayerFilter)
-    _native: Dict[Tuple[int, int], Optional[str]] = field(default_factory=dict)
+    _native: Dict[Tuple[int, int], Tuple[Optional[str], Tuple[Frame, ...]]] = field(
+        default_factory=dict)
 
     def add(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -192,8 +204,9 @@ class Timeline:
             if event.stack_id and self.stacks is not None and not call.py_stack:
                 key = (event.pid, event.stack_id)  # (symbolised once, while the process lives)
                 if key not in self._native:
-                    self._native[key] = native_caller(self.stacks(*key))
-                call.native = self._native[key]
+                    frames = self.stacks(*key)
+                    self._native[key] = native_caller(frames), user_frames(frames)
+                call.native, call.native_frames = self._native[key]
             self.calls.append(call)
         return call
 

@@ -16,7 +16,8 @@ from .common import print_report, say
                    "capture site, a `finding` record per finding.")
 @click.option("--step-at", metavar="FUNCTION",
               help="Each call of this CUDA function, or each invocation of this Python "
-                   "function (traces with --py-stacks), starts a step.")
+                   "function (traces with --py-stacks) or native function (traces with "
+                   "--stacks: `train_step` also names `train_step(int)`), starts a step.")
 @click.option("--report", "report_html", metavar="FILE.html",
               help="Also write an HTML report with the analysis (one FILE only).")
 def analyze_cmd(paths: Tuple[str, ...], as_json: bool, step_at: Optional[str],

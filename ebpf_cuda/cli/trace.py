@@ -74,7 +74,8 @@ from .signals import stopper
                    "callers). See docs/analysis.md.")
 @click.option("--step-at", metavar="FUNCTION",
               help="With --analyze: each call of this CUDA function, or each invocation of "
-                   "this Python function (--py-stacks), starts a step.")
+                   "this Python function (--py-stacks) or native function (--stacks: "
+                   "`train_step` also names `train_step(int)`), starts a step.")
 @click.option("--save", metavar="FILE",
               help="Record the raw trace to FILE, for `ebpf-cuda report FILE` (or "
                    "`analyze FILE`) later.")

@@ -491,7 +491,7 @@ def _analysis_section(r: HtmlReport) -> str:
     """--analyze: the findings, then each loop's steps (analysis/analyzer.py)."""
     if r.analyzer is None:
         return ""
-    from ..analysis.analyzer import step_rows
+    from ..analysis.analyzer import step_rows, unmatched
 
     findings = r.analyzer.findings()
     text = "<h2>Findings (--analyze)</h2>"
@@ -502,6 +502,8 @@ def _analysis_section(r: HtmlReport) -> str:
             (f.severity, f.rule, f.title, f.summary,
              "; ".join("%s: %s" % (k, v) for k, v in f.where.items() if v not in (None, [])),
              f.advice) for f in findings])
+    if not r.analyzer.context().loops and r.analyzer.step_at is not None:
+        text += "<p>Steps: none: %s</p>" % _esc(unmatched(r.analyzer.step_at))
     for loop in r.analyzer.context().loops:
         text += "<h2>Steps of thread %d/%d: %d (%s)</h2>" % (loop.pid, loop.tid,
                                                             len(loop.steps), _esc(loop.how))
