@@ -8,6 +8,7 @@ uprobe offsets, dynamic tags, build id. pyelftools stays a test dependency only 
 start no longer imports it (test_start_imports.py)."""
 import glob
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import Dict, List, Set
 import pytest
 from elftools.elf import enums
 from elftools.elf.elffile import ELFFile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ebpf_cuda.errors import ElfError
-from ebpf_cuda.targets import elf_raw, loaders, python_layouts
+from ebpf_cuda.targets import elf_raw, loaders, python_layouts, registrations
 from ebpf_cuda.targets.elf import ElfFile
 from ebpf_cuda.targets.elf_symbols import base_name
 from fakecuda import wheel_libcudart
@@ -273,8 +276,6 @@ def test_what_is_not_elf64_little_endian_is_refused_in_one_line(fake, tmp_path, 
 
 def test_notes_are_read_as_pyelftools_pads_them(tmp_path):
     """Name and descriptor each padded to 4 bytes; a note cut by its table's end ends it."""
-    import struct
-
     def note(name: bytes, kind: int, desc: bytes) -> bytes:
         pad = lambda b: b + bytes(-len(b) % 4)  # noqa: E731
         return struct.pack("<III", len(name), len(desc), kind) + pad(name) + pad(desc)
@@ -287,3 +288,28 @@ def test_notes_are_read_as_pyelftools_pads_them(tmp_path):
         found = list(elf_raw.notes(stream, 8, len(table)))
         assert found == [(b"GNU", 5, b"\1\2\3\4\5\6"), (b"GNU", 3, bytes(range(20)))]
         assert list(elf_raw.notes(stream, 8, 12 + 4 + 3)) == [(b"GNU", 5, b"\1\2\3")]
+
+
+@settings(max_examples=120, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 4095), st.integers(0, 255)), min_size=1,
+                      max_size=12),
+       cut=st.one_of(st.none(), st.integers(0, 20000)))
+def test_the_best_effort_readers_take_any_damage(fake, tmp_path, edits, cut):
+    """The readers that look sections up by name (kernel registrations, the interpreter's
+    symbols, the loader's _r_debug) answer "nothing" for a damaged file, never raise. The
+    headers and tables lie in the first 4 KB of the stand-in's program: the edits go there."""
+    data = bytearray(Path(fake[1]).read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 40)
+    for position, value in edits:
+        # half of the edits on the section table (at the file's end), half on the rest
+        at = position if position % 2 else shoff + position % (len(data) - shoff)
+        if at < len(data):
+            data[at] = value
+    bad = tmp_path / "bad"
+    bad.write_bytes(bytes(data[:cut] if cut is not None else data))
+    registrations._cache.clear()
+    assert isinstance(registrations.registrations(str(bad)), registrations.Registrations)
+    found = python_layouts._read_symbols(str(bad), ("main", "cudaMalloc"))
+    assert found is None or isinstance(found.values, dict)
+    assert isinstance(loaders.r_debug_distance(str(bad), 0), int)

@@ -275,8 +275,9 @@ class ElfHeaders:
         """From the SHT_NOTE sections (or, without a section table, the PT_NOTE segments)."""
         try:
             with open(self.path, "rb") as stream:
-                for offset, size in self._notes:
-                    for name, kind, desc in elf_raw.notes(stream, offset, size):
+                for offset, size in self._notes:  # (a damaged size: up to the file's end)
+                    for name, kind, desc in elf_raw.notes(stream, offset,
+                                                          min(size, self.size - offset)):
                         if kind == elf_raw.NT_GNU_BUILD_ID and name == b"GNU":
                             return desc.hex()
         except OSError as err:
