@@ -234,7 +234,7 @@ def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[
 
 def import_times(lib: str, stamp: str, top: int = 10, runs: int = 5) -> List[str]:
     """The slowest imports of a whole start, `python3 -m ebpf_cuda -p LIB -- stamp` (python
-    -X importtime, cumulative): the CLI's and those made while starting (pyelftools); per
+    -X importtime, cumulative): the CLI's and those made while starting; per
     module the least of `runs` starts, so that one noisy start does not rank it."""
     best: Dict[str, int] = {}
     for _ in range(runs):

@@ -1,6 +1,7 @@
-"""Symbols per second: pyelftools iteration against elf.py's bulk reader; and what reading a
-file's structure (headers, segments, dynamic tags, through pyelftools) and importing
-pyelftools cost, the parts a start pays for every file it opens.
+"""Symbols per second: pyelftools iteration against elf.py's bulk reader; what reading a
+file's structure (headers, segments, dynamic tags, with struct: elf_raw.py) costs, the part a
+start pays for every file it opens; and what importing pyelftools would add to a start (it
+is no longer on a start's path).
 
     python3 bench/symbols.py               # builds a synthetic .so with 100k functions
     python3 bench/symbols.py --count 20000
@@ -95,11 +96,12 @@ def measure_open(path: str, repeat: int = 50) -> None:
 
 
 def pyelftools_import_ms(repeat: int = 5) -> str:
-    """ms to import what elf.py uses of pyelftools in a fresh interpreter that has already
-    imported the CLI (what a start pays on top), best and median of `repeat`."""
+    """ms to import what elf_headers.py used of pyelftools until 2026-12-07 in a fresh
+    interpreter that has already imported the CLI (what a start paid on top), best and
+    median of `repeat`."""
     code = ("import time, ebpf_cuda.cli.main, ebpf_cuda.tracer\n"
             "t = time.perf_counter()\n"
-            "from ebpf_cuda.targets.elf import _pyelftools; _pyelftools()\n"
+            "from elftools.elf import enums; from elftools.elf.elffile import ELFFile\n"
             "print((time.perf_counter() - t) * 1000)\n")
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     values = sorted(float(subprocess.run([sys.executable, "-c", code], capture_output=True,
@@ -114,7 +116,8 @@ def main() -> None:
     parser.add_argument("--path", action="append",
                         help="an existing ELF file instead of a synthetic one (repeatable)")
     args = parser.parse_args()
-    print("pyelftools import after the CLI's: %s" % pyelftools_import_ms())
+    print("pyelftools import after the CLI's (off a start's path): %s"
+          % pyelftools_import_ms())
     for path in args.path or [synthetic_library(args.count)]:
         print(path, "%.1f MB" % (os.path.getsize(path) / 1e6))
         measure_open(path)

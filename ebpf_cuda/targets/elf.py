@@ -1,8 +1,8 @@
 """ELF symbols for uprobes: symbol -> file offset, address -> symbol, fast bulk symbol reads.
 
-The file's structure (headers, segments, dynamic tags, build id) is read with pyelftools by
-`elf_headers.ElfHeaders`, which `ElfFile` builds on; pyelftools is imported on the first file
-opened (its import costs ~15-20 ms: `import ebpf_cuda.targets.elf` alone does not pay it).
+The file's structure (headers, segments, dynamic tags, build id) is read with `struct` by
+`elf_headers.ElfHeaders` (elf_raw.py's readers), which `ElfFile` builds on: no pyelftools on a
+start's path (its import was 26-28 ms of every start).
 The symbol tables themselves are read in bulk with `struct` (elf_symbols.py): iterating
 libtorch_cuda.so's 211k symbols through pyelftools takes seconds, a raw read a fraction of a
 second. Tables larger than WHOLE_TABLE_LIMIT (a framework's: ~10^6 symbols, ~100 MB) are
@@ -10,9 +10,8 @@ never read whole nor made into a table of every function: a few names are looked
 chunks, addresses named through a compact index (the tracer's memory stays bounded). C++ names are demangled by cxx_demangle.py. Every name of those modules that callers
 use is importable from here.
 
-Every failure while reading a file (pyelftools' ELFError and construct errors, struct, I/O, a
-corrupted field) comes out as an `ElfError` (or a subclass) with a one-line message, never as
-a raw exception.
+Every failure while reading a file (struct, I/O, a corrupted field) comes out as an
+`ElfError` (or a subclass) with a one-line message, never as a raw exception.
 """
 import contextlib
 import gc
@@ -24,7 +23,6 @@ from .cxx_demangle import demangle  # noqa: F401 (importable from here, as befor
 from .elf_headers import (ELF_MAGIC, ELFCLASS64,  # noqa: F401 (importable from here, as before)
                           ELFDATA2LSB, ET_DYN, ET_EXEC, MACHINES, ElfHeaders, Segment,
                           describe_error, is_elf_for_this_machine)
-from .elf_headers import pyelftools as _pyelftools  # noqa: F401 (the name probes/loader uses)
 from .elf_symbols import (SYM_FORMAT, SYM_SIZE,  # noqa: F401 (importable from here, as before)
                           AddressIndex, FunctionSymbol, Sym, SymbolSection, base_name,
                           defines_a_function, find_functions, lookup_functions, merge_preferring_global,

@@ -1,35 +1,29 @@
-"""The structure of an ELF file, read with pyelftools: ELF header, program headers, section
-headers, dynamic tags such as DT_NEEDED/DT_RPATH/DT_RUNPATH/DT_SONAME, notes such as the GNU
-build id. `ElfHeaders` is what `elf.ElfFile` builds on (it adds the symbols).
+"""The structure of an ELF file: ELF header, program headers, section headers, dynamic tags
+such as DT_NEEDED/DT_RPATH/DT_RUNPATH/DT_SONAME, notes such as the GNU build id.
+`ElfHeaders` is what `elf.ElfFile` builds on (it adds the symbols).
 
-pyelftools is imported on the first file opened (its import costs ~15-20 ms: `import
-ebpf_cuda.targets.elf` alone does not pay it). Only pyelftools' cheap, lazy pieces are used: headers
-one by one, never its section objects for hash tables, which parse the whole table (a tenth of
-a second and more on big libraries), nor its section-name map or dynamic segment, which build
-every section.
+Read with `struct` (elf_raw.py), header by header: only the tables the tracer uses, in a
+fraction of a millisecond. pyelftools did this until 2026-12-07; its import alone was 26-28 ms
+of every start (docs/performance.md), and the tests still check these answers against it.
 """
 import errno
-import functools
-import gc
 import os
 import stat
 import struct
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 from ..errors import ElfError
+from . import elf_raw
+from .elf_raw import (EHDR_SIZE, ELF_MAGIC, ELFCLASS64, ELFDATA2LSB,  # noqa: F401
+                      PHDR_SIZE, SHDR_SIZE, SectionHeader)
 from .elf_symbols import SYM_SIZE, SymbolSection
 
-ELF_MAGIC = b"\x7fELF"
-ELFCLASS64 = 2
-ELFDATA2LSB = 1
 ET_EXEC, ET_DYN = 2, 3
-EHDR_SIZE = 64
-PHDR_SIZE = 56  # Elf64_Phdr
-SHDR_SIZE = 64  # Elf64_Shdr
-DYN_SIZE = 16  # Elf64_Dyn
 MAX_DYNAMIC_TAGS = 65536  # a damaged table without DT_NULL is not read to the end of the file
-_STRING_TAGS = {"DT_NEEDED": "needed", "DT_SONAME": "soname", "DT_RPATH": "rpath",
-                "DT_RUNPATH": "runpath"}
+_STRING_TAGS = {elf_raw.DT_NEEDED: "needed", elf_raw.DT_SONAME: "soname",
+                elf_raw.DT_RPATH: "rpath", elf_raw.DT_RUNPATH: "runpath"}
+_TAG_NAMES = {elf_raw.DT_NEEDED: "DT_NEEDED", elf_raw.DT_SONAME: "DT_SONAME",
+              elf_raw.DT_RPATH: "DT_RPATH", elf_raw.DT_RUNPATH: "DT_RUNPATH"}
 
 # e_machine values by `os.uname().machine` name.
 MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183}
@@ -75,6 +69,7 @@ class ElfHeaders:
         self.soname: Optional[str] = None
         self._symbol_sections: List[SymbolSection] = []
         self._build_id: Optional[str] = None
+        self._notes: List[Tuple[int, int]] = []  # (file offset, size) of each note table
         self._read_headers()
 
     # ---- validation -------------------------------------------------------------------
@@ -93,7 +88,7 @@ class ElfHeaders:
         return info.st_size
 
     def _check_ident(self, header: bytes) -> None:
-        """What pyelftools cannot say well: not ELF at all, or cut inside its header."""
+        """Not ELF at all, cut inside its header, of a class or byte order that no ELF has."""
         if header[:4] != ELF_MAGIC:
             raise ElfError("%s is not an ELF file" % self.path)
         if len(header) < EHDR_SIZE:
@@ -105,17 +100,15 @@ class ElfHeaders:
         if header[5] not in (ELFDATA2LSB, 2):
             raise ElfError("%s is an ELF file of unknown byte order %d" % (self.path, header[5]))
 
-    def _check_identity(self, elf) -> None:
+    def _check_identity(self, ident: bytes, header: elf_raw.Header) -> None:
         """64-bit, little-endian, this machine, an executable or shared library."""
-        if elf.elfclass != 64:
+        if ident[4] != ELFCLASS64:
             raise ElfError("%s is a 32-bit (ELFCLASS32) ELF file; only 64-bit ELF files can be "
                            "traced" % self.path)
-        if not elf.little_endian:
+        if ident[5] != ELFDATA2LSB:
             raise ElfError("%s is a big-endian ELF file; only little-endian is supported"
                            % self.path)
-        enums = pyelftools().enums
-        self.machine = _enum_value(elf["e_machine"], enums.ENUM_E_MACHINE)
-        self.elf_type = _enum_value(elf["e_type"], enums.ENUM_E_TYPE)
+        self.machine, self.elf_type = header.e_machine, header.e_type
         if self.machine != self._expected_machine:
             raise ElfError("%s is built for %s (e_machine %d), not for this machine (%s)"
                            % (self.path, MACHINE_NAMES.get(self.machine, "another machine"),
@@ -137,14 +130,14 @@ class ElfHeaders:
     def _read_headers(self) -> None:
         try:
             with open(self.path, "rb") as stream:
-                self._check_ident(stream.read(EHDR_SIZE))
-                stream.seek(0)
-                self._parse(pyelftools().ELFFile(stream))
+                ident = stream.read(EHDR_SIZE)
+                self._check_ident(ident)
+                self._parse(stream, ident)
         except ElfError:
             raise
         except OSError as err:
             raise self._read_error(err, "is a corrupted ELF file") from None
-        except Exception as err:  # pyelftools' ELFError, construct errors, corrupted fields
+        except Exception as err:  # struct's errors, elf_raw's, offsets no seek can reach
             raise ElfError("%s is a corrupted ELF file (%s)"
                            % (self.path, describe_error(err))) from None
 
@@ -153,58 +146,87 @@ class ElfHeaders:
             return ElfError("%s %s (an offset past any file's end)" % (self.path, corrupted))
         return ElfError("%s: cannot read: %s" % (self.path, err.strerror or err))
 
-    def _parse(self, elf) -> None:
-        """Segments, symbol tables and dynamic tags: header by header through pyelftools
-        (get_section and iter_segments would build pyelftools' objects for every section,
-        hash tables parsed whole included)."""
-        self._check_identity(elf)
-        self.entry = elf["e_entry"]
-        sections = elf.num_sections()  # e_shnum, or section 0's sh_size when past 0xff00
-        self._check_table(elf["e_shoff"], elf["e_shentsize"], sections, SHDR_SIZE,
+    def _parse(self, stream, ident: bytes) -> None:
+        """Segments, symbol tables, dynamic tags and where the notes are, each table checked
+        to lie in the file before it is read."""
+        header = elf_raw.parse_header(ident)
+        self._check_identity(ident, header)
+        self.entry = header.e_entry
+        section0 = None
+        if elf_raw.needs_section0(header):  # (extended numbering: counts in section 0)
+            self._check_table(header.e_shoff, header.e_shentsize, 1, SHDR_SIZE,
+                              "section header")
+            section0 = elf_raw.first_section(stream, header, self.size)
+        sections = elf_raw.section_count(header, section0)
+        self._check_table(header.e_shoff, header.e_shentsize, sections, SHDR_SIZE,
                           "section header")
-        segments = elf.num_segments()  # e_phnum, or section 0's sh_info when 0xffff
-        self._check_table(elf["e_phoff"], elf["e_phentsize"], segments, PHDR_SIZE,
+        segments = elf_raw.segment_count(header, section0)
+        self._check_table(header.e_phoff, header.e_phentsize, segments, PHDR_SIZE,
                           "program header")
-        dynamic_segment = None
-        for index in range(segments):
-            header = elf._get_segment_header(index)
-            if header["p_type"] == "PT_LOAD":
-                self.segments.append(Segment(header["p_vaddr"], header["p_offset"],
-                                             header["p_filesz"], header["p_memsz"],
-                                             header["p_flags"]))
-            elif header["p_type"] == "PT_DYNAMIC" and dynamic_segment is None:
-                dynamic_segment = index
-        headers = [elf._get_section_header(index) for index in range(sections)]
-        dynamic_sections = []
-        for index, header in enumerate(headers):
-            if header["sh_type"] in ("SHT_SYMTAB", "SHT_DYNSYM"):
-                self._add_symbol_section(header, headers)
-            elif header["sh_type"] == "SHT_DYNAMIC":
-                dynamic_sections.append(index)
-        for index in dynamic_sections:
-            strtab = self._linked_strings(headers[index], headers, "dynamic section")
-            if strtab["sh_type"] != "SHT_STRTAB":
-                raise ElfError("%s: its dynamic section links to no string table" % self.path)
-            self._read_dynamic(elf.get_section(index), headers[index]["sh_size"],
-                               strtab["sh_size"])
+        names = elf_raw.names_section(header, section0)
+        if sections and names >= sections:
+            raise ElfError("%s is a corrupted ELF file (its section names would be in section "
+                           "%d of %d)" % (self.path, names, sections))
+        dynamic_segment, notes = None, []
+        for program in elf_raw.program_headers(stream, header, segments, self.size):
+            if program.p_type == elf_raw.PT_LOAD:
+                self.segments.append(Segment(program.p_vaddr, program.p_offset,
+                                             program.p_filesz, program.p_memsz,
+                                             program.p_flags))
+            elif program.p_type == elf_raw.PT_DYNAMIC and dynamic_segment is None:
+                dynamic_segment = program
+            elif program.p_type == elf_raw.PT_NOTE:
+                notes.append((program.p_offset, program.p_filesz))
+        headers = elf_raw.section_headers(stream, header, sections, self.size)
+        self._notes = [(s.sh_offset, s.sh_size) for s in headers
+                       if s.sh_type == elf_raw.SHT_NOTE] or notes  # (no sections: PT_NOTE)
+        self._read_sections(stream, headers)
         if not sections and dynamic_segment is not None:
-            # No section table (stripped of it): the loader reads PT_DYNAMIC, so do we (with
-            # sections, pyelftools' DynamicSegment would build every section to find its own).
-            # Best effort: a damaged one leaves the file without known dependencies.
-            try:
-                segment = elf.get_segment(dynamic_segment)
-                self._read_dynamic(segment, segment["p_filesz"], None)
-            except Exception:  # pyelftools' errors, construct's, seek errors
-                self.needed, self.soname, self.rpath, self.runpath = [], None, [], []
+            self._read_dynamic_segment(stream, dynamic_segment)
 
-    def _section_bytes_in_file(self, header, what: str) -> None:
-        if header["sh_type"] != "SHT_NOBITS" and \
-                header["sh_offset"] + header["sh_size"] > self.size:
+    def _read_sections(self, stream, headers: List[SectionHeader]) -> None:
+        """The symbol tables' places; the dynamic sections' tags."""
+        dynamic_sections = []
+        for header in headers:
+            if header.sh_type in (elf_raw.SHT_SYMTAB, elf_raw.SHT_DYNSYM):
+                self._add_symbol_section(header, headers)
+            elif header.sh_type == elf_raw.SHT_DYNAMIC:
+                dynamic_sections.append(header)
+        for header in dynamic_sections:
+            strtab = self._linked_strings(header, headers, "dynamic section")
+            if strtab.sh_type != elf_raw.SHT_STRTAB:
+                raise ElfError("%s: its dynamic section links to no string table" % self.path)
+            entries = elf_raw.dynamic_entries(stream, header.sh_offset, header.sh_size,
+                                              MAX_DYNAMIC_TAGS)
+            self._take_tags(stream, entries, strtab.sh_offset, strtab.sh_size)
+
+    def _read_dynamic_segment(self, stream, segment: elf_raw.ProgramHeader) -> None:
+        """No section table (stripped of it): the loader reads PT_DYNAMIC, so do we, with
+        the strings where DT_STRTAB's address lies in the file. Best effort: a damaged one
+        leaves the file without known dependencies."""
+        try:
+            entries = elf_raw.dynamic_entries(stream, segment.p_offset, segment.p_filesz,
+                                              MAX_DYNAMIC_TAGS)
+            address = next((value for tag, value in entries if tag == elf_raw.DT_STRTAB), None)
+            strings = None if address is None else next(
+                (address - s.vaddr + s.offset for s in self.segments
+                 if s.vaddr <= address < s.vaddr + s.filesz), None)
+            if strings is not None:
+                self._take_tags(stream, entries, strings, None)
+                return
+        except Exception:  # struct's, elf_raw's, seek errors
+            pass
+        self.needed, self.soname, self.rpath, self.runpath = [], None, [], []
+
+    def _section_bytes_in_file(self, header: SectionHeader, what: str) -> None:
+        if header.sh_type != elf_raw.SHT_NOBITS and \
+                header.sh_offset + header.sh_size > self.size:
             raise ElfError("%s is truncated (its %s runs past the end of the file)"
                            % (self.path, what))
 
-    def _linked_strings(self, header, headers, what: str):
-        link = header["sh_link"]
+    def _linked_strings(self, header: SectionHeader, headers: List[SectionHeader],
+                        what: str) -> SectionHeader:
+        link = header.sh_link
         if not 0 < link < len(headers):
             raise ElfError("%s: its %s links to no string table" % (self.path, what))
         strtab = headers[link]
@@ -212,34 +234,34 @@ class ElfHeaders:
         self._section_bytes_in_file(strtab, "string table of its " + what)
         return strtab
 
-    def _add_symbol_section(self, header, headers) -> None:
-        kind = ".symtab" if header["sh_type"] == "SHT_SYMTAB" else ".dynsym"
+    def _add_symbol_section(self, header: SectionHeader, headers: List[SectionHeader]) -> None:
+        kind = ".symtab" if header.sh_type == elf_raw.SHT_SYMTAB else ".dynsym"
         strtab = self._linked_strings(header, headers, kind)
         self._symbol_sections.append(SymbolSection(
-            kind, header["sh_offset"], header["sh_size"], header["sh_entsize"] or SYM_SIZE,
-            strtab["sh_offset"], strtab["sh_size"]))
+            kind, header.sh_offset, header.sh_size, header.sh_entsize or SYM_SIZE,
+            strtab.sh_offset, strtab.sh_size))
 
-    def _read_dynamic(self, table, size: int, strings_size: Optional[int]) -> None:
-        """DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a pyelftools DynamicSection (or
-        DynamicSegment), up to DT_NULL and never past the table's `size`."""
-        for index in range(min(size // DYN_SIZE, MAX_DYNAMIC_TAGS)):
-            entry = table._get_tag(index)  # the raw entry: get_tag also looks up its string
-            tag = entry["d_tag"]
-            if tag == "DT_NULL":
-                break
+    def _take_tags(self, stream, entries: List[Tuple[int, int]], strings: int,
+                   strings_size: Optional[int]) -> None:
+        """DT_NEEDED, DT_SONAME, DT_RPATH and DT_RUNPATH of a dynamic table's entries, their
+        strings read at `strings` (a table of `strings_size` bytes; None: up to the file's
+        end, for PT_DYNAMIC without sections)."""
+        for tag, value in entries:
             field = _STRING_TAGS.get(tag)
             if field is None:
                 continue
-            if strings_size is not None and not 0 <= entry["d_val"] < strings_size:
+            if strings_size is not None and not value < strings_size:
                 raise ElfError("%s: string offset %d of its %s lies outside its string table"
-                               % (self.path, entry["d_val"], tag))
-            text = getattr(table.get_tag(index), field)
-            if tag == "DT_NEEDED":
+                               % (self.path, value, _TAG_NAMES[tag]))
+            limit = (strings_size if strings_size is not None else self.size - strings) - value
+            text = elf_raw.c_string(stream, strings + value, max(0, limit)).decode(
+                "utf-8", "replace")
+            if tag == elf_raw.DT_NEEDED:
                 self.needed.append(text)
-            elif tag == "DT_SONAME":
+            elif tag == elf_raw.DT_SONAME:
                 self.soname = text
             else:
-                paths = self.rpath if tag == "DT_RPATH" else self.runpath
+                paths = self.rpath if tag == elf_raw.DT_RPATH else self.runpath
                 paths.extend(p for p in text.split(":") if p)
 
     @property
@@ -250,18 +272,14 @@ class ElfHeaders:
         return self._build_id or None
 
     def _read_build_id(self) -> Optional[str]:
+        """From the SHT_NOTE sections (or, without a section table, the PT_NOTE segments)."""
         try:
             with open(self.path, "rb") as stream:
-                elf = pyelftools().ELFFile(stream)
-                notes = [elf.get_section(i) for i in range(elf.num_sections())
-                         if elf._get_section_header(i)["sh_type"] == "SHT_NOTE"]
-                if not notes:  # no section table: the PT_NOTE segments
-                    notes = [elf.get_segment(i) for i in range(elf.num_segments())
-                             if elf._get_segment_header(i)["p_type"] == "PT_NOTE"]
-                for table in notes:
-                    for note in table.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                            return str(note["n_desc"])
+                for offset, size in self._notes:  # (a damaged size: up to the file's end)
+                    for name, kind, desc in elf_raw.notes(stream, offset,
+                                                          min(size, self.size - offset)):
+                        if kind == elf_raw.NT_GNU_BUILD_ID and name == b"GNU":
+                            return desc.hex()
         except OSError as err:
             raise self._read_error(err, "has corrupted notes") from None
         except Exception as err:
@@ -280,36 +298,11 @@ class ElfHeaders:
         return any(s.name == ".symtab" for s in self._symbol_sections)
 
 
-class _Pyelftools(NamedTuple):
-    ELFFile: Any
-    enums: Any
-
-
-@functools.lru_cache(maxsize=None)
-def pyelftools() -> _Pyelftools:
-    """pyelftools' ELFFile and enums, imported on first use (not by `import ebpf_cuda.targets.elf`);
-    without collections meanwhile (its ~50 modules make objects by the thousand: ~1 ms)."""
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        from elftools.elf import enums
-        from elftools.elf.elffile import ELFFile
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return _Pyelftools(ELFFile, enums)
-
-
-def _enum_value(value: Any, names: Dict[str, int]) -> int:
-    """pyelftools gives the names of known enum values (`EM_X86_64`), others as numbers."""
-    return names.get(value, -1) if isinstance(value, str) else int(value)
-
-
 def describe_error(err: BaseException) -> str:
     """`Type: message` on one line (construct's messages span several)."""
     text = " ".join(str(err).split())
     if not text and isinstance(err, AssertionError):
-        text = "a table pyelftools cannot make sense of"
+        text = "a table that makes no sense"
     if len(text) > 200:
         text = text[:197] + "..."
     return "%s: %s" % (type(err).__name__, text) if text else type(err).__name__

@@ -7,8 +7,8 @@ import struct
 from typing import List, Optional, Sequence
 
 from ..errors import ProcessError
-from . import discovery, procfs
-from .elf import _pyelftools
+from . import discovery, elf_raw, procfs
+from .elf_symbols import SYM_FORMAT, SYM_SIZE
 
 PT_INTERP = 3
 
@@ -69,14 +69,27 @@ def r_debug_distance(loader: str, hook_vaddr: int) -> int:
     then the program tells of every call)."""
     try:
         with open(loader, "rb") as stream:
-            dynsym = _pyelftools().ELFFile(stream).get_section_by_name(".dynsym")
-            symbols = (dynsym.get_symbol_by_name("_r_debug") if dynsym else None) or []
-            for symbol in symbols:
-                if symbol["st_value"]:
-                    return symbol["st_value"] - hook_vaddr
-    except Exception:  # pyelftools' errors, a file that is no ELF after all
+            value = dynamic_symbol_value(elf_raw.ElfTables(stream), "_r_debug")
+    except Exception:  # struct's, elf_raw's, I/O: a file that is no ELF after all
         return 0
-    return 0
+    return value - hook_vaddr if value else 0
+
+
+def dynamic_symbol_value(tables: elf_raw.ElfTables, name: str) -> Optional[int]:
+    """st_value of the first .dynsym symbol `name` whose value is not 0 (a loader's .dynsym
+    is a few dozen symbols: read whole)."""
+    dynsym = tables.section(".dynsym")
+    if dynsym is None or dynsym.sh_entsize != SYM_SIZE or \
+            not 0 < dynsym.sh_link < len(tables.sections):
+        return None
+    strings = tables.data(tables.sections[dynsym.sh_link])
+    symbols = tables.data(dynsym)
+    wanted = name.encode() + b"\0"
+    for st_name, _info, _other, _shndx, value, _size in struct.iter_unpack(
+            SYM_FORMAT, symbols[:len(symbols) // SYM_SIZE * SYM_SIZE]):
+        if value and strings.startswith(wanted, st_name):
+            return value
+    return None
 
 
 def loaders_for(pid: Optional[int], command: Sequence[str]) -> List[str]:

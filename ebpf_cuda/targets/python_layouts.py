@@ -18,6 +18,7 @@ import struct
 import threading
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+from . import elf_raw
 from .python_offsets import DEBUG_COOKIE  # noqa: F401 (importable from here, as before)
 from .python_offsets import (SUPPORTED, Layout, UnknownInterpreter, layout_for,
                              layout_from_debug_offsets, supported_range)
@@ -158,39 +159,30 @@ class _Symbols(NamedTuple):
 
 def _read_symbols(path: str, names: Tuple[str, ...]) -> Optional[_Symbols]:
     """The named symbols' values (from .dynsym, then .symtab), the file's load segments and
-    libraries it needs; None for a file that is no ELF. The symbol tables are scanned in
-    bulk with struct: pyelftools' per-symbol iteration is slow on libpython's 15k symbols."""
-    from elftools.elf.elffile import ELFFile
+    libraries it needs; None for a file that is no 64-bit little-endian ELF (the probe reads
+    those layouts only). The tables are read with struct (elf_raw.py), in bulk."""
     try:
         with open(path, "rb") as stream:
-            if stream.read(4) != b"\x7fELF":
-                return None
-            stream.seek(0)
-            elf = ELFFile(stream)
-            if elf.elfclass != 64 or not elf.little_endian:
-                return None  # the probe reads 64-bit little-endian layouts only
-            segments = [(s["p_vaddr"], s["p_offset"], s["p_filesz"])
-                        for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+            elf = elf_raw.ElfTables(stream)
+            segments = [(s.p_vaddr, s.p_offset, s.p_filesz) for s in elf.load_segments()]
             values: Dict[str, Tuple[int, int]] = {}
             for section_name in (".dynsym", ".symtab"):
                 _scan_symbols(elf, stream, section_name, names, values)
             needed, search = _dynamic(elf, path)
-            rodata = elf.get_section_by_name(".rodata")
-            where = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
-    except Exception:  # pyelftools' ELFError, construct errors, struct, I/O: a damaged
-        return None  # file, which no interpreter runs from
+            rodata = elf.section(".rodata")
+            where = (rodata.sh_offset, rodata.sh_size) if rodata is not None else (0, 0)
+    except Exception:  # struct's, elf_raw's, I/O: a damaged file (or none), which no
+        return None  # interpreter runs from
     return _Symbols(values, segments, needed, search, where)
 
 
-def _scan_symbols(elf, stream, section_name: str, names: Tuple[str, ...],
+def _scan_symbols(elf: elf_raw.ElfTables, stream, section_name: str, names: Tuple[str, ...],
                   values: Dict[str, Tuple[int, int]]) -> None:
     """Add to `values` the defined symbols of `names` in one symbol table."""
-    section = elf.get_section_by_name(section_name)
-    if section is None or section["sh_entsize"] != 24:
+    section = elf.section(section_name)
+    if section is None or section.sh_entsize != 24:
         return
-    strings = elf.get_section(section["sh_link"])
-    stream.seek(strings["sh_offset"])
-    table = stream.read(strings["sh_size"])
+    table = elf.data(elf.sections[section.sh_link])
     wanted = {}
     for name in names:
         if name in values:
@@ -200,8 +192,8 @@ def _scan_symbols(elf, stream, section_name: str, names: Tuple[str, ...],
             wanted[at + 1] = name
     if not wanted:
         return
-    stream.seek(section["sh_offset"])
-    raw = stream.read(section["sh_size"])
+    stream.seek(section.sh_offset)
+    raw = stream.read(section.sh_size)
     for st_name, _info, _other, shndx, value, size in struct.iter_unpack("<IBBHQQ", raw):
         if st_name in wanted and shndx != 0:
             values[wanted.pop(st_name)] = (value, size)
@@ -209,18 +201,23 @@ def _scan_symbols(elf, stream, section_name: str, names: Tuple[str, ...],
                 return
 
 
-def _dynamic(elf, path: str) -> Tuple[List[str], List[str]]:
+def _dynamic(elf: elf_raw.ElfTables, path: str) -> Tuple[List[str], List[str]]:
     """DT_NEEDED names and DT_RUNPATH/DT_RPATH directories ($ORIGIN expanded)."""
-    section = elf.get_section_by_name(".dynamic")
+    section = elf.section(".dynamic")
     if section is None:
         return [], []
+    strings = elf.data(elf.sections[section.sh_link])
     needed, search = [], []
     origin = os.path.dirname(os.path.realpath(path))
-    for tag in section.iter_tags():
-        if tag.entry.d_tag == "DT_NEEDED":
-            needed.append(tag.needed)
-        elif tag.entry.d_tag in ("DT_RUNPATH", "DT_RPATH"):
-            text = tag.runpath if tag.entry.d_tag == "DT_RUNPATH" else tag.rpath
+    for tag, value in elf_raw.dynamic_entries(elf.stream, section.sh_offset, section.sh_size,
+                                              65536):
+        if tag not in (elf_raw.DT_NEEDED, elf_raw.DT_RUNPATH, elf_raw.DT_RPATH):
+            continue
+        end = strings.find(b"\0", value)
+        text = strings[value:end if end >= 0 else len(strings)].decode("utf-8", "replace")
+        if tag == elf_raw.DT_NEEDED:
+            needed.append(text)
+        else:
             search += [d.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
                        for d in text.split(":") if d]
     return needed, search

@@ -35,6 +35,8 @@ import re
 import struct
 from typing import Dict, List, Optional, Tuple
 
+from . import elf_raw
+
 REGISTER = "__cudaRegisterFunction"
 _THREAD_LIMIT = re.compile(rb"\x41\xb8\xff\xff\xff\xff", re.S)  # mov $-1, %r8d
 _CALL = re.compile(rb"\xe8(....)", re.S)  # call rel32
@@ -134,16 +136,14 @@ def registrations(path: str) -> Registrations:
 
 
 def _read(path: str, stream) -> Registrations:
-    from elftools.elf.elffile import ELFFile
-
-    elf = ELFFile(stream)
-    if elf.get_machine_arch() != "x64":
+    elf = elf_raw.ElfTables(stream)
+    if elf.header.e_machine != elf_raw.EM_X86_64:
         return _NOTHING
-    text = elf.get_section_by_name(".text")
+    text = elf.section(".text")
     if text is None:
         return _NOTHING
-    base, size = text["sh_addr"], text["sh_size"]
-    sites, gets = _scan(stream, text["sh_offset"], size)
+    base, size = text.sh_addr, text.sh_size
+    sites, gets = _scan(stream, text.sh_offset, size)
     if not sites:
         return _NOTHING
     target = _plt_entry(elf, REGISTER) or _symbol(stream, REGISTER)
@@ -151,7 +151,7 @@ def _read(path: str, stream) -> Registrations:
     kernels = _pairs(elf, stream, base, calls)
     getter = _plt_entry(elf, GET_KERNEL) or _symbol(stream, GET_KERNEL)
     handles = _handles(elf, base, gets, getter, kernels) if kernels else {}
-    return Registrations(path, kernels, handles, (base, size, text["sh_offset"]))
+    return Registrations(path, kernels, handles, (base, size, text.sh_offset))
 
 
 # A call site: (its offset in .text, rel32, the bytes of .text before it, up to WINDOW)
@@ -294,14 +294,14 @@ def _ranges(elf) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int, int]]]:
     (strings live there; writable data is never a kernel's name), read only where a name
     is (a framework's are hundreds of MB: .rodata, .nv_fatbin)."""
     executable, strings = [], []
-    for section in elf.iter_sections():
-        start, size = section["sh_addr"], section["sh_size"]
-        if not start or section["sh_type"] != "SHT_PROGBITS":
+    for section in elf.sections:
+        start, size = section.sh_addr, section.sh_size
+        if not start or section.sh_type != elf_raw.SHT_PROGBITS:
             continue
-        if section["sh_flags"] & _EXECINSTR:
+        if section.sh_flags & _EXECINSTR:
             executable.append((start, start + size))
-        elif not section["sh_flags"] & _WRITE:
-            strings.append((start, start + size, section["sh_offset"]))
+        elif not section.sh_flags & _WRITE:
+            strings.append((start, start + size, section.sh_offset))
     return executable, strings
 
 
@@ -330,27 +330,32 @@ def _string(stream, strings: List[Tuple[int, int, int]], address: int) -> Option
 def _plt_entry(elf, name: str) -> Optional[int]:
     """The address of the PLT entry that jumps through `name`'s GOT slot (shared objects
     and programs that import it), or None."""
-    rela = elf.get_section_by_name(".rela.plt")
+    rela = elf.section(".rela.plt")
     index = _dynamic_index(elf, name)
     if rela is None or index is None:
         return None
-    slots = {offset for offset, info, _ in struct.iter_unpack("<QQq", rela.data())
+    slots = {offset for offset, info, _ in struct.iter_unpack("<QQq", _whole(elf.data(rela), 24))
              if info >> 32 == index}
     for section_name in (".plt.sec", ".plt"):
-        section = elf.get_section_by_name(section_name)
+        section = elf.section(section_name)
         if section is None:
             continue
-        data, start = section.data(), section["sh_addr"]
+        data, start = elf.data(section), section.sh_addr
         for jump in _PLT_JUMP.finditer(data):
             if start + jump.end() + struct.unpack("<i", jump.group(1))[0] in slots:
                 return start + jump.start() // 16 * 16  # (entries are 16 bytes)
     return None
 
 
+def _whole(data: bytes, unit: int) -> bytes:
+    """`data` without a last, partial entry of `unit` bytes."""
+    return data[:len(data) - len(data) % unit]
+
+
 def _dynamic_index(elf, name: str) -> Optional[int]:
-    """The index of `name` in .dynsym (raw reads, in chunks: pyelftools takes ~0.1 ms a
-    symbol, and a framework's tables are tens of MB)."""
-    dynsym, dynstr = elf.get_section_by_name(".dynsym"), elf.get_section_by_name(".dynstr")
+    """The index of `name` in .dynsym (raw reads, in chunks: a framework's tables are tens
+    of MB)."""
+    dynsym, dynstr = elf.section(".dynsym"), elf.section(".dynstr")
     if dynsym is None or dynstr is None:
         return None
     needle = b"\0" + name.encode() + b"\0"
@@ -374,7 +379,7 @@ def _dynamic_index(elf, name: str) -> Optional[int]:
 def _chunks(stream, section, overlap: int, unit: int = 1):
     """(offset in the section, bytes) of a section read in chunks of whole `unit`s, each
     starting `overlap` bytes before the previous one's end (a string across two)."""
-    offset, size = section["sh_offset"], section["sh_size"] - section["sh_size"] % unit
+    offset, size = section.sh_offset, section.sh_size - section.sh_size % unit
     step = max(unit, _CHUNK // unit * unit)
     at = 0
     while at < size:
@@ -400,7 +405,7 @@ def _symbol(stream, name: str) -> Optional[int]:
 def _got_values(elf, wanted) -> Dict[int, int]:
     """What the dynamic loader puts in each wanted GOT slot (relative and symbol
     relocations of defined symbols), read in bulk (large libraries hold ~10^6)."""
-    rela, dynsym = elf.get_section_by_name(".rela.dyn"), elf.get_section_by_name(".dynsym")
+    rela, dynsym = elf.section(".rela.dyn"), elf.section(".dynsym")
     if rela is None or not wanted:
         return {}
     values: Dict[int, int] = {}
@@ -416,9 +421,9 @@ def _got_values(elf, wanted) -> Dict[int, int]:
                 by_symbol.setdefault(index, []).append((offset, addend))
     if by_symbol and dynsym is not None:
         for index, slots in by_symbol.items():
-            if (index + 1) * 24 > dynsym["sh_size"]:
+            if (index + 1) * 24 > dynsym.sh_size:
                 continue
-            elf.stream.seek(dynsym["sh_offset"] + index * 24 + 8)
+            elf.stream.seek(dynsym.sh_offset + index * 24 + 8)
             value = struct.unpack("<Q", elf.stream.read(8))[0]
             for offset, addend in slots:
                 if value:
