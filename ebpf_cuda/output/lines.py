@@ -236,8 +236,9 @@ class _FrameLines:
             row = rows[f[4]]
             if row is _UNCOMPILED:
                 row = compiled(f[4])
+            flags, phase = f[6], f[5]
             # (a call with a Python stack: its lines show it once annotated, see above)
-            if row is None or f[6] & odd_flags or f[5] > call or f[py_at]:
+            if row is None or flags & odd_flags or phase > call or f[py_at]:
                 out += self.slow(self.decoder.events_of(f))
                 rows = self._rows_now()  # (a capture may have begun or ended)
                 self._devices_now()  # (a thread may be on another device)
@@ -247,7 +248,7 @@ class _FrameLines:
                 who = self._thread(f)
             fn = "" if row.func_at is None else self.launch_text(row, f)
             t0 = (f[0] + offset) / 1e9
-            if f[5] == enter:
+            if phase == enter:
                 if not low <= t0 < high:
                     low, high, clock = _second(t0)
                 add(row.enter(f, clock, t0, "", 0, who[0], who[1], "", fn))
@@ -256,14 +257,14 @@ class _FrameLines:
             if not low <= t1 < high:
                 low, high, clock = _second(t1)
             ret = f[ret_at] & m32
-            if f[6] & entry_sent:
-                line = row.exit_err if ret else row.exit_ok
+            if ret:
+                line = row.exit_err if flags & entry_sent else row.both_err
+                e = self.ret_text(row, ret)
             else:
-                line = row.both_err if ret else row.both_ok
+                line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
             took = f[1] - f[0]
             add(line(f, clock if low <= t0 < high else _clock(t0), t0, clock, t1, who[0],
-                     who[1], self.ret_text(row, ret) if ret else "", fn,
-                     durations.get(took) or self._duration(took), who[2]))
+                     who[1], e, fn, durations.get(took) or self._duration(took), who[2]))
             at = row.told_at
             if at is not None and not ret and f[at] != who[4]:
                 self._told(row, f, who)
@@ -395,13 +396,15 @@ class JsonLines(_FrameLines):
 
         def exit_head(ret_name: Tuple[str, Sequence[str]], columns: str = "h"
                       ) -> List[Tuple[str, Sequence[str]]]:
-            return head(1, columns) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
-                              ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
+            # (a success's lines are formatted only for a return value of 0: written so)
+            ret = (_literal(',"ret":0,"ret_name":') if ret_name is success
+                   else (',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)))
+            return head(1, columns) + [ret, ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
 
+        success = _literal(self._json_str(error_name(0, api.library)))
         outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
                       [e for f in outs for e in f.parts])
         tail = ("%s}", ("fn",))
-        success = _literal(self._json_str(error_name(0, api.library)))
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])
