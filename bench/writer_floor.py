@@ -260,6 +260,19 @@ def check_floors(offset: int) -> None:
                 "JSON" if as_json else "text", got[:400], want[:400]))
 
 
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()
+
+
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200000)
@@ -278,7 +291,7 @@ def main(argv: List[str]) -> None:
     import platform
 
     print("writer_floor: %s, %d cores, Python %s, %s; %d %s calls, %d rounds" % (
-        platform.processor() or platform.machine(), os.cpu_count(),
+        _cpu(), os.cpu_count(),
         platform.python_version(), time.strftime("%Y-%m-%d %H:%M"), args.calls, FUNCTION,
         args.rounds))
     results: Dict[str, List[float]] = {name: [] for name in rows}

@@ -30,8 +30,9 @@ from ..spec import record
 
 DEFAULT_LIMIT = 2 << 30  # bytes of backlog: ~13M records, a minute at 200k calls/s behind
 READ_BYTES = 2048 * record.FRAME_SIZE  # frames handed to the formatter at once
-# Backlog kept in memory before the file (the CLI's spool): ~12 reader batches, ~25k calls
-MEMORY = 4 << 20
+# Backlog kept in memory before the file (the CLI's spool): 3 full reader batches, ~6k
+# calls (enough while the lines keep up; 4 MiB cost +4 MB of RSS when they were behind)
+MEMORY = 1 << 20
 
 
 class Spool:
