@@ -169,8 +169,9 @@ class Stream:
                 self.pystacks.observe(frames)
             self._read_bytes += len(frames)
             self.session.note_loads(frames)  # libraries just mapped: probed first
-            self.names.observe_frames(frames)
-            self.containers.observe(record.frame_pids(frames))  # (while they live)
+            pids = record.frame_pids(frames)
+            self.names.observe_frames(frames, pids)
+            self.containers.observe(pids)  # (while they live)
             teaching = self.decoder.decode_batch(frames, self.teaching)
             if teaching:  # (where each name lies, for those the probes could not keep)
                 self.names.learn(teaching, self.decoder.name_pointers(frames))

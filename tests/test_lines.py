@@ -136,3 +136,34 @@ def test_calls_telling_the_device_take_the_fast_path_with_the_same_lines(as_json
     assert lines.row(TABLE.index(next(a for a in TABLE if a.name == "cudaGetDevice"))) \
         is not None  # (the fast path, not the decoder)
     assert lines.row(TABLE.index(next(a for a in TABLE if a.name == "cudaSetDevice"))) is None
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_thread_renamed_and_a_device_told_again_keep_their_lines(as_json):
+    """The thread columns are kept by tid with its comm: a thread that renames itself (and
+    back) shows each name; a device told again, the same or another, teaches the tracker
+    what the decoded path would (the columns keep the cell last told, see lines._told)."""
+    from ebpf_cuda.decode.devices import DeviceTracker
+    from ebpf_cuda.output import DecodeContext
+
+    frames = []
+    for i, (comm, device) in enumerate([(b"app", 0), (b"app", 0), (b"worker", 0), (b"app", 2),
+                                        (b"app", 2), (b"worker", 1), (b"app", 1)]):
+        for fn in ("cudaGetDevice", "cudaGetLastError"):
+            frames.append(pack_frame(fn, 10**12 + i * 1000, [], 0, [device],
+                                     exit_ts=10**12 + i * 1000 + 500, pid=100, tid=101,
+                                     comm=comm))
+    frames = b"".join(frames)
+    offset = 1_700_000_000 * 10**9
+    (slow, slow_out), (fast, fast_out) = _writers(as_json, True, None)
+    reference = Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames)
+    DeviceTracker(True).annotate(reference)
+    slow.write(reference)
+    tracker = DeviceTracker(True)
+    fast.bind(DecodeContext(annotate=tracker.annotate, devices=tracker))
+    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    got = fast_out.getvalue().splitlines()
+    assert got == slow_out.getvalue().splitlines()
+    assert sum("worker" in line for line in got) == 8  # (2 lines a call, 2 calls, 2 times)
+    if as_json:
+        assert [line.count('"device":1') for line in got[-4:]] == [1, 1, 1, 1]

@@ -179,3 +179,45 @@ def test_a_formatter_that_never_quite_catches_up_keeps_the_file_within_the_limit
     spool.close()
     taken += numbers(b"".join(spool))
     assert taken == [k % 256 for k in range(7 + 40 * 2048)]
+
+
+def test_a_backlog_within_memory_is_handed_over_without_the_file(tmp_path):
+    """The first `memory` bytes of backlog are the batches put, as they are; past them the
+    file takes the rest, and while it holds some, the batches after them go there too: they
+    come out in order, the backlog and the limit counting both."""
+    spool = Spool(str(tmp_path), limit=40 * FRAME, memory=10 * FRAME)
+    first = frames(0, 6)
+    spool.put(first)
+    spool.put(frames(6, 4))  # 10 in memory
+    assert os.fstat(spool._fd).st_size == 0 and spool.backlog == 10
+    spool.put(frames(10, 3))  # past the memory: the file
+    spool.put(frames(13, 1))  # the file holds some: after them
+    assert os.fstat(spool._fd).st_size == 4 * FRAME and spool.backlog == 14
+    dropped = frames(14, 27)
+    spool.put(dropped)  # 41 > 40: dropped
+    assert spool.dropped == record.call_count(dropped) > 0 and spool.backlog == 14
+    assert spool.take() is first  # (no copy)
+    spool.put(frames(14, 2))  # memory has room, but the file holds some: the file
+    assert [numbers(spool.take()) for _ in range(2)] == [[6, 7, 8, 9], list(range(10, 16))]
+    assert os.fstat(spool._fd).st_size == 0 and spool.backlog == 0
+    spool.put(frames(40, 2))  # the file is empty: memory again
+    assert os.fstat(spool._fd).st_size == 0
+    spool.put(frames(42, 1))
+    spool.abandon()
+    assert spool.abandoned == 3 and spool.take() is None
+
+
+def test_memory_and_file_keep_the_order_across_threads(tmp_path):
+    spool = Spool(str(tmp_path), memory=30 * FRAME)
+    taken = []
+    consumer = threading.Thread(target=lambda: taken.extend(
+        n for chunk in spool for n in numbers(chunk)))
+    consumer.start()
+    for start in range(0, 6000, 11):
+        spool.put(frames(start, 11))
+    spool.close()
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert taken == [k % 256 for k in range(0, 6006)]
+    assert spool.dropped == 0 and spool.backlog == 0
+    spool.discard()

@@ -100,11 +100,13 @@ class KernelNamer:
 
     # -- taking in -------------------------------------------------------------------------
 
-    def observe_frames(self, frames: bytes) -> None:
+    def observe_frames(self, frames: bytes, pids: Optional[Set[int]] = None) -> None:
         """Note the execs of the processes of a batch of frames, and snapshot the mappings
         of those first seen (or exec'd since), while they live. A thread's first call sends
-        a hello record, read at once, so this happens long before its first launch."""
-        pids = record.frame_pids(frames)
+        a hello record, read at once, so this happens long before its first launch.
+        `pids`: the batch's, when the caller has them (record.frame_pids)."""
+        if pids is None:
+            pids = record.frame_pids(frames)
         if self.exec_times is not None:
             for pid in pids & self._seen:
                 self._note_execs(pid)

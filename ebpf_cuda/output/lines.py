@@ -18,6 +18,7 @@ Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0
 slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the
 record's key), and the writers show it (output/text.py, Event.to_json).
 """
+import re
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -98,8 +99,10 @@ class _Row:
         self.exit_ok = _compile(exit_ok)
         self.exit_err = _compile(exit_err)
         self.ret_names: Dict[int, str] = {}
-        # (cudaGetDevice, with a device tracker: the device its successful call tells)
+        # (cudaGetDevice, with a device tracker: the device its successful call tells, and
+        # the index in the record of the cell it is read from)
         self.told_device: Optional[Callable[[tuple], Tuple[Any, ...]]] = None
+        self.told_at: Optional[int] = None
 
     def ret_name(self, ret: int) -> str:
         name = self.ret_names.get(ret)
@@ -116,12 +119,29 @@ def _func_at(api: Api) -> Optional[int]:
     return None
 
 
+def _telling(row: _Row, device: List[Field]) -> Optional[_Row]:
+    """The row of a call that tells its thread's device, or None (the slow path) when
+    that device is not read from one cell of the record (`told_at`)."""
+    cells = {int(at) for field in device for part in field.parts
+             for at in re.findall(r"\bf\[(\d+)\]", part)}
+    if len(device) != 1 or len(cells) != 1:
+        return None
+    row.told_device, row.told_at = compile_tuple(device), cells.pop()
+    return row
+
+
 _UNCOMPILED = object()
 
 
 def _clock(ts: float) -> str:
     """HH:MM:SS of a wall-clock time."""
     return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _second(ts: float) -> Tuple[float, float, str]:
+    """The second of a time as floats [low, high) and its HH:MM:SS."""
+    low = float(int(ts))
+    return low, low + 1.0, _clock(ts)
 
 
 class _FrameLines:
@@ -138,7 +158,7 @@ class _FrameLines:
         # indexed by a record's u16 function id: ids past the table take the slow path
         self._rows: List[Any] = [_UNCOMPILED] * len(self.table) + [None] * (
             (1 << 16) - len(self.table))
-        self._threads: Dict[Tuple[int, bytes], Tuple[str, str]] = {}
+        self._threads: Dict[int, tuple] = {}  # tid -> its columns (_thread)
         self._durations: Dict[int, str] = {}
         # (the writer's DecodeContext)
         self.detour = context.detour if context else None  # see the module's docstring
@@ -165,7 +185,7 @@ class _FrameLines:
                     self.devices is not None and self.devices.changes(api) and not tells):
                 row = self._compile_row(api, shown, outs)
                 if tells:
-                    row.told_device = compile_tuple([o for o in outs if o.name == "device"])
+                    row = _telling(row, [o for o in outs if o.name == "device"])
             self._rows[fn_id] = row
             capturing = self._capturing_rows
             if capturing is not None and capturing[fn_id] is _UNCOMPILED:
@@ -208,42 +228,56 @@ class _FrameLines:
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
         add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
-        second, clock = -1, ""  # the last second seen and its HH:MM:SS
+        # The second the clock text shows, as floats [low, high): a time t in it has
+        # int(t) == low (t >= 0), compared without the call of int() a record
+        low, high, clock = 0.0, 0.0, ""
         self._devices_now()
         for f in _FRAME.iter_unpack(frames):
             row = rows[f[4]]
             if row is _UNCOMPILED:
                 row = compiled(f[4])
+            flags, phase = f[6], f[5]
             # (a call with a Python stack: its lines show it once annotated, see above)
-            if row is None or f[6] & odd_flags or f[5] > call or f[py_at]:
+            if row is None or flags & odd_flags or phase > call or f[py_at]:
                 out += self.slow(self.decoder.events_of(f))
                 rows = self._rows_now()  # (a capture may have begun or ended)
                 self._devices_now()  # (a thread may be on another device)
                 continue
-            who = threads.get((f[2], f[8])) or self._thread(f)
+            who = threads.get(f[2])  # (by tid, its comm compared: see _thread)
+            if who is None or who[3] != f[8]:
+                who = self._thread(f)
             fn = "" if row.func_at is None else self.launch_text(row, f)
             t0 = (f[0] + offset) / 1e9
-            if f[5] == enter:
-                if int(t0) != second:
-                    second, clock = int(t0), _clock(t0)
+            if phase == enter:
+                if not low <= t0 < high:
+                    low, high, clock = _second(t0)
                 add(row.enter(f, clock, t0, "", 0, who[0], who[1], "", fn))
                 continue
             t1 = (f[1] + offset) / 1e9
-            if int(t1) != second:
-                second, clock = int(t1), _clock(t1)
+            if not low <= t1 < high:
+                low, high, clock = _second(t1)
             ret = f[ret_at] & m32
-            if f[6] & entry_sent:
-                line = row.exit_err if ret else row.exit_ok
+            if ret:
+                line = row.exit_err if flags & entry_sent else row.both_err
+                e = self.ret_text(row, ret)
             else:
-                line = row.both_err if ret else row.both_ok
+                line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
             took = f[1] - f[0]
-            add(line(f, clock if int(t0) == second else _clock(t0), t0, clock, t1, who[0],
-                     who[1], self.ret_text(row, ret) if ret else "", fn,
-                     durations.get(took) or self._duration(took), who[2]))
-            if row.told_device is not None and not ret and \
-                    self.devices.told(f[3], f[2], row.told_device(f)[0]):
-                self._devices_now()
+            add(line(f, clock if low <= t0 < high else _clock(t0), t0, clock, t1, who[0],
+                     who[1], e, fn, durations.get(took) or self._duration(took), who[2]))
+            at = row.told_at
+            if at is not None and not ret and f[at] != who[4]:
+                self._told(row, f, who)
         return out
+
+    def _told(self, row: _Row, f: tuple, who: tuple) -> None:
+        """Hand the device a cudaGetDevice call told to the device tracker. The thread's
+        columns keep the cell it was read from when that was no news: while they are kept
+        (`version` unchanged), the same cell tells the tracker nothing new again."""
+        if self.devices.told(f[3], f[2], row.told_device(f)[0]):
+            self._devices_now()
+        else:
+            self._threads[f[2]] = who[:4] + (f[row.told_at],)
 
     def _devices_now(self) -> None:
         """The thread columns are made again once a thread's device may have changed."""
@@ -252,12 +286,13 @@ class _FrameLines:
             self._devices_seen = devices.version
             self._threads.clear()
 
-    def _thread(self, f: tuple) -> Tuple[str, str]:
-        """The columns of a record's thread, kept (keyed by tid and comm: a thread's pid
-        never changes, its name can)."""
+    def _thread(self, f: tuple) -> tuple:
+        """The columns of a record's thread, kept by tid with its comm (a thread's pid
+        never changes, its name can): (columns, suffix, columns without the device, comm,
+        the device it last told, see `_told`)."""
         if len(self._threads) > 1024:  # (bounded: a system-wide trace sees many threads)
             self._threads.clear()
-        who = self._threads[(f[2], f[8])] = self._who(f[8], f[3], f[2])
+        who = self._threads[f[2]] = self._who(f[8], f[3], f[2]) + (f[8], None)
         return who
 
     def _duration(self, ns: int) -> str:
@@ -275,8 +310,10 @@ class _FrameLines:
 
 
 def _usec(which: str) -> str:
-    """Microseconds of the second, from the float time (as output/text.py computes them)."""
-    return "int(%s * 1e6) %% 1000000" % which
+    """Microseconds of the second, from the float time, for a %06d: output/text.py's
+    int(t * 1e6) % 1000000, without the call of int() (the float remainder is exact, and
+    %d truncates it as int() truncates the product: t >= 0)."""
+    return "%s * 1e6 %% 1e6" % which
 
 
 class TextLines(_FrameLines):
@@ -359,13 +396,15 @@ class JsonLines(_FrameLines):
 
         def exit_head(ret_name: Tuple[str, Sequence[str]], columns: str = "h"
                       ) -> List[Tuple[str, Sequence[str]]]:
-            return head(1, columns) + [(',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)),
-                              ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
+            # (a success's lines are formatted only for a return value of 0: written so)
+            ret = (_literal(',"ret":0,"ret_name":') if ret_name is success
+                   else (',"ret":%d,"ret_name":', ("f[%d] & 0xFFFFFFFF" % _RET_AT,)))
+            return head(1, columns) + [ret, ret_name, (',"duration_ns":%d', ("f[1] - f[0]",))]
 
+        success = _literal(self._json_str(error_name(0, api.library)))
         outs_piece = ("".join(',"%s":%s' % (f.name, SHAPES[f.kind].json) for f in outs),
                       [e for f in outs for e in f.parts])
         tail = ("%s}", ("fn",))
-        success = _literal(self._json_str(error_name(0, api.library)))
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])

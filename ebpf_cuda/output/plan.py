@@ -352,7 +352,7 @@ def _saver(path: Optional[str], tracer, namer):
 
 def _spool(size: Optional[str], output: Optional[str]):
     """The spool between the ring reader and the lines (None with --spool-size 0)."""
-    from .spool import DEFAULT_LIMIT, Spool
+    from .spool import DEFAULT_LIMIT, MEMORY, Spool
 
     limit = DEFAULT_LIMIT if size is None else parse_size(size)
     if limit == 0:
@@ -364,7 +364,7 @@ def _spool(size: Optional[str], output: Optional[str]):
     if real and os.path.isfile(real) and not real.startswith(("/dev/", "/proc/")):
         directory = os.path.dirname(real)
     try:
-        return Spool(directory, limit)
+        return Spool(directory, limit, memory=min(MEMORY, limit))
     except OSError as err:
         raise UsageError("cannot create a spool file in %s: %s (--spool-size 0 does without)"
                          % (directory or "$TMPDIR", err.strerror)) from None

@@ -11,6 +11,11 @@ disk than that, also when the formatter stays behind for hours; it is emptied ea
 formatter catches up. Past `limit` bytes of backlog (or when the disk is full) batches are
 dropped and counted.
 
+A formatter that keeps up finds a batch or two waiting: those first `memory` bytes of backlog
+are the reader's own batches, handed over as they are (no write to the file, no read back);
+only a backlog past them goes to the file, and while the file holds some, every batch put
+goes there after them (so the batches in memory are always the oldest: order is kept).
+
     spool = Spool(limit=1 << 30)
     reader:    spool.put(frames) ... spool.close()
     formatter: for frames in spool: ...
@@ -18,19 +23,27 @@ dropped and counted.
 import errno
 import os
 import threading
-from typing import Iterator, Optional, Tuple
+from collections import deque
+from typing import Deque, Iterator, Optional, Tuple
 
 from ..spec import record
 
 DEFAULT_LIMIT = 2 << 30  # bytes of backlog: ~13M records, a minute at 200k calls/s behind
 READ_BYTES = 2048 * record.FRAME_SIZE  # frames handed to the formatter at once
+# Backlog kept in memory before the file (the CLI's spool): 3 full reader batches, ~6k
+# calls (enough while the lines keep up; 4 MiB cost +4 MB of RSS when they were behind)
+MEMORY = 1 << 20
 
 
 class Spool:
     """Frames put by one thread, taken in order by another (see the module's docstring)."""
 
-    def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT,
+                 memory: int = 0) -> None:
         self.limit = limit
+        self.memory = memory  # bytes of backlog held in memory, before the file
+        self._held: Deque[Tuple[bytes, int]] = deque()  # (frames, their calls), oldest first
+        self._held_bytes = 0
         self._size = max(limit, 1)  # (the file's bytes: a ring; a frame's offset mod this)
         self._fd, self.where = _unnamed_file(directory)  # where: the file, in words (-v)
         self._ready = threading.Condition()
@@ -56,8 +69,17 @@ class Spool:
     def put(self, frames: bytes) -> None:
         """Append a batch of whole frames (dropped and counted when it does not fit)."""
         with self._ready:
-            if self._abandoned or self._tail - self._head + len(frames) > self.limit:
+            backlog = self._tail - self._head + self._held_bytes
+            if self._abandoned or backlog + len(frames) > self.limit:
                 self.dropped += record.call_count(frames)
+                return
+            if self._tail == self._head and self._held_bytes + len(frames) <= self.memory \
+                    and len(frames) <= READ_BYTES:
+                calls = record.call_count(frames)
+                self._held.append((frames, calls))
+                self._held_bytes += len(frames)
+                self._calls += calls
+                self._ready.notify()
                 return
             try:
                 self._write(frames, self._tail)
@@ -97,14 +119,21 @@ class Spool:
             self._abandoned = self._closed = True
             self.abandoned += self._calls
             self._calls = 0
+            self._held.clear()
+            self._held_bytes = 0
             self._head = self._tail
             self._ready.notify_all()
 
     def take(self) -> Optional[bytes]:
         """The next frames (up to READ_BYTES), waiting for them; None at the end."""
         with self._ready:
-            while self._head == self._tail and not self._closed:
+            while self._head == self._tail and not self._held and not self._closed:
                 self._ready.wait()
+            if self._held:  # (older than any in the file)
+                frames, calls = self._held.popleft()
+                self._held_bytes -= len(frames)
+                self._calls -= calls
+                return frames
             if self._head == self._tail:
                 return None
             start, end = self._head, min(self._tail, self._head + READ_BYTES)
