@@ -34,7 +34,7 @@ from bisect import bisect_left
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..spec.apis import Role
 from .statistics import percentile
@@ -245,16 +245,25 @@ def _inner(runs: _Runs, candidate: _Candidate, other: _Candidate) -> bool:
     return max(which.values()) >= 2
 
 
-def _python_starts(calls: Sequence[Call], function: str) -> List[int]:
-    """Indexes of the calls that begin a new invocation of Python function `function`."""
+def _invocation_starts(calls: Sequence[Call],
+                       position: Callable[[Call], Optional[int]]) -> List[int]:
+    """Indexes of the calls that begin a new invocation of a function: the first call made
+    inside it (`position`: its line, or return offset, there; None outside it) after calls
+    outside it, or made before the previous call's place in it. Calls `position` cannot tell
+    (UNTOLD: no stack of that kind) are passed over."""
     starts: List[int] = []
     previous = None
     for call in calls:
-        line = _line_in(call, function)
-        if line is not None and (previous is None or line < previous):
+        place = position(call)
+        if place is UNTOLD:
+            continue
+        if place is not None and (previous is None or place < previous):
             starts.append(call.index)
-        previous = line
+        previous = place
     return starts
+
+
+UNTOLD = -1  # (a position no frame has: lines and offsets are >= 0)
 
 
 def _line_in(call: Call, function: str) -> Optional[int]:
@@ -264,23 +273,11 @@ def _line_in(call: Call, function: str) -> Optional[int]:
     return None
 
 
-def _native_starts(calls: Sequence[Call], function: str) -> List[int]:
-    """Indexes of the calls that begin a new invocation of native function `function`, read
-    on the calls that recorded a user stack (a launch, with none, falls in its step)."""
-    starts: List[int] = []
-    previous = None
-    for call in calls:
-        if call.native_frames is None:
-            continue
-        offset = _offset_in(call, function)
-        if offset is not None and (previous is None or offset < previous):
-            starts.append(call.index)
-        previous = offset
-    return starts
-
-
 def _offset_in(call: Call, function: str) -> Optional[int]:
-    for frame in call.native_frames or ():
+    """A launch, with no user stack recorded, cannot tell (it falls in its step)."""
+    if call.native_frames is None:
+        return UNTOLD
+    for frame in call.native_frames:
         if names(frame.function, function):  # type: ignore[arg-type]
             return frame.offset
     return None
@@ -309,7 +306,8 @@ def _step_at(calls: Sequence[Call], step_at: str) -> Tuple[List[int], int]:
     thread's end after a CUDA function's last call, else after the tokens most steps have)."""
     if any(c.api == step_at for c in calls):
         return [c.index for c in calls if c.api == step_at], len(calls)
-    starts = _python_starts(calls, step_at) or _native_starts(calls, step_at)
+    starts = (_invocation_starts(calls, lambda c: _line_in(c, step_at))
+              or _invocation_starts(calls, lambda c: _offset_in(c, step_at)))
     if not starts:
         return [], len(calls)
     return starts, _last_end(calls, starts[-1], _usual(calls, starts))
