@@ -140,3 +140,20 @@ def slowdown() -> float:
             total += i
         best = min(best, time.perf_counter() - start)
     return max(1.0, best / 0.016)
+
+
+def pyelftools_tags(tables) -> tuple:
+    """(needed, soname, rpath, runpath) of pyelftools' dynamic sections `tables`: the
+    reference the tracer's own ELF reader is checked against."""
+    needed, soname, rpath, runpath = [], None, [], []
+    for table in tables:
+        for tag in table.iter_tags():
+            kind = tag.entry.d_tag
+            if kind == "DT_NEEDED":
+                needed.append(tag.needed)
+            elif kind == "DT_SONAME":
+                soname = tag.soname
+            elif kind in ("DT_RPATH", "DT_RUNPATH"):
+                paths = rpath if kind == "DT_RPATH" else runpath
+                paths += [p for p in getattr(tag, kind[3:].lower()).split(":") if p]
+    return needed, soname, rpath, runpath

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ebpf_cuda.targets.elf import ElfFile, base_name, demangle, open_elf, read_function_symbols
 from ebpf_cuda.errors import ElfError, NoCudaSymbolsError, SymbolNotFoundError
 from fakecuda import wheel_libcudart
-from helpers import gcc
+from helpers import gcc, pyelftools_tags
 
 NATIVE = Path(__file__).parent / "native"
 CUDART = wheel_libcudart()  # None where nvidia-cuda-runtime-cu12 is not installed
@@ -370,21 +370,9 @@ def test_suggestions_stay_fast_on_huge_similar_tables():
 
 def _pyelftools_tags(path: Path):
     """(needed, soname, rpath, runpath) through pyelftools' own, full iteration."""
-    needed, soname, rpath, runpath = [], None, [], []
     with open(path, "rb") as stream:
-        for section in ELFFile(stream).iter_sections():
-            if section["sh_type"] != "SHT_DYNAMIC":
-                continue
-            for tag in section.iter_tags():
-                kind = tag.entry.d_tag
-                if kind == "DT_NEEDED":
-                    needed.append(tag.needed)
-                elif kind == "DT_SONAME":
-                    soname = tag.soname
-                elif kind in ("DT_RPATH", "DT_RUNPATH"):
-                    paths = rpath if kind == "DT_RPATH" else runpath
-                    paths += [p for p in getattr(tag, kind[3:].lower()).split(":") if p]
-    return needed, soname, rpath, runpath
+        return pyelftools_tags([section for section in ELFFile(stream).iter_sections()
+                                if section["sh_type"] == "SHT_DYNAMIC"])
 
 
 @pytest.mark.parametrize("flags", [("-Wl,--disable-new-dtags,-rpath,/opt/a:/opt/b",),

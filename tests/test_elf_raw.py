@@ -25,6 +25,7 @@ from ebpf_cuda.targets import elf_raw, loaders, python_layouts, registrations
 from ebpf_cuda.targets.elf import ElfFile
 from ebpf_cuda.targets.elf_symbols import base_name
 from fakecuda import wheel_libcudart
+from helpers import pyelftools_tags
 
 
 def _numbers(prefix: str) -> Dict[str, int]:
@@ -156,21 +157,6 @@ def test_symbols_and_uprobe_offsets_match_pyelftools(files):
                                   s["p_flags"]) for s in loads]
 
 
-def _tags(tables) -> tuple:
-    needed, soname, rpath, runpath = [], None, [], []
-    for table in tables:
-        for tag in table.iter_tags():
-            kind = tag.entry.d_tag
-            if kind == "DT_NEEDED":
-                needed.append(tag.needed)
-            elif kind == "DT_SONAME":
-                soname = tag.soname
-            elif kind in ("DT_RPATH", "DT_RUNPATH"):
-                paths = rpath if kind == "DT_RPATH" else runpath
-                paths += [p for p in getattr(tag, kind[3:].lower()).split(":") if p]
-    return needed, soname, rpath, runpath
-
-
 def _build_id(elf) -> object:
     for section in elf.iter_sections():
         if section["sh_type"] == "SHT_NOTE":
@@ -184,7 +170,7 @@ def test_dynamic_tags_and_build_id_match_pyelftools(files):
     for path, _raw, elf in _each(files):
         mine = ElfFile(str(path), allow_stripped=True)
         dynamic = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNAMIC"]
-        assert (mine.needed, mine.soname, mine.rpath, mine.runpath) == _tags(dynamic), path
+        assert (mine.needed, mine.soname, mine.rpath, mine.runpath) == pyelftools_tags(dynamic), path
         assert mine.build_id == _build_id(elf), path
     assert any(ElfFile(str(p), allow_stripped=True).needed for p in files)
 
@@ -200,7 +186,7 @@ def test_without_a_section_table_the_dynamic_segment_matches_pyelftools(fake, tm
     with open(bare, "rb") as stream:
         elf = ELFFile(stream)
         dynamic = [s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"]
-        expected = _tags(dynamic)
+        expected = pyelftools_tags(dynamic)
         notes = [n for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"
                  for n in s.iter_notes() if n["n_type"] == "NT_GNU_BUILD_ID"]
     assert expected[0] and (mine.needed, mine.soname, mine.rpath, mine.runpath) == expected
@@ -243,7 +229,7 @@ def test_the_interpreters_symbols_match_pyelftools():
                            for s in elf.get_section_by_name(table).get_symbol_by_name(name)
                            or []]
                 assert (value, size) in [(s["st_value"], s["st_size"]) for s in symbols], name
-            assert found.needed == _tags([s for s in elf.iter_sections()
+            assert found.needed == pyelftools_tags([s for s in elf.iter_sections()
                                           if s["sh_type"] == "SHT_DYNAMIC"])[0]
             rodata = elf.get_section_by_name(".rodata")
             assert found.rodata == ((rodata["sh_offset"], rodata["sh_size"])
