@@ -24,19 +24,20 @@ def numbers(data: bytes) -> list:
     return [data[k * FRAME] for k in range(len(data) // FRAME)]
 
 
-def test_frames_come_out_in_order_across_threads(tmp_path):
-    spool = Spool(str(tmp_path))
+@pytest.mark.parametrize("memory", [0, 30 * FRAME])  # (30 frames held: memory, then file)
+def test_frames_come_out_in_order_across_threads(tmp_path, memory):
+    spool = Spool(str(tmp_path), memory=memory)
     taken = []
     consumer = threading.Thread(target=lambda: taken.extend(
         n for chunk in spool for n in numbers(chunk)))
     consumer.start()
-    for start in range(0, 3000, 7):
-        spool.put(frames(start, 7))
+    for start in range(0, 6000, 11):
+        spool.put(frames(start, 11))
     spool.close()
     consumer.join(10)
     assert not consumer.is_alive()
-    assert taken == [k % 256 for k in range(0, 3003)]
-    assert spool.dropped == 0 and spool.abandoned == 0
+    assert taken == [k % 256 for k in range(0, 6006)]
+    assert spool.dropped == 0 and spool.abandoned == 0 and spool.backlog == 0
     spool.discard()
 
 
@@ -205,19 +206,3 @@ def test_a_backlog_within_memory_is_handed_over_without_the_file(tmp_path):
     spool.put(frames(42, 1))
     spool.abandon()
     assert spool.abandoned == 3 and spool.take() is None
-
-
-def test_memory_and_file_keep_the_order_across_threads(tmp_path):
-    spool = Spool(str(tmp_path), memory=30 * FRAME)
-    taken = []
-    consumer = threading.Thread(target=lambda: taken.extend(
-        n for chunk in spool for n in numbers(chunk)))
-    consumer.start()
-    for start in range(0, 6000, 11):
-        spool.put(frames(start, 11))
-    spool.close()
-    consumer.join(10)
-    assert not consumer.is_alive()
-    assert taken == [k % 256 for k in range(0, 6006)]
-    assert spool.dropped == 0 and spool.backlog == 0
-    spool.discard()
