@@ -66,6 +66,23 @@ def _writers(as_json: bool, timestamps: bool, namer):
     return make(), make()
 
 
+def _decoded_and_fast(frames: bytes, as_json: bool, from_start: bool):
+    """(the decoded path's lines, the fast path's, its writer) of the same frames, each with
+    its own device tracker."""
+    from ebpf_cuda.decode.devices import DeviceTracker
+    from ebpf_cuda.output import DecodeContext
+
+    offset = 1_700_000_000 * 10**9
+    (slow, slow_out), (fast, fast_out) = _writers(as_json, True, None)
+    reference = Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames)
+    DeviceTracker(from_start).annotate(reference)
+    slow.write(reference)
+    tracker = DeviceTracker(from_start)
+    fast.bind(DecodeContext(annotate=tracker.annotate, devices=tracker))
+    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    return slow_out.getvalue().splitlines(), fast_out.getvalue().splitlines(), fast
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 @pytest.mark.parametrize("timestamps", [True, False])
 @pytest.mark.parametrize("with_namer", [True, False])
@@ -101,9 +118,6 @@ def test_calls_telling_the_device_take_the_fast_path_with_the_same_lines(as_json
     """cudaGetDevice (which tells its thread's device, the JSON `device` key of its exit
     being its out-parameter) is formatted from frames too, and teaches the device tracker
     what the decoded path would: the lines of the calls after it carry the same device."""
-    from ebpf_cuda.decode.devices import DeviceTracker
-    from ebpf_cuda.output import DecodeContext
-
     rng = random.Random(11)
     frames = []
     for i in range(400):
@@ -117,16 +131,7 @@ def test_calls_telling_the_device_take_the_fast_path_with_the_same_lines(as_json
                                  rng.choice([0, 0, 0, 101]), [device], exit_ts=10**12 + i * 1000
                                  + 500, phase=phase, flags=flags, pid=100, tid=tid,
                                  comm=b"app"))
-    frames = b"".join(frames)
-    offset = 1_700_000_000 * 10**9
-    (slow, slow_out), (fast, fast_out) = _writers(as_json, True, None)
-    reference = Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames)
-    DeviceTracker(from_start).annotate(reference)
-    slow.write(reference)
-    tracker = DeviceTracker(from_start)
-    fast.bind(DecodeContext(annotate=tracker.annotate, devices=tracker))
-    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
-    expected, got = slow_out.getvalue().splitlines(), fast_out.getvalue().splitlines()
+    expected, got, fast = _decoded_and_fast(b"".join(frames), as_json, from_start)
     assert len(got) == len(expected) > 400
     assert got == expected
     if as_json:
@@ -143,9 +148,6 @@ def test_a_thread_renamed_and_a_device_told_again_keep_their_lines(as_json):
     """The thread columns are kept by tid with its comm: a thread that renames itself (and
     back) shows each name; a device told again, the same or another, teaches the tracker
     what the decoded path would (the columns keep the cell last told, see lines._told)."""
-    from ebpf_cuda.decode.devices import DeviceTracker
-    from ebpf_cuda.output import DecodeContext
-
     frames = []
     for i, (comm, device) in enumerate([(b"app", 0), (b"app", 0), (b"worker", 0), (b"app", 2),
                                         (b"app", 2), (b"worker", 1), (b"app", 1)]):
@@ -153,17 +155,8 @@ def test_a_thread_renamed_and_a_device_told_again_keep_their_lines(as_json):
             frames.append(pack_frame(fn, 10**12 + i * 1000, [], 0, [device],
                                      exit_ts=10**12 + i * 1000 + 500, pid=100, tid=101,
                                      comm=comm))
-    frames = b"".join(frames)
-    offset = 1_700_000_000 * 10**9
-    (slow, slow_out), (fast, fast_out) = _writers(as_json, True, None)
-    reference = Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames)
-    DeviceTracker(True).annotate(reference)
-    slow.write(reference)
-    tracker = DeviceTracker(True)
-    fast.bind(DecodeContext(annotate=tracker.annotate, devices=tracker))
-    fast.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
-    got = fast_out.getvalue().splitlines()
-    assert got == slow_out.getvalue().splitlines()
+    expected, got, _ = _decoded_and_fast(b"".join(frames), as_json, True)
+    assert got == expected
     assert sum("worker" in line for line in got) == 8  # (2 lines a call, 2 calls, 2 times)
     if as_json:
         assert [line.count('"device":1') for line in got[-4:]] == [1, 1, 1, 1]
