@@ -18,7 +18,6 @@ Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0
 slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the
 record's key), and the writers show it (output/text.py, Event.to_json).
 """
-import re
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 from ..decode.events import Decoder, Event
 from ..decode.values import ARGS_AT as _ARGS_AT
 from ..decode.values import NAMESPACE
+from ..decode.values import OUTS_AT as _OUTS_AT
 from ..decode.values import RET_AT as _RET_AT
 from ..decode.values import SHAPES, Field, arg_fields, compile_tuple, out_fields
 from ..spec import record
@@ -119,14 +119,12 @@ def _func_at(api: Api) -> Optional[int]:
     return None
 
 
-def _telling(row: _Row, device: List[Field]) -> Optional[_Row]:
-    """The row of a call that tells its thread's device, or None (the slow path) when
-    that device is not read from one cell of the record (`told_at`)."""
-    cells = {int(at) for field in device for part in field.parts
-             for at in re.findall(r"\bf\[(\d+)\]", part)}
-    if len(device) != 1 or len(cells) != 1:
-        return None
-    row.told_device, row.told_at = compile_tuple(device), cells.pop()
+def _telling(row: _Row, api: Api) -> _Row:
+    """The row of a call that tells its thread's device: how its `device` out-parameter is
+    read, and the record's cell it lies in (out-parameter j: cell OUTS_AT + j)."""
+    j = next(j for j, out in enumerate(api.outs) if out.name == "device")
+    device = out_fields(api)[j]
+    row.told_device, row.told_at = compile_tuple([device]), _OUTS_AT + j
     return row
 
 
@@ -185,7 +183,7 @@ class _FrameLines:
                     self.devices is not None and self.devices.changes(api) and not tells):
                 row = self._compile_row(api, shown, outs)
                 if tells:
-                    row = _telling(row, [o for o in outs if o.name == "device"])
+                    row = _telling(row, api)
             self._rows[fn_id] = row
             capturing = self._capturing_rows
             if capturing is not None and capturing[fn_id] is _UNCOMPILED:
