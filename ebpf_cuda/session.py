@@ -163,10 +163,13 @@ class Session:
         o = self.options
         specs = layout.map_specs(o.ring_size, len(apis.TABLE), o.stacks, o.aggregate,
                                  o.follows, self.pid_ns is not None, o.per_process,
-                                 launch_slots=plan.samples_returns(o, self.kernel_features()))
+                                 launch_slots=plan.samples_returns(o, self.kernel_features()),
+                                 process_slots=o.process_slots if o.per_process else 0)
         if o.py_stacks:
             specs += pystack.map_specs(max(o.ring_size // 2, 1 << 20))
         for spec in specs:
+            if spec.name in _BY_TASK and layout.TASKS not in self.maps:
+                continue  # (no task storage: plan.process_slots)
             try:
                 self.maps[spec.name] = create_map(spec)
             except KernelError as err:
@@ -588,10 +591,14 @@ class Session:
             raise UsageError("aggregates need Tracer(aggregate=True)")
         from .decode import aggregates as sums
 
+        slots = (sums.ProcessSlots(self.maps[layout.PROCESS_OWNERS],
+                                   self.maps[layout.PROCESS_SUMS])
+                 if layout.PROCESS_OWNERS in self.maps else None)
         return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
                              self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
-                             self.maps.get(layout.LAUNCH_SLOTS))
+                             self.maps.get(layout.LAUNCH_SLOTS), slots)
 
 
+_BY_TASK = (layout.PROCESS_OWNERS, layout.PROCESS_SUMS)  # (made after `tasks`: map_specs)
 _STAT_NAMES = {"lost": record.STAT_RING_FULL, "unpaired": record.STAT_NO_ENTRY,
                "too_deep": record.STAT_INFLIGHT_FULL, "entries_lost": record.STAT_ENTRY_LOST}

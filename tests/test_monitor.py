@@ -122,8 +122,7 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
         assert value(second, "ebpf_cuda_kernel_launches_total", pid=str(held.pid)) == 0
         assert value(second, "ebpf_cuda_process_api_calls_total", pid=str(held.pid)) == 0
         assert value(second, "ebpf_cuda_api_calls_total", api="cudaLaunchKernel") == 7
-        calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
-        assert held.pid not in [layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()]
+        assert held.pid not in _pids_with_sums(monitor)
         assert held.pid not in monitor.processes
         keys = [struct.unpack_from("<I", key)[0]
                 for key in monitor.tracer.session.maps[layout.LAUNCHES].keys()]
@@ -132,6 +131,16 @@ def test_an_exited_process_stays_until_collected_then_its_state_goes(prog, lib):
         assert not [k for k in names._found if k[0] == held.pid]
         assert held.pid not in names.resolver._maps
         assert monitor.launch_totals() == {("cuda_driver_pro", "cudaLaunchKernel", KERNEL): 7}
+
+
+def _pids_with_sums(monitor) -> set:
+    """The processes holding sums by process in the kernel: an entry of `proc_calls` or a
+    process slot (layout.PROCESS_OWNERS, where the kernel has task storage)."""
+    calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
+    pids = {layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()}
+    if layout.PROCESS_OWNERS in monitor.tracer.session.maps:
+        pids |= {pid for _, pid in monitor.sums._process_slots.owned()}
+    return pids
 
 
 def _calls_of(monitor, pid: int, exporter: str) -> float:
@@ -181,8 +190,7 @@ def test_a_scrape_during_the_tick_that_notes_an_exit_does_not_let_the_process_go
     monitor.tick()  # (both have collected its last values: it goes)
     assert pid not in monitor.processes
     assert _calls_of(monitor, pid, "a") == 0 and _calls_of(monitor, pid, "b") == 0
-    calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
-    assert pid not in [layout.PROCESS_KEY.unpack(k)[0] for k in calls.keys()]
+    assert pid not in _pids_with_sums(monitor)
 
 
 def test_launches_held_back_a_tick_at_the_exit_are_collected_before_the_process_goes(
@@ -361,7 +369,11 @@ def test_launches_the_full_map_could_not_take_are_counted_as_lost(prog, lib):
 
 def test_calls_the_full_process_map_could_not_take_are_counted_as_lost(prog, lib):
     with running_monitor(paths=(str(lib),)) as monitor:
-        calls = monitor.tracer.session.maps[layout.PROCESS_CALLS]
+        maps = monitor.tracer.session.maps
+        calls = maps[layout.PROCESS_CALLS]
+        if layout.PROCESS_OWNERS in maps:  # (every process slot held: the map it is)
+            for slot in range(maps[layout.PROCESS_OWNERS].max_entries):
+                maps[layout.PROCESS_OWNERS].set(slot, (1 << 23) + slot)
         # Fill the map with entries of a function not probed here (cuMemAlloc_v2).
         index = FN_ID["cuMemAlloc_v2"] * layout.KIND_SLOTS
         for n in range(calls.max_entries):

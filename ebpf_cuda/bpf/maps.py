@@ -344,10 +344,11 @@ class MappedArrayMap(ArrayMap):
             raise KernelError("could not mmap the array map %s (%d bytes): %s"
                               % (name, length, err.strerror), err.errno or 0) from err
 
-    def values(self) -> bytes:
-        """Every element's value, `stride` bytes each in index order (a copy: nothing keeps
-        the mapping exported)."""
-        return self._mapping[:self.stride * self.max_entries]
+    def values(self, first: int = 0, count: Optional[int] = None) -> bytes:
+        """Every element's value (or `count` from index `first`), `stride` bytes each in
+        index order (a copy: nothing keeps the mapping exported)."""
+        end = self.max_entries if count is None else min(first + count, self.max_entries)
+        return self._mapping[self.stride * first:self.stride * end]
 
     def close(self) -> None:
         mapping = getattr(self, "_mapping", None)

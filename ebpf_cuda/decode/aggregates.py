@@ -116,6 +116,44 @@ def free_slot(slots_map, index: int, owner: int) -> None:
     slots_map.set(index, (0, 0, 0))
 
 
+class ProcessSlots:
+    """The monitor's sums by process slot (probes/aggregates._count_in_process_slot):
+    `proc_owners` (a tgid a slot, 0 free) and `proc_sums` (per slot, [calls, errors, ns]
+    of each function), both read through their mappings."""
+
+    def __init__(self, owners_map, sums_map, table_size: int = len(TABLE)) -> None:
+        self.owners, self.sums, self.table_size = owners_map, sums_map, table_size
+
+    def owned(self) -> List[Tuple[int, int]]:
+        """(slot, pid) of the slots a process holds (not those being freed)."""
+        cells = memoryview(self.owners.values()).cast("Q")
+        try:
+            return [(slot, owner) for slot, owner in enumerate(cells)
+                    if owner and not owner & layout.PROCESS_RETIRING]
+        finally:
+            cells.release()
+
+    def calls(self, slot: int) -> Dict[int, List[int]]:
+        """fn_id -> [calls, errors, API ns] of the slot's functions called."""
+        raw = self.sums.values(slot * self.table_size, self.table_size)
+        return {fn_id: list(values) for fn_id, values
+                in enumerate(layout.PROCESS_VALUE.iter_unpack(raw)) if values[0]}
+
+    def free(self, slot: int, pid: int) -> Dict[int, List[int]]:
+        """Let an exited process's slot go; what it held. The owner is marked first (a
+        thread finding it so claims another slot: nothing adds to a slot being cleared),
+        the sums are read and cleared, then the slot is free."""
+        self.owners.set(slot, layout.PROCESS_RETIRING | pid)
+        held = self.calls(slot)
+        raw = self.sums.values(slot * self.table_size, self.table_size)
+        zero = (0, 0, 0)
+        for fn_id, values in enumerate(layout.PROCESS_VALUE.iter_unpack(raw)):
+            if values != zero:
+                self.sums.set(slot * self.table_size + fn_id, zero)
+        self.owners.set(slot, 0)
+        return held
+
+
 def read_aggregates(agg_map, errors_map, launches_map,
                     table: Sequence[Api] = TABLE, slots_map=None) -> Aggregates:
     """Sum the per-CPU aggregates and read the error and launch maps (and the launch
@@ -222,7 +260,7 @@ class LiveSums:
     are by (pid, fn_id, func): the key's cells other than the kernel are not told apart."""
 
     def __init__(self, agg_map, errors_map, launches_map, calls_map=None,
-                 slots_map=None) -> None:
+                 slots_map=None, process_slots: Optional[ProcessSlots] = None) -> None:
         self.agg_map = agg_map
         self._errors = errors_map
         self._launches_map = launches_map
@@ -230,6 +268,7 @@ class LiveSums:
         self._calls_map = calls_map
         self._calls = calls_map.batch_reader() if calls_map is not None else None
         self._slots = slots_map  # (launch_slots: sampled returns)
+        self._process_slots = process_slots  # (with task storage: see ProcessSlots)
 
     def function_reader(self, fn_ids: Iterable[int]) -> FunctionReader:
         return FunctionReader(self.agg_map, fn_ids)
@@ -262,7 +301,20 @@ class LiveSums:
             entry = found.setdefault((pid, index // KIND_SLOTS), [0, 0, 0])
             for k, v in enumerate(layout.PROCESS_VALUE.unpack(value)):
                 entry[k] += v
+        slots = self._process_slots
+        for slot, pid in slots.owned() if slots is not None else ():
+            for fn_id, values in slots.calls(slot).items():
+                entry = found.setdefault((pid, fn_id), [0, 0, 0])
+                for k, v in enumerate(values):
+                    entry[k] += v
         return found
+
+    def processes_in_hash(self) -> Set[int]:
+        """The processes with calls in `proc_calls` although process slots exist: those
+        that found no free slot (every call still counted, by process)."""
+        if self._process_slots is None or self._calls is None:
+            return set()
+        return {layout.PROCESS_KEY.unpack(key)[0] for key, _ in self._calls.items()}
 
     def forget(self, pids: Set[int]) -> Forgotten:
         """Let the entries of these processes (which exited) go from the `launches` map,
@@ -285,4 +337,9 @@ class LiveSums:
                 fn_id = index // KIND_SLOTS
                 calls[fn_id] = calls.get(fn_id, 0) + layout.PROCESS_VALUE.unpack(value)[0]
                 self._calls_map.delete(key)
+        slots = self._process_slots
+        for slot, pid in slots.owned() if slots is not None else ():
+            if pid in pids:
+                for fn_id, values in slots.free(slot, pid).items():
+                    calls[fn_id] = calls.get(fn_id, 0) + values[0]
         return Forgotten(launches, calls)

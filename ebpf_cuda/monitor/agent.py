@@ -43,6 +43,7 @@ from ..errors import TracerError
 from ..spec import apis
 from ..spec.apis import TABLE
 from ..spec.config import TraceConfig
+from ..spec.layout import PROCESS_SLOTS
 from ..targets import elf
 from ..tracer import Tracer
 from . import families as fam
@@ -98,6 +99,9 @@ class MonitorOptions(NamedTuple):
     nvml: Optional[str] = None
     trigger_xid: bool = True
     gpu_period_s: float = DEFAULT_GPU_PERIOD_S  # (0: not sampled, as gpu=False)
+    # Processes whose sums have a slot of their own (TraceConfig.process_slots); the
+    # others' go to the `proc_calls` hash (said once as their number grows)
+    process_slots: int = PROCESS_SLOTS
 
 
 class Monitor:
@@ -130,6 +134,7 @@ class Monitor:
         self.gpu = None  # the GPU's state (dcgm.GpuState), when NVML answers
         self._gpu_trimmed = False  # the heap trimmed after the GPU's first round
         self._labels: Dict[int, Labels] = {}  # the live processes' labels (the reader's)
+        self.slots_full = 0  # the most processes seen at once without a process slot
 
     @property
     def seen(self) -> int:
@@ -149,7 +154,8 @@ class Monitor:
         self.tracer = Tracer(TraceConfig(
             functions=o.functions, library=paths, api=o.api, everything=o.everything,
             ring_size=ring, aggregate=True, emit=o.flight is not None, log=self.log,
-            emit_memory=True, sample_returns=o.sample_returns, per_process=True))
+            emit_memory=True, sample_returns=o.sample_returns, per_process=True,
+            process_slots=o.process_slots))
         try:
             self.tracer.start()
             self.start_files = len(self.files)
@@ -306,11 +312,22 @@ class Monitor:
             launches[series] = launches.get(series, 0) + count
         per_process = calls_by_process(self.sums.process_calls(), per_key, sampled,
                                        self.processes)
+        self._note_slots_full()
         self.attribution.account(totals, sampled, per_key, per_process)
         live = self.processes.live()
         memory = tuple((p.label_set(), self.memory.held(p.pid)) for p in live)
         return LaunchSeries(launches, self.attribution.map_full, len(live), memory,
                             per_process, tuple(totals))
+
+    def _note_slots_full(self) -> None:
+        """Say when more processes than before found no process slot free (their calls
+        are counted by process all the same, through the `proc_calls` hash)."""
+        beyond = len(self.sums.processes_in_hash())
+        if beyond > self.slots_full:
+            self.slots_full = beyond
+            self.notice("%d processes found no free slot of the %d for sums by process: "
+                        "their calls are counted through a hash map (slower)"
+                        % (beyond, self.options.process_slots))
 
     def _kernel_label(self, process: Process, fn_id: int, func: int,
                       wait: bool = True) -> Optional[str]:

@@ -91,20 +91,22 @@ def capture_role(api: Api) -> Optional[str]:
 
 
 def aggregate_call(api: Api, fn_id, arch: Arch, gated: bool = False,
-                   sampled: bool = False, per_process: bool = False) -> list:
+                   sampled: bool = False, per_process: int = 0) -> list:
     """Return-probe code adding one call to the aggregates (R6 ctx, R7 inflight value);
     `fn_id` a constant or layout.FROM_COOKIE. `gated`: after `capturing_gate`, a launch
     made while its process captures is not counted in the `launches` map (its record
     counts it). `sampled` (a gated launch row of calls.session_program): the entry counted
     the call and its launch (`count_call`) unless its process captures; the return adds
     its duration and outcome, and its count only while capturing. `per_process`: the call
-    also goes to its process's entry in `proc_calls` (not a sampled row's: `count_call`
-    counts its launches by process)."""
+    also goes to its process's sums (not a sampled row's: `count_call` counts its
+    launches by process): with `per_process` > 0 in its slot of `proc_sums` (of that many;
+    the thread's task storage spilled at fp-416), else (options.HASH_ONLY) in `proc_calls`."""
     prog = [asm.ldx(DW, R8, FP, layout.NOW_AT), asm.ldx(DW, R1, R7, record.INFLIGHT_TS),
             asm.sub(R8, R1)]
     prog += _agg_index(api, fn_id)
     if per_process and not sampled:  # (first: the reader, reading `agg` first, finds this
-        prog += _count_per_process(api, arch)  # map never behind it, but for losses)
+        prog += (_count_in_process_slot(api, fn_id, arch, per_process) if per_process > 0
+                 else _count_per_process(api, arch))  # (map never behind it, but for losses)
     prog += [
         asm.ld_map(R1, AGG_MAP), asm.mov(R2, FP), asm.add(R2, _AGG_KEY),
         asm.call(Helper.MAP_LOOKUP_ELEM),
@@ -369,6 +371,81 @@ def _count_per_process(api: Api, arch: Arch) -> list:
         asm.stx(DW, FP, value + 16, R8),
     ]
     return prog + _hash_add(PROCESS_MAP, key, value, [(0, None), (8, R9), (16, R8)], "proc")
+
+
+_PSLOT_KEY = layout.PROCESS_KEY_AT  # u32: the slot (an index of `proc_owners`)
+_PSUM_KEY = layout.PROCESS_KEY_AT + 4  # u32: slot * table size + fn_id (of `proc_sums`)
+
+
+def _count_in_process_slot(api: Api, fn_id, arch: Arch, slots: int) -> list:
+    """proc_sums[slot * table size + fn_id] += (1, failed, duration R8), atomically (the
+    threads of a process share its slot), the slot cached in the thread's task storage
+    (fp-416): no hash on the path. A thread without one, or whose slot is no longer its
+    process's (freed by the reader, taken by another), claims one (`_claim_process_slot`);
+    when none is free its calls go to `proc_calls`, for good (record.TASK_IN_HASH).
+    R9 clobbered."""
+    prog = [
+        asm.ldx(DW, R1, FP, layout.TASK_STORAGE_AT), asm.ldx(DW, R2, R1, record.TASK_PROC_SLOT),
+        asm.jeq(R2, 0, "pslot_claim"), asm.jeq(R2, -1, "pslot_hash"),  # (TASK_IN_HASH)
+        asm.sub(R2, 1), asm.stx(W, FP, _PSLOT_KEY, R2),
+        asm.ld_map(R1, layout.PROCESS_OWNERS), asm.mov(R2, FP), asm.add(R2, _PSLOT_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM),  # (an array: the verifier inlines it)
+        asm.jeq(R0, 0, "pslot_claim"),
+        asm.ldx(DW, R1, R0, 0), asm.ldx(DW, R2, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R2, 32),
+        asm.jne(R1, R2, "pslot_claim"),
+        asm.Label("pslot_add"),
+        asm.ldx(W, R1, FP, _PSLOT_KEY), asm.mul(R1, len(TABLE)),
+    ] + layout.fn_id_into(R2, fn_id) + [
+        asm.add(R1, R2), asm.stx(W, FP, _PSUM_KEY, R1),
+        asm.ld_map(R1, layout.PROCESS_SUMS), asm.mov(R2, FP), asm.add(R2, _PSUM_KEY),
+        asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "pslot_done"),
+        asm.mov(R1, 1), asm.atomic_add(DW, R0, 0, R1), asm.atomic_add(DW, R0, 16, R8),
+    ] + layout.ret_into(R1, api.returns_value, arch.ret) + [
+        asm.jeq32(R1, 0, "pslot_done"), asm.mov(R1, 1), asm.atomic_add(DW, R0, 8, R1),
+        asm.ja("pslot_done"),
+    ]
+    prog += _claim_process_slot(slots)
+    return prog + [asm.Label("pslot_hash")] + _count_per_process(api, arch) + [
+        asm.Label("pslot_done")]
+
+
+def _claim_process_slot(slots: int) -> list:
+    """At "pslot_claim": find the slot of this process (tgid) or claim a free one (an
+    atomic compare-and-exchange of its owner), probing PROCESS_SLOT_PROBES slots from the
+    one the tgid hashes to; cache it in the thread's task storage and go to "pslot_add".
+    None: TASK_IN_HASH is cached and the call goes on to "pslot_hash" (the claim is made
+    once a thread; a slot being freed, RETIRING | tgid, is passed by)."""
+    prog = [
+        asm.Label("pslot_claim"),
+        asm.ldx(DW, R1, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R1, 32),
+        asm.ld_imm64(R3, _SLOT_HASH), asm.mul(R1, R3),
+        asm.rsh(R1, 64 - (slots.bit_length() - 1)) if slots > 1 else asm.mov(R1, 0),
+        asm.stx(W, FP, _PSLOT_KEY, R1),
+    ]
+    for probe in range(min(layout.PROCESS_SLOT_PROBES, slots)):
+        passed = "pslot_passed_%d" % probe
+        if probe:  # (the next slot, wrapping around)
+            prog += [asm.ldx(W, R1, FP, _PSLOT_KEY), asm.add(R1, 1), asm.and_(R1, slots - 1),
+                     asm.stx(W, FP, _PSLOT_KEY, R1)]
+        prog += [
+            asm.ld_map(R1, layout.PROCESS_OWNERS), asm.mov(R2, FP), asm.add(R2, _PSLOT_KEY),
+            asm.call(Helper.MAP_LOOKUP_ELEM), asm.jeq(R0, 0, "pslot_full"),
+            asm.ldx(DW, R2, FP, layout.INFLIGHT_KEY_AT), asm.rsh(R2, 32),
+            asm.ldx(DW, R1, R0, 0), asm.jeq(R1, R2, "pslot_claimed"), asm.jne(R1, 0, passed),
+            asm.mov(R3, R0), asm.mov(R0, 0), asm.atomic(Atomic.CMPXCHG, DW, R3, 0, R2),
+            asm.jeq(R0, 0, "pslot_claimed"),
+            asm.jeq(R0, R2, "pslot_claimed"),  # (another thread of this process took it)
+            asm.Label(passed),
+        ]
+    return prog + [
+        asm.Label("pslot_full"),
+        asm.ldx(DW, R1, FP, layout.TASK_STORAGE_AT), asm.st(DW, R1, record.TASK_PROC_SLOT, -1),
+        asm.ja("pslot_hash"),
+        asm.Label("pslot_claimed"),
+        asm.ldx(W, R2, FP, _PSLOT_KEY), asm.add(R2, 1),
+        asm.ldx(DW, R1, FP, layout.TASK_STORAGE_AT), asm.stx(DW, R1, record.TASK_PROC_SLOT, R2),
+        asm.ja("pslot_add"),
+    ]
 
 
 def _count_error(api: Api, fn_id, arch: Arch) -> list:

@@ -20,7 +20,7 @@ from typing import Hashable, List
 
 from .. import asm
 from ..arch import Arch
-from ..asm import DW, FP, R0, R1, R2, R3, R6, R7, R8, Helper, W
+from ..asm import DW, FP, R0, R1, R2, R3, R6, R7, R8, R9, Helper, W
 from ..spec import layout, record
 from ..spec.apis import Api
 from . import aggregates, pystack
@@ -111,6 +111,8 @@ def _return_body(api: Api, fn_id: FnId, arch: Arch, options: ProbeOptions) -> It
     layer = launch_layer(api)
     if options.task_storage:
         prog += find_in_task(bool(layer), task_read(options))
+        if options.aggregate and options.per_process > 0 and not options.sample_returns:
+            prog += [asm.stx(DW, FP, layout.TASK_STORAGE_AT, R9)]  # (aggregates' slot)
         prog += key_from_task(options)
     else:
         prog += find_in_map()

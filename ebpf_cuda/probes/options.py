@@ -3,6 +3,9 @@ saves, what the return writes, how the reader is woken, which processes are trac
 from typing import NamedTuple, Optional, Tuple
 
 
+HASH_ONLY = -1  # (ProbeOptions.per_process)
+
+
 class ProbeOptions(NamedTuple):
     """What the generated programs do beyond the basics."""
 
@@ -35,7 +38,10 @@ class ProbeOptions(NamedTuple):
     # and cost no return trap. `is_return_kfunc`: bpf_session_is_return's BTF id.
     sample_returns: int = 0
     is_return_kfunc: int = 0
-    per_process: bool = False  # aggregates also by process (`proc_calls`: the monitor)
+    # Aggregates also by process (the monitor): False (0) not; HASH_ONLY every call through the
+    # `proc_calls` hash (no task storage: Linux 5.10); N > 0 in N process slots (task
+    # storage caches a thread's: aggregates.py), the processes beyond them in the hash
+    per_process: int = False
     # task_struct's (pid, tgid, comm) offsets (kernel BTF, with task storage): a record's
     # pid_tgid and comm loaded through bpf_get_current_task_btf's pointer, not by the
     # get_current_pid_tgid and get_current_comm helpers (~20 and ~70 ns a call here).

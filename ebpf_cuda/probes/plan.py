@@ -19,6 +19,7 @@ from ..spec.apis import Api
 from ..spec.config import TraceConfig
 from . import calls
 from .calls import ProbeOptions
+from .options import HASH_ONLY
 
 WAKEUP_FRACTION = 8  # the probes wake the reader as 1/8 of the ring comes to wait (records.py)
 ENTRY, RETURN, SESSION = "entry", "return", "session"  # the kinds of program
@@ -106,6 +107,13 @@ def site_cookie(api_name: str, symbol: str, session: bool) -> int:
     return apis.FN_ID[api_name] | (layout.ALIAS_COOKIE if alias else 0)
 
 
+def process_slots(config: TraceConfig, features: Features) -> int:
+    """The monitor's process slots (layout.PROCESS_OWNERS): with task storage alone, which
+    caches each thread's slot; else 0 (its sums by process all in the `proc_calls` hash)."""
+    per_process = config.aggregate and config.per_process
+    return config.process_slots if per_process and features.task_storage else 0
+
+
 def probe_options(api: Api, config: TraceConfig, features: Features) -> ProbeOptions:
     """What the programs of `api` do, from the trace's config and the row's roles."""
     c = config
@@ -113,7 +121,8 @@ def probe_options(api: Api, config: TraceConfig, features: Features) -> ProbeOpt
         stash=c.return_probes, emit_entry=c.entries, emit=c.emit, aggregate=c.aggregate,
         follow=c.follows, task_storage=features.task_storage, pid_ns=features.pid_ns,
         py_stacks=features.thread_pointer if c.py_stacks else None,
-        per_process=c.aggregate and c.per_process,
+        per_process=(process_slots(c, features) or HASH_ONLY) if c.aggregate and c.per_process
+        else False,
         task_fields=features.task_fields if features.task_storage else None,
         wakeup_bytes=c.ring_size // WAKEUP_FRACTION,
         stacks=c.stacks and api.captures_stack)

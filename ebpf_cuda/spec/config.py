@@ -14,6 +14,7 @@ from ..errors import UsageError
 from . import apis, layout
 
 MAX_SAMPLE_RETURNS = 1 << 20
+MAX_PROCESS_SLOTS = 1 << 14  # (~64 MB of sums: 3.9 KB a slot)
 MAX_GPU_SAMPLES = 1000  # (NVML's own counters update every 1 to 100 ms)  # (the draw's shift: 64 - log2(N) must stay positive)
 
 
@@ -64,12 +65,15 @@ class TraceConfig:
     # every call made while its process captures a graph; the others are counted at entry
     # (exact call and launch counts; durations and errors of the sampled calls).
     # `per_process` (with aggregates): calls, errors and API time by process too
-    # (layout.PROCESS_KEY; the sampled rows excepted: their launches by process).
+    # (layout.PROCESS_KEY; the sampled rows excepted: their launches by process), kept in
+    # `process_slots` slots where the kernel has task storage (a power of two, 0: every
+    # call through the `proc_calls` hash; processes beyond the slots go there too).
     aggregate: bool = False
     emit: bool = True
     emit_memory: bool = False
     sample_returns: int = 0
     per_process: bool = False
+    process_slots: int = layout.PROCESS_SLOTS
 
     # -- the GPU's own state (gpu/sampler.py) ----------------------------------------------
     # `gpu_samples`: NVML samples of every device and its processes a second (0: none), and
@@ -109,6 +113,10 @@ class TraceConfig:
             raise UsageError("the return sampling must be a power of two (1: every call) "
                              "up to %d, not %d" % (MAX_SAMPLE_RETURNS, n))
         _check_ring_size(self.ring_size)
+        n = self.process_slots
+        if n < 0 or n & (n - 1) or n > MAX_PROCESS_SLOTS:
+            raise UsageError("the process slots must be a power of two up to %d (0: none), "
+                             "not %d" % (MAX_PROCESS_SLOTS, n))
         if not 0 <= self.gpu_samples <= MAX_GPU_SAMPLES:
             raise UsageError("--gpu-samples takes 0 (off) to %d samples a second, not %g"
                              % (MAX_GPU_SAMPLES, self.gpu_samples))

@@ -32,6 +32,12 @@ TWIN_MARK = struct.Struct("<QQQQ")  # layer 1 (driver): pid_tgid, sp; layer 2 (r
 # An alias site's cookie (a `_ptsz` export of a sampled launch row): its function id | this.
 ALIAS_COOKIE = 1 << 32
 PROCESS_CALLS = "proc_calls"  # the monitor's (pid, agg index) -> calls, errors, total ns
+# With task storage, the monitor's sums by process are kept by slot instead (no hash on a
+# call's path, probes/aggregates.py): each slot's owner (a tgid; 0 free), and per slot a
+# PROCESS_VALUE for every function (slot * table size + fn_id); `proc_calls` takes the calls
+# of the processes that find no slot.
+PROCESS_OWNERS = "proc_owners"
+PROCESS_SUMS = "proc_sums"
 # With in-kernel aggregates, the stream captures in progress (aggregates.capture_count):
 # per process (tgid -> captures begun and not ended), and their sum over all processes in a
 # one-entry array (checked first by the return programs of launches, copies, memsets and
@@ -94,6 +100,14 @@ LAUNCH_SLOT_ENTRIES = 1 << LAUNCH_SLOT_BITS
 PROCESS_KEY = struct.Struct("<II")  # tgid, agg index (function * KIND_SLOTS + memcpy kind)
 PROCESS_VALUE = struct.Struct("<QQQ")  # calls, errors, total ns
 PROCESS_ENTRIES = 16384  # (processes x functions they call)
+# Processes with a slot of their own at once (a power of two; ~3.9 KB of kernel memory each:
+# 162 functions x 24 bytes); a thread claims its process's on its first call, probing
+# PROCESS_SLOT_PROBES slots from the one its tgid hashes to; the reader frees a slot when
+# it lets its exited process go (decode/aggregates.free_process_slot).
+PROCESS_SLOTS = 256
+PROCESS_SLOT_PROBES = 8
+PROCESS_OWNER = struct.Struct("<Q")  # the owner's tgid (0: free; RETIRING | tgid: being freed)
+PROCESS_RETIRING = 1 << 32
 CAPTURING_ENTRIES = 16384  # processes that began a stream capture (entries stay, at 0)
 U64 = struct.Struct("<Q")
 PID = struct.Struct("<I")
@@ -122,11 +136,11 @@ def name_entries(ring_size: int) -> int:
 
 def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
               follow: bool, pid_ns: bool = False, per_process: bool = False,
-              launch_slots: bool = False) -> List[MapSpec]:
+              launch_slots: bool = False, process_slots: int = 0) -> List[MapSpec]:
     """The maps of one session, calls in flight in task storage (see `inflight_fallback`);
     `pid_ns`: the tracer runs in a PID namespace of its own (see follow.py); `per_process`:
-    aggregates also by process (the monitor); `launch_slots`: launches counted at entry
-    (sampled returns)."""
+    aggregates also by process (the monitor), in `process_slots` slots (0: the hash alone);
+    `launch_slots`: launches counted at entry (sampled returns)."""
     specs = [
         MapSpec(EVENTS, "RingBuf", 0, 0, ring_size),
         MapSpec(TASKS, "TaskStorage", 4, record.TASK_VALUE_SIZE, 0),
@@ -153,6 +167,11 @@ def map_specs(ring_size: int, table_size: int, stacks: bool, aggregate: bool,
         if per_process:
             specs.append(MapSpec(PROCESS_CALLS, "Hash", PROCESS_KEY.size, PROCESS_VALUE.size,
                                  PROCESS_ENTRIES))
+        if per_process and process_slots:
+            specs += [MapSpec(PROCESS_OWNERS, "MappedArray", 4, PROCESS_OWNER.size,
+                              process_slots, PROCESS_OWNER),
+                      MapSpec(PROCESS_SUMS, "MappedArray", 4, PROCESS_VALUE.size,
+                              process_slots * table_size, PROCESS_VALUE)]
     if follow:
         specs.append(MapSpec(FOLLOWED, "Hash", 4, 4, MAX_PROCESSES, PID, PID))
         if pid_ns:
@@ -204,10 +223,13 @@ PROCESS_VALUE_AT = PROCESS_KEY_AT - PROCESS_VALUE.size  # fp-400
 # Programs reading task_struct's fields (ProbeOptions.task_fields): the current task's
 # pointer (bpf_get_current_task_btf), spilled: fp-408.
 TASK_AT = PROCESS_VALUE_AT - 8
+# The monitor's return programs with process slots: the thread's task storage, spilled
+# when its call is found (the slot cached there is read and written after): fp-416.
+TASK_STORAGE_AT = TASK_AT - 8
 # Tracepoint programs (follow.py) have their own small frame:
 TP_PID_AT, TP_CHILD_AT, TP_ONE_AT, TP_NS_AT = -4, -8, -12, -24
 
-assert FN_ID_AT == -280 and TASK_AT >= -512  # the eBPF stack is 512 bytes
+assert FN_ID_AT == -280 and TASK_STORAGE_AT >= -512  # the eBPF stack is 512 bytes
 
 
 # -- the function id ------------------------------------------------------------------------

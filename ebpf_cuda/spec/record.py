@@ -73,7 +73,11 @@ TASK_DEPTH = 8  # calls in flight on one thread at once (runtime → driver nest
 # deeper stack costs a return probe one skipped comparison per level, ~1 ns)
 TASK_GREETED = 8 + TASK_DEPTH * TASK_SLOT
 TASK_DROPPED = TASK_GREETED + 8
-TASK_VALUE_SIZE = TASK_DROPPED + 8
+# The monitor's process slot, claimed on the thread's first return (probes/aggregates.py):
+# slot + 1; 0 none yet; TASK_IN_HASH: none was free, the thread's calls go to `proc_calls`.
+TASK_PROC_SLOT = TASK_DROPPED + 8
+TASK_IN_HASH = (1 << 64) - 1
+TASK_VALUE_SIZE = TASK_PROC_SLOT + 8
 
 # Per-CPU counters the probes keep (PERCPU_ARRAY, u64 each).
 STAT_RING_FULL = 0  # a record could not be reserved: the event is lost
