@@ -591,12 +591,7 @@ class Session:
             raise UsageError("aggregates need Tracer(aggregate=True)")
         from .decode import aggregates as sums
 
-        slots = (sums.ProcessSlots(self.maps[layout.PROCESS_OWNERS],
-                                   self.maps[layout.PROCESS_SUMS])
-                 if layout.PROCESS_OWNERS in self.maps else None)
-        return sums.LiveSums(self.maps[layout.AGG], self.maps[layout.ERRORS],
-                             self.maps[layout.LAUNCHES], self.maps.get(layout.PROCESS_CALLS),
-                             self.maps.get(layout.LAUNCH_SLOTS), slots)
+        return sums.LiveSums.of(self.maps)
 
 
 _BY_TASK = (layout.PROCESS_OWNERS, layout.PROCESS_SUMS)  # (made after `tasks`: map_specs)

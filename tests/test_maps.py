@@ -120,6 +120,8 @@ def test_mapped_array_map_reads_every_value_through_its_mapping(root):
         assert slot.unpack_from(values, 24 * 999) == (7, 8, 9)
         m[0] = (4, 5, 6)
         assert slot.unpack_from(m.values(), 0) == (4, 5, 6)
+        assert m.values(998, 5) == bytes(24) + slot.pack(7, 8, 9)  # (a range, cut at the end)
+        assert m.values(0, 1) == slot.pack(4, 5, 6) and m.values(1, 2) == bytes(48)
     with maps.MappedArrayMap(12, 10, name="padded") as m:
         m[9] = b"abcdefghijkl"
         assert m.stride == 16 and m.values()[16 * 9:16 * 9 + 12] == b"abcdefghijkl"

@@ -270,6 +270,14 @@ class LiveSums:
         self._slots = slots_map  # (launch_slots: sampled returns)
         self._process_slots = process_slots  # (with task storage: see ProcessSlots)
 
+    @classmethod
+    def of(cls, maps: dict) -> "LiveSums":
+        """The sums of a session's maps (by name)."""
+        slots = (ProcessSlots(maps[layout.PROCESS_OWNERS], maps[layout.PROCESS_SUMS])
+                 if layout.PROCESS_OWNERS in maps else None)
+        return cls(maps[layout.AGG], maps[layout.ERRORS], maps[layout.LAUNCHES],
+                   maps.get(layout.PROCESS_CALLS), maps.get(layout.LAUNCH_SLOTS), slots)
+
     def function_reader(self, fn_ids: Iterable[int]) -> FunctionReader:
         return FunctionReader(self.agg_map, fn_ids)
 
