@@ -104,7 +104,7 @@ class Bench:
             return sum(f.count for f in tracer.aggregates().functions
                        if f.api == self.function)
         return self._traced("monitor", counted, aggregate=True, emit=False,
-                            sample_returns=sample_returns)
+                            sample_returns=sample_returns, per_process=True)
 
     def _traced(self, what: str, count: Callable[[Tracer], int], **options) -> LoopResult:
         """The loop under a Tracer of the bench's function with `options`; `count(tracer)`
