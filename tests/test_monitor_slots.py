@@ -8,13 +8,16 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from ebpf_cuda import asm
+from ebpf_cuda.arch import current
 from ebpf_cuda.errors import UsageError
 from ebpf_cuda.monitor import prometheus
+from ebpf_cuda.probes import calls, plan
+from ebpf_cuda.probes.options import HASH_ONLY
 from ebpf_cuda.spec import layout
+from ebpf_cuda.spec.apis import BY_NAME, FN_ID
 from ebpf_cuda.spec.config import TraceConfig
 from monitor_support import Held, parse_metrics, running_monitor, settle, value
-
-pytestmark = pytest.mark.kernel
 
 SLOTS = 4
 CALLS, ERRORS = "ebpf_cuda_process_api_calls_total", "ebpf_cuda_process_api_errors_total"
@@ -67,6 +70,7 @@ def _slots(monitor) -> Tuple[List[Tuple[int, int]], bytes]:
     return slots.owned(), slots.sums.values()
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("slots", [SLOTS, 0])
 def test_each_process_has_exactly_its_calls_beyond_the_slots_too(prog, lib, slots):
     """With 4 slots, 9 processes: 4 take one (each probes every slot: PROCESS_SLOT_PROBES
@@ -89,6 +93,7 @@ def test_each_process_has_exactly_its_calls_beyond_the_slots_too(prog, lib, slot
         assert len(beyond) == len(calls) - SLOTS and monitor.slots_full == len(beyond)
 
 
+@pytest.mark.kernel
 def test_the_slots_of_exited_processes_are_cleared_and_taken_again(prog, lib):
     """The first processes exit and are let go (their figures collected first): their slots
     and hash entries go, every slot's sums are 0; new processes take the slots, and
@@ -121,3 +126,21 @@ def test_the_slots_of_exited_processes_are_cleared_and_taken_again(prog, lib):
 def test_a_slot_count_not_a_power_of_two_is_refused(slots):
     with pytest.raises(UsageError, match="process slots"):
         TraceConfig(per_process=True, aggregate=True, process_slots=slots).checked()
+
+
+@pytest.mark.parametrize("task_storage", [True, False])
+def test_without_task_storage_the_sums_by_process_stay_in_the_hash(task_storage):
+    """Where the kernel has no task storage (5.10) no slot can be cached: the programs keep
+    every call's sums in `proc_calls`, and the slots' maps are not made."""
+    config = TraceConfig(aggregate=True, emit=False, per_process=True).checked()
+    features = plan.Features(current(), True, task_storage)
+    api = BY_NAME["cudaMalloc"]
+    options = plan.probe_options(api, config, features)
+    assert options.per_process == (layout.PROCESS_SLOTS if task_storage else HASH_ONLY)
+    used = asm.map_names(calls.return_program(api, FN_ID[api.name], current(), options))
+    assert (layout.PROCESS_OWNERS in used) == task_storage
+    assert (layout.PROCESS_SUMS in used) == task_storage
+    assert layout.PROCESS_CALLS in used  # (the processes beyond the slots)
+    made = {s.name for s in layout.map_specs(1 << 20, 162, False, True, False, per_process=True,
+                                             process_slots=plan.process_slots(config, features))}
+    assert (layout.PROCESS_OWNERS in made) == task_storage and layout.PROCESS_CALLS in made

@@ -15,6 +15,11 @@ as a record (the summary's GraphTracker tells captured work from eager work, and
 the graph launches, whose records are always written) and still added to the per-function
 aggregates (the API table counts every call once), but not to the `launches` map: the
 launches of those records are counted from them, once (`capturing_gate`).
+
+The monitor's sums by process (calls, errors, API time): in a slot a process of
+`proc_sums`, cached in each thread's task storage (no hash on a call's path:
+`_count_in_process_slot`), or in the `proc_calls` hash where the kernel has no task storage
+and for the processes that found no free slot.
 """
 import struct
 from typing import Dict, List, Optional, Sequence, Tuple
