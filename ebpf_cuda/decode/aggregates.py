@@ -142,7 +142,10 @@ class ProcessSlots:
     def free(self, slot: int, pid: int) -> Dict[int, List[int]]:
         """Let an exited process's slot go; what it held. The owner is marked first (a
         thread finding it so claims another slot: nothing adds to a slot being cleared),
-        the sums are read and cleared, then the slot is free."""
+        the sums are read and cleared, then the slot is free. (The only threads that could
+        still add to it are those of a new process given the exited one's pid before the
+        monitor let it go, already past the owner check: as with `proc_calls`, whose entry
+        such a process shares.)"""
         self.owners.set(slot, layout.PROCESS_RETIRING | pid)
         held = self.calls(slot)
         raw = self.sums.values(slot * self.table_size, self.table_size)
