@@ -10,6 +10,7 @@ import pytest
 
 from ebpf_cuda import asm
 from ebpf_cuda.arch import current
+from ebpf_cuda.bpf import features
 from ebpf_cuda.errors import UsageError
 from ebpf_cuda.monitor import prometheus
 from ebpf_cuda.probes import calls, plan
@@ -64,6 +65,11 @@ def _check(samples, calls: Dict[int, int]) -> None:
     assert value(samples, "ebpf_cuda_events_lost_total", cause="process_map_full") == 0
 
 
+def _need_task_storage(slots: int) -> None:
+    if slots and not features.task_storage():
+        pytest.skip("no task storage (%s): no process slots" % features.task_storage_reason())
+
+
 def _slots(monitor) -> Tuple[List[Tuple[int, int]], bytes]:
     """The held slots (slot, pid) and every slot's sums."""
     slots = monitor.sums._process_slots
@@ -76,6 +82,7 @@ def test_each_process_has_exactly_its_calls_beyond_the_slots_too(prog, lib, slot
     """With 4 slots, 9 processes: 4 take one (each probes every slot: PROCESS_SLOT_PROBES
     is more), the 5 others go to `proc_calls`, the monitor says so; with 0 (as where the
     kernel has no task storage) every call goes to `proc_calls`."""
+    _need_task_storage(slots)
     with running_monitor(paths=(str(lib),), process_slots=slots) as monitor:
         calls = _run(prog, TOGETHER, ONE_BY_ONE)
         settle(monitor)
@@ -98,6 +105,7 @@ def test_the_slots_of_exited_processes_are_cleared_and_taken_again(prog, lib):
     """The first processes exit and are let go (their figures collected first): their slots
     and hash entries go, every slot's sums are 0; new processes take the slots, and
     their figures are theirs alone."""
+    _need_task_storage(SLOTS)
     with running_monitor(paths=(str(lib),), process_slots=SLOTS) as monitor:
         first = _run(prog, TOGETHER[:3], ONE_BY_ONE[:2])
         settle(monitor)
