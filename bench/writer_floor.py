@@ -14,6 +14,8 @@ writes them), formatted by:
   `%` format of both lines, the durations' text kept per value, join, one write;
 - `floor bare`: iter_unpack, one `%` format of a line of the same length and conversions
   with values taken straight from the record (no time arithmetic), join, one write.
+- `json floor float repr`: the floor for the JSON bytes before issue 36's third round,
+  whose times were the floats' shortest repr (now: "S.NNNNNNNNN" from the ns, exact).
 `floor parts` prints what each step of the floor costs alone (the unpack, the two times'
 arithmetic, the format). Each case runs once per round, the order rotated; median (min-max)
 over the rounds of the thread's CPU per call. No root needed.
@@ -121,10 +123,12 @@ def _text_template() -> str:
             + " device=%d (%s us)" + " tid=%d" % TID)
 
 
-def _json_template() -> str:
+def _json_template(ts: str = "%s%09d") -> str:
+    """(ts: the time's conversions; "%r": the float the JSON wrote before issue 36's third
+    round, for the `floor float repr` row)"""
     who = ',"pid":%d,"tid":%d,"comm":"%s"' % (PID, TID, COMM.decode())
-    return ('{"ts":%r' + who + ',"device":0,"api":"' + FUNCTION + '","phase":"enter",'
-            '"args":{}}\n{"ts":%r' + who + ',"api":"' + FUNCTION + '","phase":"exit",'
+    return ('{"ts":' + ts + who + ',"device":0,"api":"' + FUNCTION + '","phase":"enter",'
+            '"args":{}}\n{"ts":' + ts + who + ',"api":"' + FUNCTION + '","phase":"exit",'
             '"args":{},"ret":0,"ret_name":"cudaSuccess","duration_ns":%d,"device":%d}')
 
 
@@ -166,6 +170,30 @@ def floor_json(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     template = _json_template()
     dev = RET_AT + 1
+    low, high, text = 0, 0, ""
+    for start in range(0, len(data), chunk * FRAME):
+        out: List[str] = []
+        add = out.append
+        for f in unpack(data[start:start + chunk * FRAME]):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high, text = second * 1_000_000_000, (second + 1) * 1_000_000_000, (
+                    "%d." % second)
+            add(template % (text if low <= w0 else "%d." % (w0 // 1_000_000_000),
+                            w0 % 1_000_000_000, text, w1 - low, f[1] - f[0],
+                            f[dev] & 0xFFFFFFFF))
+        _emit(out, fd)
+
+
+def floor_json_repr(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
+    """The JSON bytes before the third round (times as float reprs), by the least CPython
+    can do."""
+    import struct
+
+    unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
+    template = _json_template("%r")
+    dev = RET_AT + 1
     for start in range(0, len(data), chunk * FRAME):
         out: List[str] = []
         add = out.append
@@ -182,7 +210,7 @@ def floor_bare(data: bytes, as_json: bool, fd: int, chunk: int = 1024) -> None:
 
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     if as_json:
-        template = _json_template().replace("%r", "%d") + " " * 6  # (%r: 17-18 digits)
+        template = _json_template("%d.%09d")
     else:
         template = _text_template().replace("%s.%06d", "%08d.%06d").replace("(%s us)",
                                                                              "(%03d us)")
@@ -191,7 +219,7 @@ def floor_bare(data: bytes, as_json: bool, fd: int, chunk: int = 1024) -> None:
         add = out.append
         if as_json:
             for f in unpack(data[start:start + chunk * FRAME]):
-                add(template % (f[0], f[1], f[3], f[9]))
+                add(template % (f[0], f[2], f[1], f[2], f[3], f[9]))
         else:
             for f in unpack(data[start:start + chunk * FRAME]):
                 add(template % (f[0], f[2], f[1], f[3], f[9], f[4]))
@@ -218,8 +246,18 @@ def parts(data: bytes, offset: int) -> Dict[str, Callable[[], None]]:
         for f in unpack(data):
             "%r%r" % ((f[0] + offset) / 1e9, (f[1] + offset) / 1e9)
 
+    def exact() -> None:
+        low, high, text = 0, 0, ""
+        for f in unpack(data):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high, text = second * 1_000_000_000, (second + 1) * 1_000_000_000, (
+                    "%d." % second)
+            "%s%09d%s%09d" % (text, w0 - low, text, w1 - low)
+
     return {"part: iter_unpack": unpack_only, "part: + text times": times,
-            "part: + JSON %r times": reprs}
+            "part: + JSON %r times": reprs, "part: + JSON ns times": exact}
 
 
 # -- running -------------------------------------------------------------------------------
@@ -240,6 +278,7 @@ def cases(data: bytes, offset: int, base) -> Dict[str, Callable[[], None]]:
         rows[name + " floor same bytes"] = ((lambda: floor_json(data, offset, fd)) if as_json
                                             else (lambda: floor_text(data, offset, fd)))
         rows[name + " floor bare"] = lambda j=as_json: floor_bare(data, j, fd)
+    rows["json floor float repr"] = lambda: floor_json_repr(data, offset, fd)
     rows.update(parts(data, offset))
     return rows
 

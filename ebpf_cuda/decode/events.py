@@ -44,8 +44,9 @@ class PyFrame(NamedTuple):
 @dataclass
 class Event:
     """One CUDA call seen at entry or exit. `ts` is wall-clock seconds, `ts_ns` the kernel's
-    CLOCK_MONOTONIC time; `args` are the entry arguments by name; at exit `ret`/`ret_name`,
-    `duration_ns` and the out-parameters (`outs`) are set."""
+    CLOCK_MONOTONIC time, `wall_ns` the wall-clock time in ns when the decoder made it (JSON
+    lines write `ts` from it, to the nanosecond); `args` are the entry arguments by name; at
+    exit `ret`/`ret_name`, `duration_ns` and the out-parameters (`outs`) are set."""
 
     ts: float
     ts_ns: int
@@ -67,6 +68,7 @@ class Event:
     # stack itself, innermost frame first (pystacks.py sets it; None: no Python frames)
     py_stack_id: int = 0
     py_stack: Optional[Tuple[PyFrame, ...]] = None
+    wall_ns: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""
@@ -272,7 +274,7 @@ class Decoder:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
         enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
-                      args, py_stack_id=py_stack_id)
+                      args, py_stack_id=py_stack_id, wall_ns=ts_enter + offset)
         if phase == record.PHASE_ENTER:
             return [enter]
         if phase != record.PHASE_CALL:
@@ -281,6 +283,6 @@ class Decoder:
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
         done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id,
-                     py_stack_id=py_stack_id)
+                     py_stack_id=py_stack_id, wall_ns=ts_exit + offset)
         # With --entries the enter event already came from its own record.
         return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]

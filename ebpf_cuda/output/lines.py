@@ -62,12 +62,13 @@ def _compilable(fields: List[Field]) -> Optional[List[Field]]:
 
 
 # Every compiled line function takes the same arguments: the unpacked record `f`; the clock
-# text and microseconds of the entry (c0, u0) and exit (c1, u1) times (JSON: u0/u1 are the
-# timestamps); the thread's columns `h` and suffix `t`; the return's name `e`; and `fn`, the
-# launch's kernel name (text: or its address in hex; JSON: the "kernel" member or ""); the
-# duration's text `d` (text only: "%.1f" of the microseconds, kept per value, as float
-# formatting is the costliest part of a line); `g`, the thread's columns without its device
-# (JSON: the exit line of a call whose `device` out-parameter is that key, cudaGetDevice).
+# text and microseconds of the entry (c0, u0) and exit (c1, u1) times (JSON: the second's
+# "S." and the ns into it, see JsonLines.lines); the thread's columns `h` and suffix `t`; the
+# return's name `e`; and `fn`, the launch's kernel name (text: or its address in hex; JSON:
+# the "kernel" member or ""); the duration's text `d` (text only: "%.1f" of the microseconds,
+# kept per value, as float formatting is the costliest part of a line); `g`, the thread's
+# columns without its device (JSON: the exit line of a call whose `device` out-parameter is
+# that key, cudaGetDevice).
 _PARAMS = "f, c0, u0, c1, u1, h, t, e, fn, d='', g=''"
 
 
@@ -369,6 +370,12 @@ def _json_encoder() -> Callable[[str], str]:
     return json.JSONEncoder().encode
 
 
+def _second_ns(wall_ns: int) -> Tuple[int, int, str]:
+    """The second of a wall-clock time in ns, [low, high), and its text "S." in JSON."""
+    second = wall_ns // 1_000_000_000
+    return second * 1_000_000_000, (second + 1) * 1_000_000_000, "%d." % second
+
+
 class JsonLines(_FrameLines):
     """JSON Lines objects (see output/jsonl.py and Event.to_json), from frames."""
 
@@ -388,7 +395,8 @@ class JsonLines(_FrameLines):
         told = self.devices is not None and self.devices.only_tells(api)
 
         def head(which: int, columns: str = "h") -> List[Tuple[str, Sequence[str]]]:
-            return [('{"ts":%r', ("u%d" % which,)), ("%s", (columns,)),
+            # (the time exact to the ns: the second's "S." and the ns into it, see lines())
+            return [('{"ts":%s%09d', ("c%d" % which, "u%d" % which)), ("%s", (columns,)),
                     _literal(',"api":"%s","phase":"%s",' % (api.name, ("enter", "exit")[which])),
                     ('"args":{' + args + "}", arg_values)]
 
@@ -406,6 +414,58 @@ class JsonLines(_FrameLines):
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])
+
+    def lines(self, frames: bytes) -> List[str]:
+        """The lines of a batch, as _FrameLines.lines, with the times as the JSON writes them:
+        c0/c1 the second's text "S." and u0/u1 the ns into it, from the wall-clock ns (ints:
+        no float to repr, the costliest part of a line), the second kept while it lasts."""
+        out: List[str] = []
+        rows, compiled, threads = self._rows_now(), self.row, self._threads
+        offset, ns = self.decoder.clock_offset_ns, 1_000_000_000
+        odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+        call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
+        add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
+        low, high, second = 0, 0, ""  # the kept second: [low, high) in ns, and its "S."
+        self._devices_now()
+        for f in _FRAME.iter_unpack(frames):
+            row = rows[f[4]]
+            if row is _UNCOMPILED:
+                row = compiled(f[4])
+            flags, phase = f[6], f[5]
+            if row is None or flags & odd_flags or phase > call or f[py_at]:
+                out += self.slow(self.decoder.events_of(f))
+                rows = self._rows_now()  # (as _FrameLines.lines)
+                self._devices_now()
+                continue
+            who = threads.get(f[2])
+            if who is None or who[3] != f[8]:
+                who = self._thread(f)
+            fn = "" if row.func_at is None else self.launch_text(row, f)
+            w0 = f[0] + offset
+            if phase == enter:
+                if not low <= w0 < high:
+                    low, high, second = _second_ns(w0)
+                add(row.enter(f, second, w0 - low, "", 0, who[0], who[1], "", fn))
+                continue
+            w1 = f[1] + offset
+            if not low <= w1 < high:
+                low, high, second = _second_ns(w1)
+            ret = f[ret_at] & m32
+            if ret:
+                line = row.exit_err if flags & entry_sent else row.both_err
+                e = self.ret_text(row, ret)
+            else:
+                line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
+            if low <= w0 < high:
+                add(line(f, second, w0 - low, second, w1 - low, who[0], who[1], e, fn, "",
+                         who[2]))
+            else:
+                add(line(f, "%d." % (w0 // ns), w0 % ns, second, w1 - low, who[0], who[1], e,
+                         fn, "", who[2]))
+            at = row.told_at
+            if at is not None and not ret and f[at] != who[4]:
+                self._told(row, f, who)
+        return out
 
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.of(pid) if self.containers is not None else None
