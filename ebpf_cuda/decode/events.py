@@ -200,9 +200,9 @@ class Decoder:
             for fields in _FRAME.iter_unpack(frames):
                 add(self.events_of(fields))
             return events
-        ids = record.frame_column(frames, record.FN_ID, "H")
-        if only.isdisjoint(ids):  # the usual batch: nothing to decode (one pass in C)
+        if only.isdisjoint(record.frame_ids(frames)):  # the usual batch: nothing to decode
             return events
+        ids = record.frame_column(frames, record.FN_ID, "H")
         for i, fn_id in enumerate(ids):
             if fn_id in only:
                 add(self.events_of(_FRAME.unpack_from(frames, i * _FRAME.size)))
@@ -216,9 +216,9 @@ class Decoder:
         """(fn_id, pid, tid, entry time, exit time, func, caller or 0) of every launch record
         in a batch of frames, in order, read in bulk without decoding the records (for naming
         kernels when nothing else is decoded)."""
-        ids = record.frame_column(frames, record.FN_ID, "H")
-        if self._launch_ids.isdisjoint(ids):
+        if self._launch_ids.isdisjoint(record.frame_ids(frames)):
             return []
+        ids = record.frame_column(frames, record.FN_ID, "H")
         tids = record.frame_column(frames, record.PID_TGID, "I")
         pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         enters = record.frame_column(frames, record.TS_ENTER, "Q")
