@@ -42,11 +42,13 @@ if TYPE_CHECKING:
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
-# After a batch that took all the ring held, records gather in it this long before the next
-# read: read as they come, a few records a batch (~8 at 300k calls/s), the batch's own work
-# (mappings, names, launches, the spool) cost the reader 0.4-0.6 µs a call; 1 ms is ~300
-# records at that rate, ~2% of the default ring.
+# After a batch that took all the ring held, records gather in it up to this long before the
+# next read: read as they come, batches are small (the reader chases the producer) and each
+# batch's own work (mappings, names, launches, the spool) weighs on every call. 1 ms is ~300
+# records at 300k calls/s, ~1% of the default ring; a small ring pauses less: no longer
+# than 1/16 of it takes to fill at PAUSE_RATE records a second.
 PAUSE_S = 0.001
+PAUSE_RATE = 2_000_000
 # The lines thread holds the interpreter lock while it formats; the reader, woken by the
 # ring, waits for it up to the switch interval (5 ms by default): shorter keeps that wait
 # well below the time the ring takes to fill.
@@ -138,6 +140,8 @@ class Stream:
         if python:
             self._first_interpreters()
         deadline = None if timeout is None else time.monotonic() + timeout
+        ring_size = self.session.ring.size if self.session.ring is not None else 0
+        pause = min(PAUSE_S, ring_size / record.FRAME_SIZE / 16 / PAUSE_RATE)
         with _Waiter(self.session) as waiter:
             while not self._stopping and not self._target_gone():
                 wait = None if deadline is None else deadline - time.monotonic()
@@ -154,7 +158,7 @@ class Stream:
                 self.reaper.tick(self._read_bytes, self._read_bytes if self._spool is None
                                  else self._lines_bytes)
                 if caught_up and not self._stopping:
-                    time.sleep(PAUSE_S)
+                    time.sleep(pause)
         yield from self._drain()
 
     def _first_interpreters(self) -> None:
