@@ -143,23 +143,24 @@ def floor_text(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
 
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     template, durations = _text_template(), {}
-    low, high, clock = 0.0, 0.0, ""
+    low, high, clock = 0, 0, ""
     dev = RET_AT + 1  # (the tuple's index of the first out-parameter cell)
     for start in range(0, len(data), chunk * FRAME):
         out: List[str] = []
         add = out.append
         for f in unpack(data[start:start + chunk * FRAME]):
-            t0, t1 = (f[0] + offset) / 1e9, (f[1] + offset) / 1e9
-            if not low <= t1 < high:
-                low = float(int(t1))
-                high, clock = low + 1.0, time.strftime("%H:%M:%S", time.localtime(t1))
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high = second * 1_000_000_000, (second + 1) * 1_000_000_000
+                clock = time.strftime("%H:%M:%S", time.localtime(second))
             took = f[1] - f[0]
             d = durations.get(took)
             if d is None:
                 d = durations[took] = "%.1f" % (took / 1000.0)
-            add(template % (clock if low <= t0 < high else
-                            time.strftime("%H:%M:%S", time.localtime(t0)), t0 * 1e6 % 1e6,
-                            clock, t1 * 1e6 % 1e6, f[dev] & 0xFFFFFFFF, d))
+            add(template % (clock if low <= w0 else time.strftime(
+                "%H:%M:%S", time.localtime(w0 // 1_000_000_000)), w0 % 1_000_000_000 // 1000,
+                            clock, (w1 - low) // 1000, f[dev] & 0xFFFFFFFF, d))
         _emit(out, fd)
 
 
@@ -242,6 +243,15 @@ def parts(data: bytes, offset: int) -> Dict[str, Callable[[], None]]:
             t0, t1 = (f[0] + offset) / 1e9, (f[1] + offset) / 1e9
             (t0 * 1e6 % 1e6, t1 * 1e6 % 1e6)
 
+    def ns_times() -> None:
+        low = high = 0
+        for f in unpack(data):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                low = w1 - w1 % 1_000_000_000
+                high = low + 1_000_000_000
+            ((w0 - low) // 1000, (w1 - low) // 1000)
+
     def reprs() -> None:
         for f in unpack(data):
             "%r%r" % ((f[0] + offset) / 1e9, (f[1] + offset) / 1e9)
@@ -256,7 +266,8 @@ def parts(data: bytes, offset: int) -> Dict[str, Callable[[], None]]:
                     "%d." % second)
             "%s%09d%s%09d" % (text, w0 - low, text, w1 - low)
 
-    return {"part: iter_unpack": unpack_only, "part: + text times": times,
+    return {"part: iter_unpack": unpack_only, "part: + text float times": times,
+            "part: + text ns times": ns_times,
             "part: + JSON %r times": reprs, "part: + JSON ns times": exact}
 
 

@@ -185,3 +185,28 @@ def test_json_times_are_the_wall_clock_ns_exactly(fast):
     assert [line.split(",", 1)[0] for line in lines] == ['{"ts":' + ts for ts in want]
     exact = [offset + t for span in spans for t in span]
     assert [json.loads(line)["ts"] for line in lines] == [ns / 10**9 for ns in exact]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_text_times_are_the_wall_clock_ns_truncated(fast):
+    """Text times are the wall-clock ns truncated to the microsecond, the second exact too
+    (a float of the seconds rounds to ~0.2 µs: .123456999 would show .123457, and a time
+    just before a second's end the next second)."""
+    import time
+
+    offset = 1_796_646_153 * 10**9
+    spans = [(123_456_999, 999_999_990), (999_999_999, 1_000_000_000)]
+    frames = b"".join(pack_frame("cudaGetDevice", enter, exit_ts=exit_, outs=[0])
+                      for enter, exit_ in spans)
+    out = io.StringIO()
+    writer = TextWriter(out)
+    if fast:
+        writer.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    else:
+        writer.write(Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames))
+
+    def shown(second: int, micro: str) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(1_796_646_153 + second)) + micro
+
+    assert [line.split(" ", 1)[0] for line in out.getvalue().splitlines()] == [
+        shown(0, ".123456"), shown(0, ".999999"), shown(0, ".999999"), shown(1, ".000000")]

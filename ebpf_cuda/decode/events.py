@@ -273,7 +273,7 @@ class Decoder:
         except IndexError:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
-        enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
+        enter = Event((ts_enter + offset) / 1_000_000_000, ts_enter, pid, tid, comm_s, row.name, ENTER,
                       args, py_stack_id=py_stack_id, wall_ns=ts_enter + offset)
         if phase == record.PHASE_ENTER:
             return [enter]
@@ -281,7 +281,7 @@ class Decoder:
             raise DecodeError("record with unknown phase %d" % phase)
         ret = fields[_RET_AT] & 0xFFFFFFFF
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
-        done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
+        done = Event((ts_exit + offset) / 1_000_000_000, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id,
                      py_stack_id=py_stack_id, wall_ns=ts_exit + offset)
         # With --entries the enter event already came from its own record.
