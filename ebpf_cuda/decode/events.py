@@ -26,6 +26,7 @@ EXIT = "exit"
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))  # header + payload
 _OUT_FAULTS = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+_NS = 1_000_000_000  # ns a second (an int: see events_of)
 
 
 class PyFrame(NamedTuple):
@@ -273,7 +274,8 @@ class Decoder:
         except IndexError:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
-        enter = Event((ts_enter + offset) / 1_000_000_000, ts_enter, pid, tid, comm_s, row.name, ENTER,
+        # (ts: the int divided, the float nearest the exact time, as JSON's digits read)
+        enter = Event((ts_enter + offset) / _NS, ts_enter, pid, tid, comm_s, row.name, ENTER,
                       args, py_stack_id=py_stack_id, wall_ns=ts_enter + offset)
         if phase == record.PHASE_ENTER:
             return [enter]
@@ -281,7 +283,7 @@ class Decoder:
             raise DecodeError("record with unknown phase %d" % phase)
         ret = fields[_RET_AT] & 0xFFFFFFFF
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
-        done = Event((ts_exit + offset) / 1_000_000_000, ts_exit, pid, tid, comm_s, row.name, EXIT,
+        done = Event((ts_exit + offset) / _NS, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id,
                      py_stack_id=py_stack_id, wall_ns=ts_exit + offset)
         # With --entries the enter event already came from its own record.
