@@ -14,6 +14,8 @@ writes them), formatted by:
   `%` format of both lines, the durations' text kept per value, join, one write;
 - `floor bare`: iter_unpack, one `%` format of a line of the same length and conversions
   with values taken straight from the record (no time arithmetic), join, one write.
+- `json floor float repr`: the floor for the JSON bytes before issue 36's third round,
+  whose times were the floats' shortest repr (now: "S.NNNNNNNNN" from the ns, exact).
 `floor parts` prints what each step of the floor costs alone (the unpack, the two times'
 arithmetic, the format). Each case runs once per round, the order rotated; median (min-max)
 over the rounds of the thread's CPU per call. No root needed.
@@ -121,10 +123,12 @@ def _text_template() -> str:
             + " device=%d (%s us)" + " tid=%d" % TID)
 
 
-def _json_template() -> str:
+def _json_template(ts: str = "%s%09d") -> str:
+    """(ts: the time's conversions; "%r": the float the JSON wrote before issue 36's third
+    round, for the `floor float repr` row)"""
     who = ',"pid":%d,"tid":%d,"comm":"%s"' % (PID, TID, COMM.decode())
-    return ('{"ts":%r' + who + ',"device":0,"api":"' + FUNCTION + '","phase":"enter",'
-            '"args":{}}\n{"ts":%r' + who + ',"api":"' + FUNCTION + '","phase":"exit",'
+    return ('{"ts":' + ts + who + ',"device":0,"api":"' + FUNCTION + '","phase":"enter",'
+            '"args":{}}\n{"ts":' + ts + who + ',"api":"' + FUNCTION + '","phase":"exit",'
             '"args":{},"ret":0,"ret_name":"cudaSuccess","duration_ns":%d,"device":%d}')
 
 
@@ -139,23 +143,24 @@ def floor_text(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
 
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     template, durations = _text_template(), {}
-    low, high, clock = 0.0, 0.0, ""
+    low, high, clock = 0, 0, ""
     dev = RET_AT + 1  # (the tuple's index of the first out-parameter cell)
     for start in range(0, len(data), chunk * FRAME):
         out: List[str] = []
         add = out.append
         for f in unpack(data[start:start + chunk * FRAME]):
-            t0, t1 = (f[0] + offset) / 1e9, (f[1] + offset) / 1e9
-            if not low <= t1 < high:
-                low = float(int(t1))
-                high, clock = low + 1.0, time.strftime("%H:%M:%S", time.localtime(t1))
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high = second * 1_000_000_000, (second + 1) * 1_000_000_000
+                clock = time.strftime("%H:%M:%S", time.localtime(second))
             took = f[1] - f[0]
             d = durations.get(took)
             if d is None:
                 d = durations[took] = "%.1f" % (took / 1000.0)
-            add(template % (clock if low <= t0 < high else
-                            time.strftime("%H:%M:%S", time.localtime(t0)), t0 * 1e6 % 1e6,
-                            clock, t1 * 1e6 % 1e6, f[dev] & 0xFFFFFFFF, d))
+            add(template % (clock if low <= w0 else time.strftime(
+                "%H:%M:%S", time.localtime(w0 // 1_000_000_000)), w0 % 1_000_000_000 // 1000,
+                            clock, (w1 - low) // 1000, f[dev] & 0xFFFFFFFF, d))
         _emit(out, fd)
 
 
@@ -165,6 +170,30 @@ def floor_json(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
 
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     template = _json_template()
+    dev = RET_AT + 1
+    low, high, text = 0, 0, ""
+    for start in range(0, len(data), chunk * FRAME):
+        out: List[str] = []
+        add = out.append
+        for f in unpack(data[start:start + chunk * FRAME]):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high, text = second * 1_000_000_000, (second + 1) * 1_000_000_000, (
+                    "%d." % second)
+            add(template % (text if low <= w0 else "%d." % (w0 // 1_000_000_000),
+                            w0 % 1_000_000_000, text, w1 - low, f[1] - f[0],
+                            f[dev] & 0xFFFFFFFF))
+        _emit(out, fd)
+
+
+def floor_json_repr(data: bytes, offset: int, fd: int, chunk: int = 1024) -> None:
+    """The JSON bytes before the third round (times as float reprs), by the least CPython
+    can do."""
+    import struct
+
+    unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
+    template = _json_template("%r")
     dev = RET_AT + 1
     for start in range(0, len(data), chunk * FRAME):
         out: List[str] = []
@@ -182,7 +211,7 @@ def floor_bare(data: bytes, as_json: bool, fd: int, chunk: int = 1024) -> None:
 
     unpack = struct.Struct("=8x" + _UNPACK).iter_unpack
     if as_json:
-        template = _json_template().replace("%r", "%d") + " " * 6  # (%r: 17-18 digits)
+        template = _json_template("%d.%09d")
     else:
         template = _text_template().replace("%s.%06d", "%08d.%06d").replace("(%s us)",
                                                                              "(%03d us)")
@@ -191,7 +220,7 @@ def floor_bare(data: bytes, as_json: bool, fd: int, chunk: int = 1024) -> None:
         add = out.append
         if as_json:
             for f in unpack(data[start:start + chunk * FRAME]):
-                add(template % (f[0], f[1], f[3], f[9]))
+                add(template % (f[0], f[2], f[1], f[2], f[3], f[9]))
         else:
             for f in unpack(data[start:start + chunk * FRAME]):
                 add(template % (f[0], f[2], f[1], f[3], f[9], f[4]))
@@ -214,12 +243,32 @@ def parts(data: bytes, offset: int) -> Dict[str, Callable[[], None]]:
             t0, t1 = (f[0] + offset) / 1e9, (f[1] + offset) / 1e9
             (t0 * 1e6 % 1e6, t1 * 1e6 % 1e6)
 
+    def ns_times() -> None:
+        low = high = 0
+        for f in unpack(data):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                low = w1 - w1 % 1_000_000_000
+                high = low + 1_000_000_000
+            ((w0 - low) // 1000, (w1 - low) // 1000)
+
     def reprs() -> None:
         for f in unpack(data):
             "%r%r" % ((f[0] + offset) / 1e9, (f[1] + offset) / 1e9)
 
-    return {"part: iter_unpack": unpack_only, "part: + text times": times,
-            "part: + JSON %r times": reprs}
+    def exact() -> None:
+        low, high, text = 0, 0, ""
+        for f in unpack(data):
+            w0, w1 = f[0] + offset, f[1] + offset
+            if not low <= w1 < high:
+                second = w1 // 1_000_000_000
+                low, high, text = second * 1_000_000_000, (second + 1) * 1_000_000_000, (
+                    "%d." % second)
+            "%s%09d%s%09d" % (text, w0 - low, text, w1 - low)
+
+    return {"part: iter_unpack": unpack_only, "part: + text float times": times,
+            "part: + text ns times": ns_times,
+            "part: + JSON %r times": reprs, "part: + JSON ns times": exact}
 
 
 # -- running -------------------------------------------------------------------------------
@@ -240,6 +289,7 @@ def cases(data: bytes, offset: int, base) -> Dict[str, Callable[[], None]]:
         rows[name + " floor same bytes"] = ((lambda: floor_json(data, offset, fd)) if as_json
                                             else (lambda: floor_text(data, offset, fd)))
         rows[name + " floor bare"] = lambda j=as_json: floor_bare(data, j, fd)
+    rows["json floor float repr"] = lambda: floor_json_repr(data, offset, fd)
     rows.update(parts(data, offset))
     return rows
 

@@ -277,7 +277,8 @@ class RingBuffer:
     # -- fixed-size records ------------------------------------------------------------------
 
     def drain_frames(self, record_size: int, max_records: Optional[int] = None) -> bytes:
-        """All committed records of payload size `record_size` as one bytes object of frames.
+        """All committed records of payload size `record_size` as one bytes object of frames
+        (up to where the producers were when it was called).
 
         Each frame is the 8-byte header followed by the payload, so a decoder reads them all
         with `struct.iter_unpack("=8x" + payload_format, frames)`: one copy, no per-record
@@ -299,9 +300,12 @@ class RingBuffer:
         chunks = []  # type: List[bytes]
         taken = 0
         cons = consumer[0]
+        # (what the producers had written at the call: read once, not again each pass, else
+        # a reader chasing a fast producer walks a few records a pass, each pass costing
+        # about as much as a long run: the rest is the next call's)
+        prod = producer[0]
         try:
             while True:
-                prod = producer[0]
                 if cons >= prod:
                     break
                 off = base + (cons & mask)

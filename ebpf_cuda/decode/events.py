@@ -26,6 +26,7 @@ EXIT = "exit"
 
 _FRAME = struct.Struct("=8x" + record.LAYOUT.format.lstrip("<=@!>"))  # header + payload
 _OUT_FAULTS = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+_NS = 1_000_000_000  # ns a second (an int: see events_of)
 
 
 class PyFrame(NamedTuple):
@@ -44,8 +45,9 @@ class PyFrame(NamedTuple):
 @dataclass
 class Event:
     """One CUDA call seen at entry or exit. `ts` is wall-clock seconds, `ts_ns` the kernel's
-    CLOCK_MONOTONIC time; `args` are the entry arguments by name; at exit `ret`/`ret_name`,
-    `duration_ns` and the out-parameters (`outs`) are set."""
+    CLOCK_MONOTONIC time, `wall_ns` the wall-clock time in ns when the decoder made it (JSON
+    lines write `ts` from it, to the nanosecond); `args` are the entry arguments by name; at
+    exit `ret`/`ret_name`, `duration_ns` and the out-parameters (`outs`) are set."""
 
     ts: float
     ts_ns: int
@@ -67,6 +69,7 @@ class Event:
     # stack itself, innermost frame first (pystacks.py sets it; None: no Python frames)
     py_stack_id: int = 0
     py_stack: Optional[Tuple[PyFrame, ...]] = None
+    wall_ns: Optional[int] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""
@@ -198,9 +201,9 @@ class Decoder:
             for fields in _FRAME.iter_unpack(frames):
                 add(self.events_of(fields))
             return events
-        ids = record.frame_column(frames, record.FN_ID, "H")
-        if only.isdisjoint(ids):  # the usual batch: nothing to decode (one pass in C)
+        if only.isdisjoint(record.frame_ids(frames)):  # the usual batch: nothing to decode
             return events
+        ids = record.frame_column(frames, record.FN_ID, "H")
         for i, fn_id in enumerate(ids):
             if fn_id in only:
                 add(self.events_of(_FRAME.unpack_from(frames, i * _FRAME.size)))
@@ -214,9 +217,9 @@ class Decoder:
         """(fn_id, pid, tid, entry time, exit time, func, caller or 0) of every launch record
         in a batch of frames, in order, read in bulk without decoding the records (for naming
         kernels when nothing else is decoded)."""
-        ids = record.frame_column(frames, record.FN_ID, "H")
-        if self._launch_ids.isdisjoint(ids):
+        if self._launch_ids.isdisjoint(record.frame_ids(frames)):
             return []
+        ids = record.frame_column(frames, record.FN_ID, "H")
         tids = record.frame_column(frames, record.PID_TGID, "I")
         pids = record.frame_column(frames, record.PID_TGID + 4, "I")  # the tgid half
         enters = record.frame_column(frames, record.TS_ENTER, "Q")
@@ -271,16 +274,17 @@ class Decoder:
         except IndexError:
             raise DecodeError("record with unknown function id %d" % fn_id) from None
         args, comm_s, offset = row.decode_args(fields), self.comm(comm), self.clock_offset_ns
-        enter = Event((ts_enter + offset) / 1e9, ts_enter, pid, tid, comm_s, row.name, ENTER,
-                      args, py_stack_id=py_stack_id)
+        # (ts: the int divided, the float nearest the exact time, as JSON's digits read)
+        enter = Event((ts_enter + offset) / _NS, ts_enter, pid, tid, comm_s, row.name, ENTER,
+                      args, py_stack_id=py_stack_id, wall_ns=ts_enter + offset)
         if phase == record.PHASE_ENTER:
             return [enter]
         if phase != record.PHASE_CALL:
             raise DecodeError("record with unknown phase %d" % phase)
         ret = fields[_RET_AT] & 0xFFFFFFFF
         outs, faults = row.decode_outs(fields, flags) if ret == 0 else ({}, ())
-        done = Event((ts_exit + offset) / 1e9, ts_exit, pid, tid, comm_s, row.name, EXIT,
+        done = Event((ts_exit + offset) / _NS, ts_exit, pid, tid, comm_s, row.name, EXIT,
                      args, ret, row.ret_name(ret), ts_exit - ts_enter, outs, faults, stack_id,
-                     py_stack_id=py_stack_id)
+                     py_stack_id=py_stack_id, wall_ns=ts_exit + offset)
         # With --entries the enter event already came from its own record.
         return [done] if flags & record.FLAG_ENTRY_SENT else [enter, done]

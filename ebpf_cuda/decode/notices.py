@@ -21,9 +21,9 @@ def notices(frames: bytes, marks: Sequence[int] = (LOADER_MARK, EXEC_MARK)
             ) -> Dict[int, Tuple[int, int]]:
     """pid -> (the time of its first notice in this batch, the marks of its notices OR'ed
     as NOTICE_LOADER | NOTICE_EXEC) for the notices of these `marks`."""
-    ids = record.frame_column(frames, record.FN_ID, "H")
-    if record.HELLO_FN not in ids:
+    if record.HELLO_FN not in record.frame_ids(frames):
         return {}
+    ids = record.frame_column(frames, record.FN_ID, "H")
     cells = record.frame_column(frames, record.ARGS, "Q")
     pids = record.frame_column(frames, record.PID_TGID + 4, "I")
     times = record.frame_column(frames, record.TS_ENTER, "Q")

@@ -1,4 +1,6 @@
-"""JSON Lines: one object per event (keys: see `Event.to_json`)."""
+"""JSON Lines: one object per event (keys: see `Event.to_json`). An event the decoder made
+has its `ts` written from its wall-clock ns, `S.NNNNNNNNN` (exact, and cheaper to write than
+a float's shortest repr: output/lines.py writes it so too)."""
 import json
 from typing import IO, Callable, Iterable, List, Optional
 
@@ -17,7 +19,14 @@ class JsonWriter(LineWriter):
 
     def lines(self, events: Iterable[Event]) -> List[str]:
         """The JSON lines of some events (no newlines)."""
-        return [self._encode(self._object(ev)) for ev in events]
+        return [self._line(ev) for ev in events]
+
+    def _line(self, event: Event) -> str:
+        obj = self._object(event)
+        if event.wall_ns is None:
+            return self._encode(obj)
+        obj["ts"] = 0  # ("ts" is the first key: its text replaced by the exact time's)
+        return '{"ts":%d.%09d' % divmod(event.wall_ns, 1_000_000_000) + self._encode(obj)[7:]
 
     def _frame_lines(self, decoder: Decoder):
         from .lines import JsonLines

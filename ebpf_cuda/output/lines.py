@@ -61,13 +61,14 @@ def _compilable(fields: List[Field]) -> Optional[List[Field]]:
     return fields if ok else None
 
 
-# Every compiled line function takes the same arguments: the unpacked record `f`; the clock
-# text and microseconds of the entry (c0, u0) and exit (c1, u1) times (JSON: u0/u1 are the
-# timestamps); the thread's columns `h` and suffix `t`; the return's name `e`; and `fn`, the
-# launch's kernel name (text: or its address in hex; JSON: the "kernel" member or ""); the
-# duration's text `d` (text only: "%.1f" of the microseconds, kept per value, as float
-# formatting is the costliest part of a line); `g`, the thread's columns without its device
-# (JSON: the exit line of a call whose `device` out-parameter is that key, cudaGetDevice).
+# Every compiled line function takes the same arguments: the unpacked record `f`; the
+# second's text and the ns into it of the entry (c0, u0) and exit (c1, u1) wall-clock times
+# (text: HH:MM:SS; JSON: "S."); the thread's columns `h` and suffix `t`; the
+# return's name `e`; and `fn`, the launch's kernel name (text: or its address in hex; JSON:
+# the "kernel" member or ""); the duration's text `d` (text only: "%.1f" of the microseconds,
+# kept per value, as float formatting is the costliest part of a line); `g`, the thread's
+# columns without its device (JSON: the exit line of a call whose `device` out-parameter is
+# that key, cudaGetDevice).
 _PARAMS = "f, c0, u0, c1, u1, h, t, e, fn, d='', g=''"
 
 
@@ -131,15 +132,18 @@ def _telling(row: _Row, api: Api) -> _Row:
 _UNCOMPILED = object()
 
 
-def _clock(ts: float) -> str:
-    """HH:MM:SS of a wall-clock time."""
-    return time.strftime("%H:%M:%S", time.localtime(ts))
+_NS = 1_000_000_000
 
 
-def _second(ts: float) -> Tuple[float, float, str]:
-    """The second of a time as floats [low, high) and its HH:MM:SS."""
-    low = float(int(ts))
-    return low, low + 1.0, _clock(ts)
+def _clock(second: int) -> str:
+    """HH:MM:SS of a wall-clock second."""
+    return time.strftime("%H:%M:%S", time.localtime(second))
+
+
+def _second(wall_ns: int) -> Tuple[int, int, str]:
+    """The second of a wall-clock time in ns as [low, high) in ns, and its HH:MM:SS."""
+    second = wall_ns // _NS
+    return second * _NS, (second + 1) * _NS, _clock(second)
 
 
 class _FrameLines:
@@ -226,9 +230,9 @@ class _FrameLines:
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
         add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
-        # The second the clock text shows, as floats [low, high): a time t in it has
-        # int(t) == low (t >= 0), compared without the call of int() a record
-        low, high, clock = 0.0, 0.0, ""
+        # The second the clock text shows, [low, high) in wall-clock ns, kept while it lasts:
+        # the times are ints (exact, and no float arithmetic a record)
+        low, high, clock = 0, 0, ""
         self._devices_now()
         for f in _FRAME.iter_unpack(frames):
             row = rows[f[4]]
@@ -245,15 +249,15 @@ class _FrameLines:
             if who is None or who[3] != f[8]:
                 who = self._thread(f)
             fn = "" if row.func_at is None else self.launch_text(row, f)
-            t0 = (f[0] + offset) / 1e9
+            w0 = f[0] + offset
             if phase == enter:
-                if not low <= t0 < high:
-                    low, high, clock = _second(t0)
-                add(row.enter(f, clock, t0, "", 0, who[0], who[1], "", fn))
+                if not low <= w0 < high:
+                    low, high, clock = _second(w0)
+                add(row.enter(f, clock, w0 - low, "", 0, who[0], who[1], "", fn))
                 continue
-            t1 = (f[1] + offset) / 1e9
-            if not low <= t1 < high:
-                low, high, clock = _second(t1)
+            w1 = f[1] + offset
+            if not low <= w1 < high:
+                low, high, clock = _second(w1)
             ret = f[ret_at] & m32
             if ret:
                 line = row.exit_err if flags & entry_sent else row.both_err
@@ -261,8 +265,12 @@ class _FrameLines:
             else:
                 line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
             took = f[1] - f[0]
-            add(line(f, clock if low <= t0 < high else _clock(t0), t0, clock, t1, who[0],
-                     who[1], e, fn, durations.get(took) or self._duration(took), who[2]))
+            d = durations.get(took) or self._duration(took)
+            if low <= w0 < high:
+                add(line(f, clock, w0 - low, clock, w1 - low, who[0], who[1], e, fn, d, who[2]))
+            else:
+                add(line(f, _clock(w0 // _NS), w0 % _NS, clock, w1 - low, who[0], who[1], e,
+                         fn, d, who[2]))
             at = row.told_at
             if at is not None and not ret and f[at] != who[4]:
                 self._told(row, f, who)
@@ -307,13 +315,6 @@ class _FrameLines:
         return row.ret_name(ret)
 
 
-def _usec(which: str) -> str:
-    """Microseconds of the second, from the float time, for a %06d: output/text.py's
-    int(t * 1e6) % 1000000, without the call of int() (the float remainder is exact, and
-    %d truncates it as int() truncates the product: t >= 0)."""
-    return "%s * 1e6 %% 1e6" % which
-
-
 class TextLines(_FrameLines):
     """The seed tool's text lines (see output/text.py), from frames."""
 
@@ -326,7 +327,7 @@ class TextLines(_FrameLines):
     def _clock_piece(self, which: int) -> Tuple[str, Sequence[str]]:
         if not self.timestamps:
             return "", ()
-        return "%s.%06d ", ("c%d" % which, _usec("u%d" % which))
+        return "%s.%06d ", ("c%d" % which, "u%d // 1000" % which)  # (u: ns into the second)
 
     def _compile_row(self, api: Api, shown, outs) -> _Row:
         func_at = _func_at(api)
@@ -369,6 +370,12 @@ def _json_encoder() -> Callable[[str], str]:
     return json.JSONEncoder().encode
 
 
+def _second_ns(wall_ns: int) -> Tuple[int, int, str]:
+    """The second of a wall-clock time in ns, [low, high), and its text "S." in JSON."""
+    second = wall_ns // _NS
+    return second * _NS, (second + 1) * _NS, "%d." % second
+
+
 class JsonLines(_FrameLines):
     """JSON Lines objects (see output/jsonl.py and Event.to_json), from frames."""
 
@@ -388,7 +395,8 @@ class JsonLines(_FrameLines):
         told = self.devices is not None and self.devices.only_tells(api)
 
         def head(which: int, columns: str = "h") -> List[Tuple[str, Sequence[str]]]:
-            return [('{"ts":%r', ("u%d" % which,)), ("%s", (columns,)),
+            # (the time exact to the ns: the second's "S." and the ns into it, see lines())
+            return [('{"ts":%s%09d', ("c%d" % which, "u%d" % which)), ("%s", (columns,)),
                     _literal(',"api":"%s","phase":"%s",' % (api.name, ("enter", "exit")[which])),
                     ('"args":{' + args + "}", arg_values)]
 
@@ -406,6 +414,58 @@ class JsonLines(_FrameLines):
         return _Row(api, _func_at(api), head(0) + [tail],
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])
+
+    def lines(self, frames: bytes) -> List[str]:
+        """The lines of a batch, as _FrameLines.lines, with the times as the JSON writes them:
+        c0/c1 the second's text "S." and u0/u1 the ns into it, from the wall-clock ns (ints:
+        no float to repr, the costliest part of a line), the second kept while it lasts."""
+        out: List[str] = []
+        rows, compiled, threads = self._rows_now(), self.row, self._threads
+        offset, ns = self.decoder.clock_offset_ns, _NS
+        odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
+        call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
+        add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
+        low, high, second = 0, 0, ""  # the kept second: [low, high) in ns, and its "S."
+        self._devices_now()
+        for f in _FRAME.iter_unpack(frames):
+            row = rows[f[4]]
+            if row is _UNCOMPILED:
+                row = compiled(f[4])
+            flags, phase = f[6], f[5]
+            if row is None or flags & odd_flags or phase > call or f[py_at]:
+                out += self.slow(self.decoder.events_of(f))
+                rows = self._rows_now()  # (as _FrameLines.lines)
+                self._devices_now()
+                continue
+            who = threads.get(f[2])
+            if who is None or who[3] != f[8]:
+                who = self._thread(f)
+            fn = "" if row.func_at is None else self.launch_text(row, f)
+            w0 = f[0] + offset
+            if phase == enter:
+                if not low <= w0 < high:
+                    low, high, second = _second_ns(w0)
+                add(row.enter(f, second, w0 - low, "", 0, who[0], who[1], "", fn))
+                continue
+            w1 = f[1] + offset
+            if not low <= w1 < high:
+                low, high, second = _second_ns(w1)
+            ret = f[ret_at] & m32
+            if ret:
+                line = row.exit_err if flags & entry_sent else row.both_err
+                e = self.ret_text(row, ret)
+            else:
+                line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
+            if low <= w0 < high:
+                add(line(f, second, w0 - low, second, w1 - low, who[0], who[1], e, fn, "",
+                         who[2]))
+            else:
+                add(line(f, "%d." % (w0 // ns), w0 % ns, second, w1 - low, who[0], who[1], e,
+                         fn, "", who[2]))
+            at = row.told_at
+            if at is not None and not ret and f[at] != who[4]:
+                self._told(row, f, who)
+        return out
 
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.of(pid) if self.containers is not None else None

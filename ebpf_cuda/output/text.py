@@ -67,9 +67,18 @@ def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[st
         text += line_suffix(event.py_stack)
     line = "%-16s %-7d %-20s %8s %s" % (event.comm, event.pid, event.api, tag, text)
     if timestamps:
-        clock = time.strftime("%H:%M:%S", time.localtime(event.ts))
-        line = "%s.%06d %s" % (clock, int(event.ts * 1e6) % 1000000, line)
+        line = "%s %s" % (_time_text(event), line)
     return line
+
+
+def _time_text(event: Event) -> str:
+    """HH:MM:SS.ffffff: from the wall-clock ns when the decoder gave them (exact: the
+    microseconds truncated as the ns say), else from the float seconds."""
+    if event.wall_ns is not None:
+        second, ns = divmod(event.wall_ns, 1_000_000_000)
+        return "%s.%06d" % (time.strftime("%H:%M:%S", time.localtime(second)), ns // 1000)
+    return "%s.%06d" % (time.strftime("%H:%M:%S", time.localtime(event.ts)),
+                        int(event.ts * 1e6) % 1000000)
 
 
 class TextWriter(LineWriter):

@@ -102,26 +102,51 @@ FRAME_SIZE = FRAME_HEADER + SIZE
 _WIDTHS = {"H": 2, "I": 4, "Q": 8}
 
 
+def _strided(frames: bytes, offset: int, fmt: str) -> memoryview:
+    width = _WIDTHS[fmt]
+    return memoryview(frames).cast(fmt)[(FRAME_HEADER + offset) // width::FRAME_SIZE // width]
+
+
 def frame_column(frames: bytes, offset: int, fmt: str) -> List[int]:
     """One field (at record `offset`, of type "H", "I" or "Q") of every frame in a batch,
     read in bulk without unpacking the records."""
-    width = _WIDTHS[fmt]
-    return memoryview(frames).cast(fmt)[(FRAME_HEADER + offset) // width::FRAME_SIZE // width]\
-        .tolist()
+    return _strided(frames, offset, fmt).tolist()
+
+
+def _same(column: memoryview) -> bool:
+    """Whether every value of a column is its first (compared as bytes, in C: no int
+    object a record, as tolist makes; a batch is mostly one process, often one call)."""
+    packed = column.tobytes()
+    return packed[:column.itemsize] * len(column) == packed
 
 
 def frame_pids(frames: bytes) -> Set[int]:
     """The processes (tgids) of a batch of frames."""
-    return set(frame_column(frames, PID_TGID + 4, "I"))
+    pids = _strided(frames, PID_TGID + 4, "I")
+    if pids and _same(pids):
+        return {pids[0]}
+    return set(pids.tolist())
+
+
+def frame_ids(frames: bytes) -> Set[int]:
+    """The function ids of a batch of frames (which rows it holds)."""
+    ids = _strided(frames, FN_ID, "H")
+    if ids and _same(ids):
+        return {ids[0]}
+    return set(ids.tolist())
 
 
 def call_count(frames: bytes) -> int:
     """Calls in a batch of frames: its records but hellos and the enter records of --entries
     (FLAG_RETURN_FOLLOWS: their calls are counted by their complete records), the unit every
     loss is counted in (decode/losses.py)."""
-    ids = frame_column(frames, FN_ID, "H")
+    ids = _strided(frames, FN_ID, "H")
+    if ids and _same(ids):
+        hellos = len(ids) if ids[0] == HELLO_FN else 0
+    else:
+        hellos = ids.tolist().count(HELLO_FN)
     flags = bytes(memoryview(frames)[FRAME_HEADER + FLAGS::FRAME_SIZE])
-    return len(ids) - ids.count(HELLO_FN) - flags.translate(_FOLLOWS).count(1)
+    return len(ids) - hellos - flags.translate(_FOLLOWS).count(1)
 
 
 _FOLLOWS = bytes(1 if value & FLAG_RETURN_FOLLOWS else 0 for value in range(256))
