@@ -15,6 +15,9 @@ say "kernel names lost" (every PyTorch run said "20014 kernel names lost"). Case
 - `torch`: a PyTorch matmul loop (50 steps) traced from its start;
 - `jax`: the same in JAX, traced from its start;
 - `attach`: `-d PID` to a running PyTorch loop, ended 8 s after the probes are on.
+- `attach-profile` (a diagnostic, not judged): `attach` with `--gpu-samples 0` under
+  heap_profile.py (tracemalloc): where the Python heap stood at its peak, and the largest
+  mappings, in DIR/heap-attach.txt. Needs the zipapp ($TRACER).
 
 A framework that is not installed gives SKIP. Ground truth: the kernel's VmHWM; the bound
 from the issue.
@@ -125,12 +128,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             _judge(v, case, _run(own + command, log), names=True,
                    with_gpu=_run(tracer + command, log + "-gpu"))
             continue
+        if case == "attach-profile":
+            _profiled(v, own, args.out)
+            continue
         runs = [_attached(argv, log + suffix) for argv, suffix in ((own, ""), (tracer, "-gpu"))]
         if None in runs:
             v.add(case, False, "the PyTorch loop did not start")
             continue
         _judge(v, case, runs[0], names=False, with_gpu=runs[1])
     return v.status()
+
+
+def _profiled(v: gpucheck.Verdicts, own: List[str], out: str) -> None:
+    """The attach case under heap_profile.py: its report in OUT/heap-attach.txt (INFO)."""
+    python, program = own[0], own[1] if len(own) > 1 else ""
+    if not program.endswith(".pyz"):
+        v.skip("attach-profile", "needs the zipapp ($TRACER): %s" % " ".join(own[:2]))
+        return
+    report = os.path.join(out, "heap-attach.txt")
+    here = os.path.dirname(os.path.abspath(__file__))
+    argv = [python, os.path.join(here, "heap_profile.py"), "--report", report, "--"] + own[1:]
+    run = _attached(argv, os.path.join(out, "memory-attach-profile"))
+    if run is None:
+        v.add("attach-profile", False, "the PyTorch loop did not start")
+        return
+    with open(report) as f:
+        head = f.readline().strip()
+    v.info("attach-profile", "tracer exited %s; VmHWM %d KiB; %s (the rest: %s)"
+           % (run["rc"], run["peak"].get("VmHWM", 0), head, report))  # type: ignore
 
 
 def _attached(tracer: List[str], log: str) -> Optional[Dict[str, object]]:
