@@ -32,11 +32,11 @@ def _rss() -> str:
         return "?"
 
 
-def _mappings(count: int = 10) -> list:
-    """The `count` mappings of this process with the most resident KiB (smaps)."""
+def mappings(pid: object = "self", count: int = 10) -> list:
+    """The `count` mappings of a process with the most resident KiB (smaps)."""
     rows, row = [], None
     try:
-        with open("/proc/self/smaps") as f:
+        with open("/proc/%s/smaps" % pid) as f:
             for line in f:
                 if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
                     row = [line.split(None, 5)[-1].strip() if len(line.split()) > 5 else "[anon]",
@@ -47,7 +47,7 @@ def _mappings(count: int = 10) -> list:
     except OSError:
         return []
     rows.sort(key=lambda r: -r[1])
-    return ["  mapping: Rss %6d KiB, anonymous %6d KiB  %s" % (r[1], r[2], r[0])
+    return ["mapping: Rss %6d KiB, anonymous %6d KiB  %s" % (r[1], r[2], r[0])
             for r in rows[:count]]
 
 
@@ -56,7 +56,7 @@ def _write(path: str, current: int, peak: int) -> None:
         [tracemalloc.Filter(False, tracemalloc.__file__)])
     stats = snapshot.statistics("traceback")
     lines = ["traced now %.1f MiB (peak %.1f MiB); %s" % (current / 2**20, peak / 2**20, _rss())]
-    lines += _mappings()
+    lines += ["  " + line for line in mappings()]
     for stat in stats[:TOP]:  # (frames as file:line: no source read, no linecache growth)
         lines.append("%8.1f KiB %8d blocks  %s" % (
             stat.size / 1024, stat.count,

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpucheck  # noqa: E402
+import heap_profile  # noqa: E402
 
 BOUND_KIB = 64 * 1024
 STEPS = {
@@ -66,7 +67,10 @@ def _run(argv: List[str], log: str, target: Optional[subprocess.Popen] = None,
         end: Optional[float] = None
         deadline = time.monotonic() + 600
         while tracer.poll() is None:
-            for key, value in _status(tracer.pid).items():
+            status = _status(tracer.pid)
+            if status.get("VmHWM", 0) > peak.get("VmHWM", 0) + 2048:  # (where it went)
+                peak["mappings"] = heap_profile.mappings(tracer.pid, 6)  # type: ignore
+            for key, value in status.items():
                 peak[key] = max(peak.get(key, 0), value)
             if target is not None and end is None:
                 with open(log + ".err") as f:
@@ -95,6 +99,8 @@ def _judge(v: gpucheck.Verdicts, case: str, run: Dict[str, object], names: bool,
           "%d, RssFile %d: %s"
           % (run["rc"], hwm, BOUND_KIB, peak.get("RssAnon", 0),  # type: ignore[union-attr]
              peak.get("RssFile", 0), gpucheck.tail(stderr, 3)))  # type: ignore[union-attr]
+    v.info(case + " mappings", "the largest at the tracer's last VmHWM rise: %s"
+           % "; ".join(peak.get("mappings", [])))  # type: ignore[union-attr]
     if with_gpu is not None:
         gpu = with_gpu["peak"]
         v.info(case + " rss with the GPU's state",
