@@ -25,6 +25,7 @@ from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_
 from .bpf.workers import Workers, close_all, forked_closer
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
+from .probes.cache import ProgramCache
 from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
 from .probes.follow import GROUP_DEAD, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
 from .spec import apis, layout, record
@@ -97,6 +98,7 @@ class Session:
         self._tracepoints: Optional[tracepoints.ReadAhead] = None  # theirs, read meanwhile
         self._started = False
         self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
+        self._cache = ProgramCache()  # the programs assembled by earlier starts
         # Libraries mapped after the start (late_loads.py); the lock keeps the reader's
         # late attaches and close() apart.
         self.late: Optional[late_loads.LateLoads] = None
@@ -212,6 +214,7 @@ class Session:
                             entries.append(group)
                 for group in entries:
                     self._attach(*group, pid=self.options.pid, at=through[group[1]])
+        self._cache.save()  # (what this start had to make: the next one reads it)
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
@@ -244,9 +247,8 @@ class Session:
         for spec in plan.programs_for(rows, self.options, self.kernel_features()):
             program = self._loaded.get(spec.key)
             if program is None:
-                program = self._loaded[spec.key] = Program(
-                    spec.instructions(arch), self.maps, name=spec.name(len(self._loaded)),
-                    expected_attach_type=spec.attach_type)
+                program = self._loaded[spec.key] = self._cache.program(
+                    spec, arch, self.maps, spec.name(len(self._loaded)))
                 yield program
             for name in spec.functions:
                 self.programs[(name, spec.retprobe)] = program
