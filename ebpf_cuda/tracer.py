@@ -50,10 +50,11 @@ class Tracer:
 
     # -- set-up ----------------------------------------------------------------------------
 
-    def start(self) -> "Tracer":
+    def start(self, meanwhile: Optional[Callable[[], None]] = None) -> "Tracer":
         """Find files, load and attach every probe; a command is started but held until
-        `run()` (or the first read), so that its first call is seen."""
-        self.session.start()
+        `run()` (or the first read), so that its first call is seen. `meanwhile`: work of
+        the caller's done while the kernel verifies the programs (once, at the first start)."""
+        self.session.start(meanwhile)
         if self.config.gpu_samples > 0 and not self._gpu_asked:
             self._gpu_asked = True
             self._start_gpu()
