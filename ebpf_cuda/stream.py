@@ -93,6 +93,7 @@ class Stream:
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
         self._spool = None  # the spool the lines were written through, if they were
         self._spool_given = None  # the spool the last deliver was handed
+        self._prepared: Optional[Tuple[LineWriter, Decoder]] = None  # (prepare_lines)
         self._lost_noted = 0.0
         # While GPU state is sampled (Tracer sets them): the sampler, the launches kept for
         # its events, and how many of its events have their launches
@@ -230,6 +231,18 @@ class Stream:
         return pid is not None and not alive(pid)
 
     # -- delivering ------------------------------------------------------------------------
+
+    def prepare_lines(self, sinks: Sequence, save=None, spool=None) -> None:
+        """What `deliver` with these same outputs does before the command runs, done now
+        (the text or JSON writer's frame templates: ~3 ms): the CLI does it while the
+        kernel verifies the programs (Tracer.start's `meanwhile`)."""
+        lines = lines_only(list(sinks))
+        if lines is None or save is not None:
+            return
+        decoder = (Decoder(self.decoder.table, self.decoder.clock_offset_ns)
+                   if spool is not None else self.decoder)  # (behind a spool: its own)
+        lines.prepare(decoder)
+        self._prepared = (lines, decoder)
 
     def deliver(self, sinks: Sequence, save=None, spool=None, notice: Optional[Notice] = None,
                 reader_nice: Optional[int] = None) -> None:
@@ -413,7 +426,9 @@ class Stream:
         reader when it must (see spool.py). When the lines cannot be written, the reader
         stops spooling and counts the records instead."""
         self._spool = spool
-        behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
+        behind = (self._prepared[1] if self._prepared is not None and
+                  self._prepared[0] is writer and self._prepared[1] is not self.decoder
+                  else Decoder(self.decoder.table, self.decoder.clock_offset_ns))
         # (its namer: the names found, see `_bind`; before the command runs: no write error,
         # if it fails)
         writer.prepare(behind)
