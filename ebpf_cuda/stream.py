@@ -26,8 +26,6 @@ from .decode.losses import Losses
 from .decode.names import KernelNamer
 from .decode.nccl import Communicators
 from .decode.reaper import Reaper
-from .gpu.feed import GpuFeed
-from .gpu.launches import LastLaunches
 from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
 from .output.plan import format_size
@@ -36,8 +34,10 @@ from .spec import layout, record
 from .targets.command import alive
 from .targets.containers import Containers
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the GPU's: imported when it is sampled)
     from .decode.pystacks import PyStacks
+    from .gpu.feed import GpuFeed
+    from .gpu.launches import LastLaunches
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
@@ -98,7 +98,7 @@ class Stream:
         # While GPU state is sampled (Tracer sets them): the sampler, the launches kept for
         # its events, and how many of its events have their launches
         self.gpu = None
-        self.last_launches: Optional[LastLaunches] = None
+        self.last_launches: Optional["LastLaunches"] = None
         self._gpu_filled = 0
 
     def stop(self) -> None:
@@ -305,12 +305,14 @@ class Stream:
             if isinstance(sink, LineWriter):
                 sink.bind(context._replace(gpu=self._gpu_feed(alone)))
 
-    def _gpu_feed(self, alone: bool) -> Optional[GpuFeed]:
+    def _gpu_feed(self, alone: bool) -> Optional["GpuFeed"]:
         """The GPU's records for one text or JSON writer, among the calls (an event once
         it has the launches before it); `alone`: the only output, the samples it wrote
         are not kept."""
         if self.gpu is None:
             return None
+        from .gpu.feed import GpuFeed
+
         sampler = self.gpu
         return GpuFeed(sampler.samples, sampler.events, lambda: self._gpu_filled,
                        lambda: sampler.round_since, drop=alone)

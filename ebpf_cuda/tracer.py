@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequ
 
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
-from .gpu.launches import LastLaunches
 from .session import Attachment, Session
 from .spec import apis, layout
 from .spec.config import TraceConfig
@@ -68,6 +67,7 @@ class Tracer:
 
         if self.config.gpu_absent_ok and self.config.nvml is None and not nvml_findable():
             return
+        from .gpu.launches import LastLaunches
         from .gpu.sampler import Sampler
 
         sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,
