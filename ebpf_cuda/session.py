@@ -27,7 +27,7 @@ from .errors import AttachError, KernelError, TracerError, UnsupportedKernelErro
 from .probes import calls, plan, pystack
 from .probes.cache import ProgramCache
 from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
-from .probes.follow import EXIT_RULES, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
+from .probes.follow import GROUP_DEAD, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
 from .spec import apis, layout, record
 from .spec.apis import Api
 from .spec.config import TraceConfig
@@ -162,19 +162,26 @@ class Session:
     # -- programs and links ----------------------------------------------------------------
 
     def _load_programs(self, attach: bool, meanwhile: Optional[Callable[[], None]]) -> None:
-        """Load the programs (from probes/cache.py, or generated one after the other) in
-        worker threads, where the verifier runs without the GIL, while this thread runs
-        `meanwhile`; one more thread starts the follower and the exec watcher (their
-        tracepoints' attach may wait for the kernel: 1-60 ms on a busy VM). With `attach`,
-        each program's probes are attached once it is loaded (the first uprobe's RCU grace
-        period overlaps the verifier too). A worker back from the kernel waits for the GIL
-        while this thread runs Python: at most the switch interval, short meanwhile."""
-        workers, at, failures = min(os.cpu_count() or 2, 16), len(self.failures), []
+        """Start the follower and the exec watcher, then load the programs (from
+        probes/cache.py, or generated one after the other) in worker threads: the verifier
+        runs there without the GIL, while this thread runs `meanwhile`. With `attach`, each
+        program's probes are attached once it is loaded (the kernel's first uprobe
+        registration waits for an RCU grace period: it overlaps the verifier too). A worker
+        back from the kernel waits for the GIL while this thread runs Python: at most the
+        switch interval, short while they share it."""
+        if self._tracepoints is not None:
+            self._tracepoints.wait()
+        # (before the programs: a tracepoint's attach waited 10-200 ms behind verifiers busy
+        # on both CPUs of a loaded 2-core VM; in a thread of its own beside them a start
+        # took ~10 ms longer on a quiet one)
+        if layout.FOLLOWED in self.maps:
+            self._follower = self._start_follower()
+        self._execs = self._start_exec_watcher()
+        workers = min(os.cpu_count() or 2, 16)
         switch = sys.getswitchinterval()
         sys.setswitchinterval(LOADING_SWITCH_S)
         try:
-            with Workers(workers + 1) as pool:
-                watchers = pool.submit(self._start_watchers, failures)
+            with Workers(workers) as pool:
                 loads = []
                 for program in self._generate_programs():
                     made = bool(program.instructions)  # (not read from the cache)
@@ -182,26 +189,12 @@ class Session:
                     loads.append((program, pool.submit(Program.load, program)))
                     if made and len(loads) > 2 * workers:  # (made no faster than verified)
                         loads[-2 * workers - 1][1].done.wait()
-                watchers.result()
-                self.failures[at:at] = failures  # (told in the order they were met)
-                if self._follower is not None:
-                    self.log("following the command's processes: a process is forgotten "
-                             + EXIT_RULES[self._follower.exit_rule])
                 if meanwhile is not None:
                     meanwhile()
                 self._attach_loaded(loads, attach)
         finally:
             sys.setswitchinterval(switch)
         self._cache.save()  # (what this start had to make: the next one reads it)
-
-    def _start_watchers(self, failures: List[str]) -> None:
-        """The follower (with a command) and the exec watcher; what could not start is
-        said in `failures`."""
-        if self._tracepoints is not None:
-            self._tracepoints.wait()
-        if layout.FOLLOWED in self.maps:
-            self._follower = self._start_follower(failures)
-        self._execs = self._start_exec_watcher(failures)
 
     def _attach_loaded(self, loads: List[Tuple[Program, Job]], attach: bool) -> None:
         """Wait for each load; attach each program's links (`attach`), return probes first."""
@@ -226,6 +219,12 @@ class Session:
         if self._verbose:  # (the report probes the kernel: ~100 ms for a line)
             self.log(features.report())
         self.log("attach path: %s" % PATHS[path])
+        if self._follower is not None:
+            self.log("following the command's processes: a process is forgotten %s" % (
+                "when its last thread exits (sched_process_exit's group_dead)"
+                if self._follower.exit_rule == GROUP_DEAD else
+                "when its leader thread exits (this kernel's sched_process_exit has no "
+                "group_dead)"))
         if self.options.return_probes:
             hazard = features.return_probe_hazard(self.options.pid, bool(self.options.command))
             if hazard is not None and (self.options.pid is not None or self.options.command):
@@ -432,7 +431,7 @@ class Session:
             return [int(pid) for pid in followed.keys()]
         return [self.options.pid if self.options.pid is not None else self.command.pid]
 
-    def _start_follower(self, failures: List[str]) -> Optional[ProcessFollower]:
+    def _start_follower(self) -> Optional[ProcessFollower]:
         """Follow the command's processes in the kernel; None (then only the command's own
         process is traced, and a warning says so) when the kernel's fork and exit
         tracepoints cannot be used."""
@@ -440,16 +439,16 @@ class Session:
             return ProcessFollower(self.maps[layout.FOLLOWED], self.maps.get(layout.FORKED),
                                    self.pid_ns)
         except TracerError as err:
-            failures.append("the processes the command starts are not traced: %s" % err)
+            self.failures.append("the processes the command starts are not traced: %s" % err)
             return None
 
-    def _start_exec_watcher(self, failures: List[str]) -> Optional[ExecWatcher]:
+    def _start_exec_watcher(self) -> Optional[ExecWatcher]:
         """Keep the time of each exec (execs.py): launches are named from the program that
         made them. None when the exec tracepoint cannot be used."""
         try:
             return ExecWatcher(self.pid_ns, self.maps)
         except TracerError as err:
-            failures.append("execs are not seen (kernel names may be those of the "
+            self.failures.append("execs are not seen (kernel names may be those of the "
                                  "program a process ran before an exec): %s" % err)
             return None
 

@@ -164,10 +164,6 @@ def on_exit_in_namespace(group_dead_offset: Optional[int], pid_ns: Tuple[int, in
 
 
 GROUP_DEAD, LEADER_EXIT = "group_dead", "leader_exit"
-EXIT_RULES = {  # what -v says of each
-    GROUP_DEAD: "when its last thread exits (sched_process_exit's group_dead)",
-    LEADER_EXIT: "when its leader thread exits (this kernel's sched_process_exit has no "
-                 "group_dead)"}
 
 
 def followed_map(name: str = FOLLOWED_MAP) -> HashMap:
