@@ -7,9 +7,9 @@
 It owns every file descriptor it opens and closes them all in `close()`, also when `start()`
 fails half-way. Reading the ring and naming kernels is stream.py's job.
 """
-import contextlib
 import errno as errnos
 import os
+import sys
 import threading
 from typing import (TYPE_CHECKING, Callable, Dict, Hashable, Iterable, Iterator, List,
                     NamedTuple, Optional, Sequence, Set, Tuple)
@@ -20,11 +20,12 @@ from .bpf import features, kernel_btf, maps, tracepoints
 from .bpf.maps import create_map
 from .bpf.programs import EXPECTED_UPROBE_MULTI, Program
 from .bpf.ringbuf import RingBuffer
-from .bpf.uprobe import (PATHS, PINNED, UPROBE_MULTI, Link, attach_path, attach_uprobe,
-                         attach_uprobe_multi)
-from .bpf.workers import Workers, close_all, forked_closer
+from .bpf.uprobe import (PATHS, UPROBE_MULTI, Link, attach_path, attach_uprobe,
+                         attach_uprobe_multi, pinned)
+from .bpf.workers import Job, Workers, close_all, forked_closer
 from .errors import AttachError, KernelError, TracerError, UnsupportedKernelError, UsageError
 from .probes import calls, plan, pystack
+from .probes.cache import ProgramCache
 from .probes.execs import TRACEPOINT as EXEC_TRACEPOINT, ExecWatcher
 from .probes.follow import GROUP_DEAD, TRACEPOINTS as FOLLOW_TRACEPOINTS, ProcessFollower
 from .spec import apis, layout, record
@@ -41,28 +42,7 @@ if TYPE_CHECKING:  # (imported when used: --summary and the monitor, not the def
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
 _NOT_THE_LINK = (errnos.ESRCH, errnos.ENOENT, errnos.EBADF, errnos.EACCES)
 Log = Callable[[str], None]
-
-
-@contextlib.contextmanager
-def pinned(paths: Sequence[str]) -> Iterator[Dict[str, str]]:
-    """Each file of `paths` held open (O_PATH) while its links are made: path -> a path
-    through that descriptor. A file's links are made one after the other; made by its path,
-    a file replaced there meanwhile (a reinstall) would get the rest of them."""
-    fds: Dict[str, int] = {}
-    through: Dict[str, str] = {}
-    try:
-        for path in paths:
-            if path in through:
-                continue
-            try:
-                fds[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                through[path] = PINNED + str(fds[path])
-            except OSError:
-                through[path] = path  # (its links fail as they would have, and say why)
-        yield through
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+LOADING_SWITCH_S = 0.0002  # the GIL's switch interval while programs load (default 5 ms)
 
 
 class Attachment(NamedTuple):
@@ -97,6 +77,7 @@ class Session:
         self._tracepoints: Optional[tracepoints.ReadAhead] = None  # theirs, read meanwhile
         self._started = False
         self._loaded: Dict[Hashable, Program] = {}  # programs by shape (or function) key
+        self._cache = ProgramCache()  # the programs assembled by earlier starts
         # Libraries mapped after the start (late_loads.py); the lock keeps the reader's
         # late attaches and close() apart.
         self.late: Optional[late_loads.LateLoads] = None
@@ -117,9 +98,10 @@ class Session:
                                              "btf/vmlinux) to find task_struct.%s; this kernel "
                                              "has none" % ".".join(current_arch().thread_pointer))
 
-    def start(self) -> "Session":
+    def start(self, meanwhile: Optional[Callable[[], None]] = None) -> "Session":
         """Find the files, create the maps, load and attach every program; a command is
-        forked but held until `command.release()`, so that its first call is seen."""
+        forked but held until `command.release()`, so that its first call is seen.
+        `meanwhile` runs in this thread while the kernel verifies the programs."""
         if self._started:
             return self
         self._started = True
@@ -143,7 +125,7 @@ class Session:
             # Probes go on as their programs load, unless they must be filtered on the pid
             # of a command not forked yet (--no-follow).
             early = not (o.command and not o.follow_children)
-            self._load_programs(attach=early)
+            self._load_programs(early, meanwhile)
             if o.command:
                 self._fork_command()
             if not early:
@@ -182,39 +164,57 @@ class Session:
 
     # -- programs and links ----------------------------------------------------------------
 
-    def _load_programs(self, attach: bool) -> None:
-        """Start the follower, then generate the programs and load them, each as soon as it
-        is generated (the verifier runs in a worker thread without the GIL, so it overlaps
-        the generation of the next one). With `attach`, each program's probes are attached
-        once it is loaded (the kernel's first uprobe registration waits for an RCU grace
-        period: it overlaps the verifier too)."""
+    def _load_programs(self, attach: bool, meanwhile: Optional[Callable[[], None]]) -> None:
+        """Start the follower and the exec watcher, then load the programs (from
+        probes/cache.py, or generated one after the other) in worker threads: the verifier
+        runs there without the GIL, while this thread runs `meanwhile`. With `attach`, each
+        program's probes are attached once it is loaded (the kernel's first uprobe
+        registration waits for an RCU grace period: it overlaps the verifier too). A worker
+        back from the kernel waits for the GIL while this thread runs Python: at most the
+        switch interval, short while they share it."""
         if self._tracepoints is not None:
             self._tracepoints.wait()
+        # (before the programs: a tracepoint's attach waited 10-200 ms behind verifiers busy
+        # on both CPUs of a loaded 2-core VM; in a thread of its own beside them a start
+        # took ~10 ms longer on a quiet one)
         if layout.FOLLOWED in self.maps:
             self._follower = self._start_follower()
         self._execs = self._start_exec_watcher()
         workers = min(os.cpu_count() or 2, 16)
-        with Workers(workers) as pool:
-            loads = []
-            for program in self._generate_programs():
-                program.code  # (assembled here: its instruction list freed before the next)
-                loads.append((program, pool.submit(Program.load, program)))
-                if len(loads) > 2 * workers:  # (no more made than the verifier can take)
-                    loads[-2 * workers - 1][1].done.wait()
-            groups_of: Dict[int, list] = {}  # program -> its (file, sites) links
-            for group in self._link_groups() if attach else []:
-                groups_of.setdefault(id(group[0]), []).append(group)
-            with pinned([t.path for t in self.targets] if attach else []) as through:
-                entries = []  # (attached once every return probe is: _link_groups says why)
-                for program, load in loads:
-                    load.result()  # the first error, if any (the others finish first)
-                    for group in groups_of.get(id(program), []):
-                        if group[3]:
-                            self._attach(*group, pid=self.options.pid, at=through[group[1]])
-                        else:
-                            entries.append(group)
-                for group in entries:
-                    self._attach(*group, pid=self.options.pid, at=through[group[1]])
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(LOADING_SWITCH_S)
+        try:
+            with Workers(workers) as pool:
+                loads = []
+                for program in self._generate_programs():
+                    made = bool(program.instructions)  # (not read from the cache)
+                    program.code  # (assembled here: its instruction list freed now)
+                    loads.append((program, pool.submit(Program.load, program)))
+                    if made and len(loads) > 2 * workers:  # (made no faster than verified)
+                        loads[-2 * workers - 1][1].done.wait()
+                if meanwhile is not None:
+                    meanwhile()
+                self._attach_loaded(loads, attach)
+        finally:
+            sys.setswitchinterval(switch)
+        self._cache.save()  # (what this start had to make: the next one reads it)
+
+    def _attach_loaded(self, loads: List[Tuple[Program, Job]], attach: bool) -> None:
+        """Wait for each load; attach each program's links (`attach`), return probes first."""
+        groups_of: Dict[int, list] = {}  # program -> its (file, sites) links
+        for group in self._link_groups() if attach else []:
+            groups_of.setdefault(id(group[0]), []).append(group)
+        with pinned([t.path for t in self.targets] if attach else []) as through:
+            entries = []  # (attached once every return probe is: _link_groups says why)
+            for program, load in loads:
+                load.result()  # the first error, if any (the others finish first)
+                for group in groups_of.get(id(program), []):
+                    if group[3]:
+                        self._attach(*group, pid=self.options.pid, at=through[group[1]])
+                    else:
+                        entries.append(group)
+            for group in entries:
+                self._attach(*group, pid=self.options.pid, at=through[group[1]])
 
     def _generate_programs(self) -> Iterator[Program]:
         """Fill `self.programs` (by function and probe kind); yield each new program."""
@@ -247,9 +247,8 @@ class Session:
         for spec in plan.programs_for(rows, self.options, self.kernel_features()):
             program = self._loaded.get(spec.key)
             if program is None:
-                program = self._loaded[spec.key] = Program(
-                    spec.instructions(arch), self.maps, name=spec.name(len(self._loaded)),
-                    expected_attach_type=spec.attach_type)
+                program = self._loaded[spec.key] = self._cache.program(
+                    spec, arch, self.maps, spec.name(len(self._loaded)))
                 yield program
             for name in spec.functions:
                 self.programs[(name, spec.retprobe)] = program

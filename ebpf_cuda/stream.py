@@ -27,8 +27,6 @@ from .decode.losses import Losses
 from .decode.names import KernelNamer
 from .decode.nccl import Communicators
 from .decode.reaper import Reaper
-from .gpu.feed import GpuFeed
-from .gpu.launches import LastLaunches
 from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
 from .output.plan import format_size
@@ -37,8 +35,10 @@ from .spec import layout, record
 from .targets.command import alive
 from .targets.containers import Containers
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the GPU's: imported when it is sampled)
     from .decode.pystacks import PyStacks
+    from .gpu.feed import GpuFeed
+    from .gpu.launches import LastLaunches
 
 BATCH_RECORDS = 2048  # records handed over at once (330 KB): bounds the memory of a batch
 POLL_INTERVAL_S = 0.05  # the longest wait before the loop looks at stop() and the target
@@ -101,11 +101,12 @@ class Stream:
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
         self._spool = None  # the spool the lines were written through, if they were
         self._spool_given = None  # the spool the last deliver was handed
+        self._prepared: Optional[Tuple[LineWriter, Decoder]] = None  # (prepare_lines)
         self._lost_noted = 0.0
         # While GPU state is sampled (Tracer sets them): the sampler, the launches kept for
         # its events, and how many of its events have their launches
         self.gpu = None
-        self.last_launches: Optional[LastLaunches] = None
+        self.last_launches: Optional["LastLaunches"] = None
         self._gpu_filled = 0
 
     def stop(self) -> None:
@@ -247,6 +248,18 @@ class Stream:
 
     # -- delivering ------------------------------------------------------------------------
 
+    def prepare_lines(self, sinks: Sequence, save=None, spool=None) -> None:
+        """What `deliver` with these same outputs does before the command runs, done now
+        (the text or JSON writer's frame templates: ~3 ms): the CLI does it while the
+        kernel verifies the programs (Tracer.start's `meanwhile`)."""
+        lines = lines_only(list(sinks))
+        if lines is None or save is not None:
+            return
+        decoder = (Decoder(self.decoder.table, self.decoder.clock_offset_ns)
+                   if spool is not None else self.decoder)  # (behind a spool: its own)
+        lines.prepare(decoder)
+        self._prepared = (lines, decoder)
+
     def deliver(self, sinks: Sequence, save=None, spool=None, notice: Optional[Notice] = None,
                 reader_nice: Optional[int] = None) -> None:
         """Read until the end, handing every batch to the outputs: `sinks` (output.Sink),
@@ -308,12 +321,14 @@ class Stream:
             if isinstance(sink, LineWriter):
                 sink.bind(context._replace(gpu=self._gpu_feed(alone)))
 
-    def _gpu_feed(self, alone: bool) -> Optional[GpuFeed]:
+    def _gpu_feed(self, alone: bool) -> Optional["GpuFeed"]:
         """The GPU's records for one text or JSON writer, among the calls (an event once
         it has the launches before it); `alone`: the only output, the samples it wrote
         are not kept."""
         if self.gpu is None:
             return None
+        from .gpu.feed import GpuFeed
+
         sampler = self.gpu
         return GpuFeed(sampler.samples, sampler.events, lambda: self._gpu_filled,
                        lambda: sampler.round_since, drop=alone)
@@ -429,7 +444,9 @@ class Stream:
         reader when it must (see spool.py). When the lines cannot be written, the reader
         stops spooling and counts the records instead."""
         self._spool = spool
-        behind = Decoder(self.decoder.table, self.decoder.clock_offset_ns)
+        behind = (self._prepared[1] if self._prepared is not None and
+                  self._prepared[0] is writer and self._prepared[1] is not self.decoder
+                  else Decoder(self.decoder.table, self.decoder.clock_offset_ns))
         # (its namer: the names found, see `_bind`; before the command runs: no write error,
         # if it fails)
         writer.prepare(behind)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequ
 
 from .decode.events import Decoder, Event
 from .decode.names import KernelNamer
-from .gpu.launches import LastLaunches
 from .session import Attachment, Session
 from .spec import apis, layout
 from .spec.config import TraceConfig
@@ -50,10 +49,11 @@ class Tracer:
 
     # -- set-up ----------------------------------------------------------------------------
 
-    def start(self) -> "Tracer":
+    def start(self, meanwhile: Optional[Callable[[], None]] = None) -> "Tracer":
         """Find files, load and attach every probe; a command is started but held until
-        `run()` (or the first read), so that its first call is seen."""
-        self.session.start()
+        `run()` (or the first read), so that its first call is seen. `meanwhile`: work of
+        the caller's done while the kernel verifies the programs (once, at the first start)."""
+        self.session.start(meanwhile)
         if self.config.gpu_samples > 0 and not self._gpu_asked:
             self._gpu_asked = True
             self._start_gpu()
@@ -67,6 +67,7 @@ class Tracer:
 
         if self.config.gpu_absent_ok and self.config.nvml is None and not nvml_findable():
             return
+        from .gpu.launches import LastLaunches
         from .gpu.sampler import Sampler
 
         sampler = Sampler(1.0 / self.config.gpu_samples, self.config.nvml,

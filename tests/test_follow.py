@@ -1,4 +1,5 @@
 """Following a command's processes in the kernel (follow.py, tracepoints.py)."""
+import os
 import subprocess
 import sys
 import time
@@ -30,12 +31,51 @@ def test_format_fields_are_parsed():
     assert fields["common_pid"] == (4, 4)
 
 
+@pytest.fixture
+def nothing_known(tmp_path, monkeypatch):
+    """No tracepoint read yet, by this process or (in its cache folder) this boot."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tracepoints, "_known", {})
+    monkeypatch.setattr(tracepoints, "_disk_read", False)
+    return tmp_path / "ebpf-cuda"
+
+
 @pytest.mark.kernel
-def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root):
+def test_the_fork_tracepoint_is_found_even_without_tracefs_mounted(root, nothing_known):
     before = open("/proc/self/mountinfo").read().count(" tracefs ")
     point = tracepoints.find("sched", "sched_process_fork")
     assert point.id > 0 and "child_pid" in point.fields
     assert open("/proc/self/mountinfo").read().count(" tracefs ") == before  # nothing left
+
+
+@pytest.mark.kernel
+def test_what_was_read_is_read_again_from_this_boots_file(root, nothing_known, monkeypatch):
+    """A later process reads this boot's file, not tracefs; one not this user's alone, or
+    of another boot, is not read."""
+    wanted = [("sched", "sched_process_fork"), ("sched", "sched_process_exit")]
+    ahead = tracepoints.ReadAhead(wanted)
+    ahead.wait()
+    found = tracepoints.find_all(wanted)
+    [stored] = nothing_known.iterdir()
+    assert stored.name.startswith("tracepoints-") and stored.stat().st_mode & 0o777 == 0o600
+
+    def no_tracefs(wanted):
+        raise AssertionError("tracefs read for %s" % wanted)
+
+    monkeypatch.setattr(tracepoints, "_read", no_tracefs)
+    monkeypatch.setattr(tracepoints, "_PrivateMount", no_tracefs)
+    monkeypatch.setattr(tracepoints, "_known", {})
+    monkeypatch.setattr(tracepoints, "_disk_read", False)
+    tracepoints.ReadAhead(wanted).wait()
+    assert tracepoints.find_all(wanted) == found  # (ids, names and fields)
+    os.chmod(str(stored), 0o666)
+    for boot in ("writable by others", "another boot"):
+        monkeypatch.setattr(tracepoints, "_known", {})
+        monkeypatch.setattr(tracepoints, "_disk_read", False)
+        with pytest.raises(AssertionError, match="tracefs read"):
+            tracepoints.find_all(wanted)
+        os.chmod(str(stored), 0o600)
+        monkeypatch.setattr(tracepoints, "_disk_file", lambda: str(stored) + ".other")
 
 
 def without_group_dead(monkeypatch):

@@ -138,7 +138,7 @@ def test_the_kfunc_is_found_in_the_kernels_btf(fake):
 def test_the_kernels_btf_is_parsed_once_per_kernel_build(monkeypatch, tmp_path):
     """What was found in vmlinux's BTF is kept in the user's cache directory, in a file
     named after the kernel's build: a later start reads it instead of parsing the BTF."""
-    import json
+    import marshal
     import os
 
     from ebpf_cuda.bpf import kernel_btf
@@ -151,11 +151,11 @@ def test_the_kernels_btf_is_parsed_once_per_kernel_build(monkeypatch, tmp_path):
     offset = kernel_btf.thread_pointer_offset()
     assert found[0] > 0 and offset is not None and offset > 0
     [stored] = (tmp_path / "ebpf-cuda").iterdir()
-    assert json.loads(stored.read_text()) == {
+    assert marshal.loads(stored.read_bytes()) == {
         "function\0bpf_session_is_return": list(found),
         "member\0task_struct\0thread\0fsbase": offset}
     # A new process (the memory cache empty) takes the file's word, without the BTF.
-    stored.write_text(json.dumps({"function\0bpf_session_is_return": [7, 1]}))
+    stored.write_bytes(marshal.dumps({"function\0bpf_session_is_return": [7, 1]}))
     monkeypatch.setattr(kernel_btf, "_cache", {})
     assert kernel_btf.function("bpf_session_is_return") == (7, 1)
     # Another kernel build (its version string) has a file of its own.

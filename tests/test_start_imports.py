@@ -1,5 +1,6 @@
 """A trace's start imports no pyelftools (`elftools`): its import was 26-28 ms of every start
 (docs/performance.md, issue 36's start-up row); the files are read with struct (elf_raw.py).
+A text trace imports no `json` either (the kernel BTF's cache file is marshal's).
 
 Each case runs the real command with `PYTHONPROFILEIMPORTTIME=1` (python -X importtime: one
 stderr line per module imported, whenever it is imported), traces the stand-in's driver
@@ -57,6 +58,11 @@ def test_a_trace_start_imports_no_pyelftools(root, lib, prog, tmp_path, options)
     if "--summary" in options:
         assert re.search(r"cudaMalloc\s.*\b1\b", done.stdout), done.stdout
     assert_no_pyelftools(done.stderr.splitlines())
+    if "--summary" not in options:  # (nor what the text trace does not use: json's import
+        # was the kernel BTF cache's; the GPU feed is for GPU samples, none here)
+        modules = imported(done.stderr.splitlines())
+        assert [m for m in modules if m.split(".")[0] == "json"
+                or m.startswith("ebpf_cuda.gpu.feed")] == []
 
 
 def test_a_pid_trace_imports_no_pyelftools(root, lib, prog, tmp_path):

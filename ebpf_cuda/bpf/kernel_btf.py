@@ -116,19 +116,19 @@ def _disk_file(btf_path: str) -> Optional[str]:
                              info.st_mtime_ns)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     digest = "%08x%08x" % (zlib.crc32(build.encode()), zlib.adler32(build.encode()))
-    return os.path.join(base, "ebpf-cuda", "btf-%s.json" % digest)
+    return os.path.join(base, "ebpf-cuda", "btf-%s.marshal" % digest)
 
 
 def _disk_read(path: Optional[str]) -> Dict[str, object]:
     """What the cache file holds (nothing when it is missing, unreadable or not ours)."""
     if path is None:
         return {}
-    import json
+    import marshal  # (built in: json's import was ~2 ms of every start)
 
     try:
-        with open(path) as f:
-            stored = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            stored = marshal.load(f)
+    except (OSError, ValueError, EOFError, TypeError):
         return {}
     if not isinstance(stored, dict):
         return {}
@@ -140,16 +140,17 @@ def _disk_read(path: Optional[str]) -> Dict[str, object]:
 def _disk_write(path: str, stored: Dict[str, object]) -> None:
     """Replace the cache file at once (a file half written is never read); a cache that
     cannot be written is only slower next time."""
-    import json
+    import marshal
     import tempfile
 
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(stored, f)
+        with os.fdopen(fd, "wb") as f:
+            marshal.dump({k: list(v) if isinstance(v, tuple) else v  # (read back as lists)
+                          for k, v in stored.items()}, f)
         os.replace(temporary, path)
-    except OSError:
+    except (OSError, ValueError):
         pass
 
 

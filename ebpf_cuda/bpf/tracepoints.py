@@ -1,11 +1,15 @@
 """Kernel tracepoints: their ids and record layouts, from tracefs.
 
 tracefs is often not mounted. Rather than mount it for everyone, a short-lived child process
-mounts it in a private mount namespace, reads what is needed and exits.
+mounts it in a private mount namespace, reads what is needed and exits. What was read is kept
+for the rest of the boot in the user's cache folder (`_disk_file`): the private mount costs
+3-8 ms of a start, and tens to hundreds on a busy machine.
 """
 import ctypes
+import marshal
 import os
 import re
+import zlib
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..errors import UnsupportedKernelError
@@ -49,10 +53,72 @@ _known: Dict[Tuple[str, str], Tracepoint] = {}
 def find_all(wanted: List[Tuple[str, str]]) -> List[Tracepoint]:
     """The tracepoints (category, name) of `wanted`, read from tracefs (mounted privately,
     once for all of them, when it is not mounted) unless read before."""
-    missing = [w for w in dict.fromkeys(wanted) if w not in _known]
+    missing = [w for w in dict.fromkeys(wanted) if w not in _from_disk()]
     if missing:
         _known.update(zip(missing, _read(missing)))
+        _to_disk()
     return [_known[w] for w in wanted]
+
+
+_disk_read = False  # whether the file was read into _known (once a process)
+
+
+def _disk_file() -> Optional[str]:
+    """The file of this boot (its id: tracepoint ids are given out at boot) and kernel build,
+    in $XDG_CACHE_HOME/ebpf-cuda or ~/.cache/ebpf-cuda."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return None
+    uname = os.uname()
+    build = "%s|%s|%s" % (boot, uname.release, uname.version)
+    digest = "%08x%08x" % (zlib.crc32(build.encode()), zlib.adler32(build.encode()))
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ebpf-cuda", "tracepoints-%s.marshal" % digest)
+
+
+def _from_disk() -> Dict[Tuple[str, str], Tracepoint]:
+    """`_known`, with what this boot's file holds (read once; not when it is not this
+    user's alone, or not sound)."""
+    global _disk_read
+    if _disk_read:
+        return _known
+    _disk_read = True
+    path = _disk_file()
+    try:
+        with open(path or "", "rb") as f:
+            info = os.fstat(f.fileno())
+            stored = marshal.load(f) if info.st_uid == os.geteuid() and not (
+                info.st_mode & 0o022) else {}
+        for (category, name), (number, fields) in dict(stored).items():
+            point = Tracepoint("%s:%s" % (category, name), int(number), {
+                str(field): (int(at), int(size)) for field, (at, size) in fields.items()})
+            _known.setdefault((str(category), str(name)), point)
+    except (OSError, ValueError, EOFError, TypeError, AttributeError):
+        pass
+    return _known
+
+
+def _to_disk() -> None:
+    """Replace this boot's file with what is known (a write that fails: read again later)."""
+    path = _disk_file()
+    if path is None:
+        return
+    temporary = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            marshal.dump({key: (point.id, point.fields) for key, point in _known.items()}, f)
+        os.replace(temporary, path)
+    except (OSError, ValueError):
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
 
 
 def _read(wanted: List[Tuple[str, str]]) -> List[Tracepoint]:
@@ -76,7 +142,7 @@ class ReadAhead:
     (into what find_all knows). What it could not read, find_all reads again, and says why."""
 
     def __init__(self, wanted: List[Tuple[str, str]]) -> None:
-        wanted = [w for w in wanted if w not in _known]
+        wanted = [w for w in wanted if w not in _from_disk()]
         self._wanted = wanted
         self._reading: Optional[_PrivateMount] = None
         if wanted and _mounted_root() is None:
@@ -97,6 +163,7 @@ class ReadAhead:
         except (UnsupportedKernelError, OSError):
             return
         _known.update(zip(self._wanted, found))
+        _to_disk()
 
 
 def _read_texts(folder: str) -> Tuple[str, str]:

@@ -9,9 +9,10 @@ Which one a kernel takes is found by trying (`attach_path`), never from its vers
 legacy tracefs `uprobe_events` interface is not used: every kernel with BPF ring buffers
 (5.8+, which the tracer needs) has the uprobe PMU (4.17+).
 """
+import contextlib
 import errno as errnos
 import os
-from typing import List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 from .. import syscalls
 from ..errors import AttachError, KernelError, UnsupportedKernelError
@@ -97,7 +98,7 @@ def _attach_error(err: KernelError, kind: str, path: str, offsets: Sequence[int]
                        err.errno, err.log)
 
 
-PINNED = "/proc/self/fd/"  # a path through a descriptor this process holds (Session.pinned)
+PINNED = "/proc/self/fd/"  # a path through a descriptor this process holds (`pinned`)
 
 
 def resolve_path(path: str, what: str = "") -> str:
@@ -224,3 +225,25 @@ def uprobe_multi_supported() -> bool:
     """Whether this kernel has uprobe_multi links with a working pid filter:
     features.uprobe_multi."""
     return features.uprobe_multi()
+
+
+@contextlib.contextmanager
+def pinned(paths: Sequence[str]) -> Iterator[Dict[str, str]]:
+    """Each file of `paths` held open (O_PATH) while its links are made: path -> a path
+    through that descriptor. A file's links are made one after the other; made by its path,
+    a file replaced there meanwhile (a reinstall) would get the rest of them."""
+    fds: Dict[str, int] = {}
+    through: Dict[str, str] = {}
+    try:
+        for path in paths:
+            if path in through:
+                continue
+            try:
+                fds[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                through[path] = PINNED + str(fds[path])
+            except OSError:
+                through[path] = path  # (its links fail as they would have, and say why)
+        yield through
+    finally:
+        for fd in fds.values():
+            os.close(fd)

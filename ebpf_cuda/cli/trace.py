@@ -144,6 +144,8 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     plan.refuse_same_files(request.files(), plan.trace_inputs(paths, command))
     outputs = plan.for_trace(request, tracer, warn=say)
     stopper.spool = outputs.spool
+    tracer.start(meanwhile=lambda: tracer.stream.prepare_lines(  # (while the kernel verifies)
+        outputs.sinks, save=outputs.saver, spool=outputs.spool))
     with tracer:
         if cpus is not None:  # (the command, forked and held by now, keeps its CPUs)
             pin_threads(cpus)

@@ -10,7 +10,6 @@ the thread that made the call (both lines of a call: they share the stack).
 import time
 from typing import IO, Any, Callable, Dict, Iterable, List, Optional
 
-from ..analysis.python_lines import line_suffix
 from ..decode.events import ENTER, Decoder, Event
 from ..decode.values import field_kinds
 from ..decode.values import text as value_text
@@ -53,6 +52,16 @@ def details(event: Event, kernel_name: Optional[str] = None) -> str:
     return " ".join(parts)
 
 
+def _line_suffix(stack) -> str:
+    """analysis.python_lines.line_suffix, imported at the first Python stack (--py-stacks),
+    not by every trace's start."""
+    global _line_suffix
+    from ..analysis.python_lines import line_suffix
+
+    _line_suffix = line_suffix
+    return line_suffix(stack)
+
+
 def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[str] = None,
                  container: Optional[str] = None) -> str:
     """One line for one event (no newline); `container`: the one to name near its end; last,
@@ -64,7 +73,7 @@ def format_event(event: Event, timestamps: bool = True, kernel_name: Optional[st
     if container:
         text += " container=%s" % container
     if event.py_stack:
-        text += line_suffix(event.py_stack)
+        text += _line_suffix(event.py_stack)
     line = "%-16s %-7d %-20s %8s %s" % (event.comm, event.pid, event.api, tag, text)
     if timestamps:
         line = "%s %s" % (_time_text(event), line)

@@ -1,0 +1,128 @@
+"""probes/cache.py: a start loads the programs an earlier start assembled (the same bytes,
+its map fds patched in) and traces exactly as a start that generated them; a file that is
+not sound, or not this user's alone, is not read; a changed package is another file."""
+import os
+
+import pytest
+
+from ebpf_cuda.decode.events import ENTER, EXIT
+from ebpf_cuda.probes import cache, plan
+from ebpf_cuda.probes.cache import ProgramCache
+from ebpf_cuda.session import Session
+from ebpf_cuda.spec.config import TraceConfig
+from helpers import trace_command
+from test_trace_e2e import expected_args, expected_outs
+
+pytestmark = pytest.mark.kernel
+
+OPS = ("malloc:4000", "memcpy:64:1", "launch:2,1,1:32,1,1", "streamcreate", "free")
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return tmp_path / "ebpf-cuda"
+
+
+def _made(monkeypatch) -> list:
+    """The specs whose instructions are generated from now on."""
+    made: list = []
+    real = plan.ProgramSpec.instructions
+
+    def counted(self, arch):
+        made.append(self.key)
+        return real(self, arch)
+
+    monkeypatch.setattr(plan.ProgramSpec, "instructions", counted)
+    return made
+
+
+def test_a_second_start_loads_the_first_ones_programs_and_traces_the_same(
+        root, fake, cache_home, monkeypatch):
+    lib, prog = fake
+    made = _made(monkeypatch)
+    first, calls, _ = trace_command([prog, *OPS], library=[str(lib)])
+    files = [f for f in os.listdir(str(cache_home)) if f.startswith("programs-")]
+    assert files == [os.path.basename(cache.cache_file())]
+    assert len(made) == len(cache._read(cache.cache_file())) > 10
+    assert os.stat(str(cache_home / files[0])).st_mode & 0o777 == 0o600
+    del made[:]
+    second, calls_again, _ = trace_command([prog, *OPS], library=[str(lib)])
+    assert made == []  # every program from the file
+    for events, printed in ((first, calls), (second, calls_again)):
+        assert [c.fn for c in printed] == [
+            "cudaMalloc", "cudaMemcpy", "cudaLaunchKernel", "cudaStreamCreate", "cudaFree"]
+        assert [(e.api, e.phase) for e in events] == [
+            (c.fn, phase) for c in printed for phase in (ENTER, EXIT)]
+        for enter, exit_, call in zip(events[::2], events[1::2], printed):
+            assert enter.args == exit_.args == expected_args(call)
+            assert (exit_.ret, exit_.outs) == (call.ret, expected_outs(call))
+
+
+def _codes(options: TraceConfig, store: ProgramCache) -> dict:
+    """Each program's bytecode, its map fds written as the maps' names."""
+    session = Session(options)
+    session._cache = store
+    session.start()
+    try:
+        by_fd = {m.fd: name.encode() for name, m in session.maps.items()}
+        codes = {}
+        for key, program in session.programs.items():
+            code = bytearray(program.code)
+            for at in range(0, len(code) - 15, 8):
+                if code[at] == 0x18 and code[at + 1] >> 4 in (1, 2):
+                    fd = int.from_bytes(code[at + 4:at + 8], "little", signed=True)
+                    code[at + 4:at + 8] = by_fd[fd][:4].ljust(4, b"-")
+            codes[key] = (program.name, program.expected_attach_type, bytes(code))
+        return codes
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(everything=True), dict(return_probes=False), dict(stacks=True, entries=True),
+    dict(aggregate=True, emit=False), dict(follow_children=False, ring_size=1 << 20)])
+def test_the_programs_read_are_the_programs_generated(root, fake, cache_home, monkeypatch,
+                                                      options):
+    lib, prog = fake
+    config = TraceConfig(library=(str(lib),), command=(str(prog),), **options)
+    generated = _codes(config, ProgramCache(None))  # (None: no file, every program made)
+    _codes(config, ProgramCache())  # writes the file
+    made = _made(monkeypatch)
+    assert _codes(config, ProgramCache()) == generated
+    assert made == []
+
+
+def test_a_file_not_sound_or_not_this_users_alone_is_not_read(root, fake, cache_home):
+    lib, _ = fake
+    config = TraceConfig(library=(str(lib),), functions=("cudaMalloc",))
+    _codes(config, ProgramCache())
+    path = cache.cache_file()
+    assert len(cache._read(path)) == 2  # (cudaMalloc's entry and return programs)
+    os.chmod(path, 0o622)  # others may write it: its code is not loaded
+    assert cache._read(path) == {}
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    assert cache._read(path) == {}
+    with open(path, "wb") as f:
+        f.write(b"\x00not marshal")
+    assert cache._read(path) == {}
+    _codes(config, ProgramCache())  # made again, and the file written anew
+    assert len(cache._read(path)) == 2
+
+
+def test_a_changed_package_or_relative_cache_home_is_another_file(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "a.py").write_text("x = 1\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    before = cache.cache_file(str(package))
+    assert before.startswith(str(tmp_path / "c" / "ebpf-cuda" / "programs-"))
+    assert cache.cache_file(str(package)) == before
+    (package / "sub" / "a.py").write_text("x = 22\n")
+    assert cache.cache_file(str(package)) != before
+    assert cache.cache_file(str(tmp_path / "empty")) is None
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert cache.cache_file(str(package)).startswith(
+        os.path.join(os.path.expanduser("~"), ".cache", "ebpf-cuda", "programs-"))
