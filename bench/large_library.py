@@ -36,6 +36,7 @@ import common  # noqa: E402
 
 BUILD = common.BUILD / "large"
 KEYS = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+PAUSE_NS = [10 * 1000 * 1000]  # the app's pause between launches (--pause-us)
 LAUNCHED = 64  # kernels the app launches, in turn
 NAME = "_ZN3big6module%07dIN5eigen6TensorIfLi4ELi1ElEENS_15reduction_helperILi128EEEEvPKT_PS6_iii"
 
@@ -58,14 +59,16 @@ APP_C = r"""
 int big_launch(unsigned i);
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 1;
-    struct timespec pause = {0, 10 * 1000 * 1000}, start, now;
+    long pause_ns = argc > 2 ? atol(argv[2]) : 10 * 1000 * 1000;
+    struct timespec pause = {0, pause_ns}, start, now;
     printf("ready\n");
     fflush(stdout);
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (unsigned i = 0;; i++) {
         if (big_launch(i))
             return 1;
-        nanosleep(&pause, NULL);
+        if (pause_ns)
+            nanosleep(&pause, NULL);
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec - start.tv_sec + (now.tv_nsec - start.tv_nsec) / 1e9 > seconds)
             return 0;
@@ -107,7 +110,6 @@ def build(functions: int, registered: int, fill_mb: int) -> Dict[str, Path]:
     if not lib.exists():
         (folder / "big.s").write_text(_assembly(functions, registered, fill_mb))
         (folder / "launch.c").write_text(LAUNCH_C)
-        (folder / "app.c").write_text(APP_C)
         script = folder / "big.map"
         script.write_text("{\n  global: cuda*; __cuda*; big_launch;\n  local: *;\n};\n")
         subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fcf-protection=none",
@@ -115,7 +117,10 @@ def build(functions: int, registered: int, fill_mb: int) -> Dict[str, Path]:
                         "-Wl,--version-script=" + str(script), "-o", str(lib),
                         str(folder / "big.s"), str(folder / "launch.c"),
                         str(common.TEST_NATIVE / "fakecudart.c")], check=True)
-        subprocess.run(["gcc", "-O2", "-o", str(app), str(folder / "app.c"), "-L", str(folder),
+    source = folder / "app.c"
+    if not app.exists() or not source.exists() or source.read_text() != APP_C:
+        source.write_text(APP_C)
+        subprocess.run(["gcc", "-O2", "-o", str(app), str(source), "-L", str(folder),
                         "-lbig", "-Wl,-rpath," + str(folder)], check=True)
     return {"lib": lib, "app": app}
 
@@ -138,7 +143,8 @@ def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
     if mode == "command":
         argv = cli + ["--", str(built["app"]), str(seconds)]
     else:
-        app = subprocess.Popen([str(built["app"]), str(seconds + 30)], stdout=subprocess.PIPE)
+        app = subprocess.Popen([str(built["app"]), str(seconds + 30), str(PAUSE_NS[0])],
+                               stdout=subprocess.PIPE)
         assert app.stdout is not None and app.stdout.readline() == b"ready\n"
         argv = cli + ["-d", str(app.pid), "--functions", "cudaLaunchKernel"]
     tracer = subprocess.Popen(argv, cwd=str(tree or common.REPO), env=env,
@@ -182,9 +188,12 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--registered", type=int, default=20000)
     parser.add_argument("--fill-mb", type=int, default=150)
     parser.add_argument("--seconds", type=float, default=3)
+    parser.add_argument("--pause-us", type=int, default=10000,
+                        help="the app's pause between launches (0: flat out)")
     parser.add_argument("--modes", default="command,attach")
     parser.add_argument("--tree", type=Path, help="another checkout to run as well")
     args = parser.parse_args(argv)
+    PAUSE_NS[0] = args.pause_us * 1000
     common.need_root()
     built = build(args.functions, args.registered, args.fill_mb)
     size = built["lib"].stat().st_size
