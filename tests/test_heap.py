@@ -8,7 +8,7 @@ import pytest
 
 PROGRAM = r"""
 import ctypes, sys
-from ebpf_cuda import allocator as heap
+from ebpf_cuda.monitor import heap
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",

@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 import click
 
 from ..errors import UsageError
-from .. import allocator
+from ..monitor import heap
 from ..output import plan
 from .common import say, split_functions
 from .signals import MonitorSignals
@@ -103,7 +103,7 @@ def monitor_cmd(verbose: int, paths: Tuple[str, ...], functions: Optional[str],
                              sample_returns=return_sampling, gpu=gpu and gpu_samples > 0,
                              nvml=nvml_path, trigger_xid=trigger_xid,
                              gpu_period_s=1.0 / gpu_samples if gpu_samples > 0 else 0.0)
-    allocator.for_long_runs()  # (an always-on process: large buffers unmapped when freed)
+    heap.for_long_runs()  # (an always-on process: large buffers unmapped when freed)
     monitor = signals.monitor = Monitor(options, log=say if verbose else None, notice=say)
     # What can fail does before the probes go on: the port is bound, the URL and the
     # profile's file checked.

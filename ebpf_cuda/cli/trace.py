@@ -5,7 +5,6 @@ from typing import List, Optional, Tuple
 
 import click
 
-from .. import allocator
 from ..output import plan
 from ..spec import apis
 from ..spec.config import TraceConfig
@@ -131,7 +130,6 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
     stopper.checkpoint()
     if pid is not None:
         _check_process_id(pid)
-    allocator.for_long_runs()  # (a framework's files are read in large buffers: unmapped freed)
     tracer = Tracer(TraceConfig(
         functions=split_functions(functions), library=list(paths), pid=pid,
         command=list(command), api=api, everything=everything, follow_children=not no_follow,

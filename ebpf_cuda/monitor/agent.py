@@ -47,7 +47,7 @@ from ..spec.layout import PROCESS_SLOTS
 from ..targets import elf
 from ..tracer import Tracer
 from . import families as fam
-from .. import allocator
+from . import heap
 from .cuda_files import cuda_files
 from .memory import DeviceMemory
 from .metrics import Family, Labels
@@ -290,7 +290,7 @@ class Monitor:
             self._labels = labels
         if self.gpu is not None and not self._gpu_trimmed and self.gpu.sampler.rounds:
             self._gpu_trimmed = True
-            allocator.trim()  # (what NVML's initialisation freed leaves the resident set)
+            heap.trim()  # (what NVML's initialisation freed leaves the resident set)
         if len(self.tracer.attachments) != self._probed_files:  # (files probed late)
             self._probed_files = len(self.tracer.attachments)
             elf.forget_files()
@@ -349,7 +349,7 @@ class Monitor:
             self.memory.forget(pid)
             if self.flight is not None:
                 self.flight.forget(pid)
-        allocator.trim()  # (what they kept, freed now, leaves the resident set)
+        heap.trim()  # (what they kept, freed now, leaves the resident set)
 
     # -- what exporters call ---------------------------------------------------------------
 

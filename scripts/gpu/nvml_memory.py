@@ -9,7 +9,7 @@ RssFile, threads, and the resident KiB by mapping: NVML's library file, the othe
 heap, anonymous mappings, thread stacks):
 
 - `base`: the monitor's own modules imported (monitor/agent.py), its allocator set as the
-  monitor's command sets it (allocator.for_long_runs);
+  monitor's command sets it (monitor/heap.for_long_runs);
 - `imported`: the GPU part's modules imported (monitor/dcgm.py and what it brings);
 - `loaded`: libnvidia-ml.so.1 loaded (dlopen, no call);
 - NVML called here, one kind of call at a time: `initialised` (nvmlInit_v2), `devices`
@@ -18,7 +18,7 @@ heap, anonymous mappings, thread stacks):
   and the metrics between them, where the device has GPM);
 - `sampling`: the monitor's GPU part started (monitor/dcgm.GpuState at 10 Hz: the sampler's,
   its worker's and the event thread's threads) and its first round taken;
-- `trimmed`: glibc's free pages handed back (allocator.trim, as the monitor does after
+- `trimmed`: glibc's free pages handed back (monitor/heap.trim, as the monitor does after
   the first round): what NVML's initialisation allocated and freed;
 - `rounds`: after N more rounds (growth here is a leak);
 - `scrapes`: after 100 renderings of the families (what scrapes add).
@@ -135,7 +135,7 @@ def steps(path, rounds: int, record):
     import importlib
 
     importlib.import_module("ebpf_cuda.monitor.agent")  # (the monitor's own modules)
-    from ebpf_cuda import allocator as heap
+    from ebpf_cuda.monitor import heap
 
     heap.for_long_runs()  # (as the monitor's command sets its allocator)
     record("base")

@@ -1,4 +1,4 @@
-"""The tracer's own process and glibc's allocator: freed memory given back to the system.
+"""Freed memory given back to the system, for a tracer that runs for days.
 
 When a process goes, what the tracer kept of it (its kernel names above all: name_store.py)
 is freed, but glibc's allocator keeps freed pages resident in its heaps for reuse: after a
@@ -6,8 +6,7 @@ process with 30,000 long kernel names, ~4 MB of the monitor's resident set staye
 `malloc_trim(0)` hands the free pages of every heap back (madvise); where there is none
 (musl), nothing is done.
 
-`for_long_runs()` sets glibc's allocator for the tracer's own process (the trace and monitor
-commands; never a traced program, whose exec starts its allocator afresh):
+`for_long_runs()` sets glibc's allocator for a process that runs for days (the monitor):
 a fixed mmap threshold, so that every large buffer (an ELF string table read whole, a
 batch of map entries) is mapped on its own and unmapped when freed. By default glibc raises
 the threshold to the size of the largest mapped buffer freed so far, and buffers below it
@@ -26,9 +25,9 @@ ARENA_MAX = 2
 
 
 def for_long_runs() -> bool:
-    """Set the allocator for the tracer's process (see above); False where the C library
-    has no mallopt (musl) or refuses a setting. Process-wide: the commands call it, not the
-    library (an embedding program keeps its own allocator's settings)."""
+    """Set the allocator for a process that runs for days (see above); False where the C
+    library has no mallopt (musl) or refuses a setting. Process-wide: the monitor's command
+    calls it, not the library (an embedding program keeps its own allocator's settings)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (AttributeError, OSError):
