@@ -126,3 +126,23 @@ def test_a_changed_package_or_relative_cache_home_is_another_file(tmp_path, monk
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     assert cache.cache_file(str(package)).startswith(
         os.path.join(os.path.expanduser("~"), ".cache", "ebpf-cuda", "programs-"))
+
+
+def test_files_of_other_builds_are_pruned_to_the_newest_few(cache_home):
+    """Each upgrade of the package or the kernel starts a file: past KEEP_FILES of other
+    builds, the oldest go when a start writes its own; other files are left alone."""
+    cache_home.mkdir(parents=True)
+    olds = []
+    for i in range(cache.KEEP_FILES + 3):
+        path = cache_home / ("programs-old%02d.marshal" % i)
+        path.write_bytes(b"")
+        os.utime(str(path), (1000 + i, 1000 + i))
+        olds.append(path.name)
+    (cache_home / "btf-x.marshal").write_bytes(b"")
+    store = ProgramCache(str(cache_home / "programs-new.marshal"))
+    store._new = {"key": (b"\x95" + b"\0" * 7, [])}
+    store.save()
+    left = sorted(os.listdir(str(cache_home)))
+    assert left == sorted(["btf-x.marshal", "programs-new.marshal"]
+                          + olds[-cache.KEEP_FILES:])
+    assert list(cache._read(str(cache_home / "programs-new.marshal"))) == ["key"]

@@ -25,6 +25,7 @@ _LD_IMM64 = 0x18  # BPF_LD | BPF_IMM | BPF_DW: a 64-bit load, two instruction sl
 _MAP_REFS = (1, 2)  # its src_reg for a map's fd: BPF_PSEUDO_MAP_FD, BPF_PSEUDO_MAP_VALUE
 _IMM = struct.Struct("<i")
 MAX_ENTRIES = 4096  # past it the file starts again empty (each trace config adds its rows)
+KEEP_FILES = 8  # files of other package or kernel builds kept beside the newest (upgrades)
 Entry = Tuple[bytes, List[Tuple[int, str]]]  # bytecode, (byte offset of an imm, map name)
 
 
@@ -134,6 +135,8 @@ class ProgramCache:
                 os.unlink(temporary)
             except OSError:
                 pass
+        else:
+            _prune(folder, os.path.basename(self.path))
         self._stored = entries
 
     @property
@@ -146,6 +149,19 @@ class ProgramCache:
         if self._stored is None:
             self._stored = _read(self.path)
         return self._stored
+
+
+def _prune(folder: str, kept: str) -> None:
+    """Remove all but the KEEP_FILES newest program files of other builds (each upgrade of
+    the package or the kernel starts a file: the folder must not grow without end)."""
+    try:
+        others = [entry for entry in os.scandir(folder) if entry.name != kept
+                  and entry.name.startswith("programs-") and entry.name.endswith(".marshal")]
+        others.sort(key=lambda entry: entry.stat().st_mtime, reverse=True)
+        for entry in others[KEEP_FILES:]:
+            os.unlink(entry.path)
+    except OSError:
+        pass  # (another start pruning at once, or a folder not ours to tidy)
 
 
 def _read(path: Optional[str]) -> Dict[str, Entry]:
