@@ -166,6 +166,11 @@ def test_the_kernels_btf_is_parsed_once_per_kernel_build(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "uname", lambda: Rebuilt)
     other = kernel_btf._disk_file(kernel_btf.VMLINUX)
     assert other is not None and other != str(stored)
+    monkeypatch.setattr(os, "uname", lambda: real)
+    # A file others may write is not taken at its word: the BTF is parsed again.
+    os.chmod(str(stored), 0o666)
+    monkeypatch.setattr(kernel_btf, "_cache", {})
+    assert kernel_btf.function("bpf_session_is_return") == found
 
 
 IN_NAMESPACE = r'''

@@ -127,6 +127,9 @@ def _disk_read(path: Optional[str]) -> Dict[str, object]:
 
     try:
         with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if info.st_uid != os.geteuid() or info.st_mode & 0o022:  # (not ours alone)
+                return {}
             stored = marshal.load(f)
     except (OSError, ValueError, EOFError, TypeError):
         return {}
