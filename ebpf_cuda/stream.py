@@ -257,6 +257,7 @@ class Stream:
             return
         decoder = (Decoder(self.decoder.table, self.decoder.clock_offset_ns)
                    if spool is not None else self.decoder)  # (behind a spool: its own)
+        self._bind(list(sinks), spool is not None, alone=True)  # (the templates read it)
         lines.prepare(decoder)
         self._prepared = (lines, decoder)
 
@@ -280,7 +281,8 @@ class Stream:
         sinks = list(sinks)
         lines = lines_only(sinks)
         spooled = lines is not None and save is None and spool is not None
-        self._bind(sinks, spooled, alone=lines is not None and save is None)
+        self._bind(sinks, spooled, alone=lines is not None and save is None)  # (again: the GPU
+        # feed exists now; the rest is what prepare_lines' templates were bound to)
         self._spool, self._spool_given = None, spool
         self.outputs = outputs = Outputs(sinks + ([save] if save is not None else []), notice,
                                          goes_on=self.session.command is not None)
