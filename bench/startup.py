@@ -250,6 +250,17 @@ def import_times(lib: str, stamp: str, top: int = 10, runs: int = 5) -> List[str
     return ["%8.1f ms %s" % (us / 1000, name) for us, name in rows[:top]]
 
 
+def _no_site_env() -> Dict[str, str]:
+    """The environment for `python3 -S` to import this tree and its dependencies: the
+    folders holding click and elftools on PYTHONPATH, after the tree."""
+    import click
+    import elftools
+
+    folders = [str(common.REPO)] + sorted({os.path.dirname(os.path.dirname(m.__file__))
+                                           for m in (click, elftools)})
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(folders))
+
+
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
@@ -300,6 +311,12 @@ def main(argv: List[str]) -> None:
         ("zipapp unpacked by hand (python3 DIR)",
          lambda: zipapp.run(zipapp.no_cache, ["-p", stand_in], [stamp],
                             target=zipapp.unpacked)),
+        # The same without this interpreter's `site` (an editable install's finder and the
+        # .pth files of this machine's site-packages: ~40 ms here), the package and its
+        # dependencies found on PYTHONPATH: the tool's own start on a plain interpreter.
+        ("installed, python3 -S (no site)", lambda: time_to_stamp(
+            [py, "-S", "-m", "ebpf_cuda", "-p", stand_in, "--", stamp], cwd=str(common.REPO),
+            env=_no_site_env())),
         ("installed: --all, stand-in", lambda: time_to_stamp(
             common.cli_command(["-p", stand_in, "--all"], [stamp]), cwd=str(common.REPO))),
     ]
