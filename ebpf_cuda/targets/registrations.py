@@ -161,12 +161,13 @@ def _read(path: str, stream) -> Registrations:
 
 
 _GOT, _OK = 1, 2  # a site's flags: its host is a GOT slot; its registers decoded
+_BIG = 1 << 63  # (array("q"))
 
 
 class _Sites:
     """Decoded call sites in file order, as columns (no bytes kept): the call's target and
     two register values (a registration: hostFun, deviceFun; a `__cudaGetKernel` call:
-    the handle variable, hostFun), with flags (_GOT, _OK)."""
+    hostFun, the handle variable), with flags (_GOT, _OK)."""
 
     def __init__(self) -> None:
         self.targets, self.first, self.second = array("q"), array("q"), array("q")
@@ -176,18 +177,16 @@ class _Sites:
         return len(self.flags)
 
     def add(self, target: int, first: object, second: object) -> None:
+        """A site with two register values (None: unknown), ("got", slot) for a GOT load
+        in `first`; any unknown or past 64 bits (never a kernel's address): not decoded."""
         flags = _OK
         if isinstance(first, tuple):
             first, flags = first[1], _OK | _GOT
-        try:
-            self.first.append(first)
-            self.second.append(second)
-        except (OverflowError, TypeError):  # (no address: never a kernel's)
-            del self.first[len(self.flags):]
-            self.first.append(0)
-            self.second.append(0)
-            flags = 0
-        self.targets.append(target)
+        if not all(isinstance(v, int) and -_BIG <= v < _BIG for v in (first, second)):
+            first = second = flags = 0
+        self.targets.append(target if -_BIG <= target < _BIG else -_BIG)
+        self.first.append(first)
+        self.second.append(second)
         self.flags.append(flags)
 
 
