@@ -501,6 +501,11 @@ class _ReadSpy:
                 spy.sizes.append(len(data))
                 return data
 
+            def readinto(self, buffer):
+                count = stream.readinto(buffer)
+                spy.sizes.append(count)
+                return count
+
             def __getattr__(self, name):
                 return getattr(stream, name)
 

@@ -33,6 +33,7 @@ its kernel (`launch_site_kernel`).
 """
 import re
 import struct
+from array import array
 from typing import Dict, List, Optional, Tuple
 
 from . import elf_raw
@@ -142,121 +143,182 @@ def _read(path: str, stream) -> Registrations:
     text = elf.section(".text")
     if text is None:
         return _NOTHING
+
+    def targets() -> Tuple[Optional[int], Optional[int]]:  # (only files with a candidate)
+        return (_plt_entry(elf, REGISTER) or _symbol(stream, REGISTER),
+                _plt_entry(elf, GET_KERNEL) or _symbol(stream, GET_KERNEL))
+
     base, size = text.sh_addr, text.sh_size
-    sites, gets = _scan(stream, text.sh_offset, size)
-    if not sites:
+    scan = _Scan(base, targets)
+    _scan(stream, text.sh_offset, size, scan)
+    if scan.targets is None:
         return _NOTHING
-    target = _plt_entry(elf, REGISTER) or _symbol(stream, REGISTER)
-    calls = _calls_to(sites, base, target) if target else _likeliest(elf, stream, base, sites)
-    kernels = _pairs(elf, stream, base, calls)
-    getter = _plt_entry(elf, GET_KERNEL) or _symbol(stream, GET_KERNEL)
-    handles = _handles(elf, base, gets, getter, kernels) if kernels else {}
+    target, getter = scan.targets
+    calls = range(len(scan.sites)) if target else _likeliest(elf, stream, scan.sites)
+    kernels = _pairs(elf, stream, scan.sites, calls)
+    handles = _handles(elf, scan.gets, getter, kernels) if kernels else {}
     return Registrations(path, kernels, handles, (base, size, text.sh_offset))
 
 
-# A call site: (its offset in .text, rel32, the bytes of .text before it, up to WINDOW)
-Site = Tuple[int, int, bytes]
+_GOT, _OK = 1, 2  # a site's flags: its host is a GOT slot; its registers decoded
+_BIG = 1 << 63  # (array("q"))
+
+
+class _Sites:
+    """Decoded call sites in file order, as columns (no bytes kept): the call's target and
+    two register values (a registration: hostFun, deviceFun; a `__cudaGetKernel` call:
+    hostFun, the handle variable), with flags (_GOT, _OK)."""
+
+    def __init__(self) -> None:
+        self.targets, self.first, self.second = array("q"), array("q"), array("q")
+        self.flags = array("B")
+
+    def __len__(self) -> int:
+        return len(self.flags)
+
+    def add(self, target: int, first: object, second: object) -> None:
+        """A site with two register values (None: unknown), ("got", slot) for a GOT load
+        in `first`; any unknown or past 64 bits (never a kernel's address): not decoded."""
+        flags = _OK
+        if isinstance(first, tuple):
+            first, flags = first[1], _OK | _GOT
+        if not all(isinstance(v, int) and -_BIG <= v < _BIG for v in (first, second)):
+            first = second = flags = 0
+        self.targets.append(target if -_BIG <= target < _BIG else -_BIG)
+        self.first.append(first)
+        self.second.append(second)
+        self.flags.append(flags)
+
+
+class _Scan:
+    """What _scan keeps: each site decoded while its bytes are in the buffer, only the calls
+    to `__cudaRegisterFunction` and `__cudaGetKernel` where their addresses are known
+    (`targets`, found at the first candidate), every candidate's where they are not."""
+
+    def __init__(self, base: int, targets) -> None:
+        self.base, self.find_targets = base, targets
+        self.targets: Optional[Tuple[Optional[int], Optional[int]]] = None
+        self.sites, self.gets = _Sites(), _Sites()
+        self.ends: Dict[int, int] = {}  # target -> end of its previous call (in .text)
+
+    def register(self, buf, buf_at: int, at: int) -> None:
+        """The registration candidate whose call is at buf[at]: decoded over the bytes since
+        the previous call to the same target (the registers an earlier call set are gone)."""
+        where = at + buf_at
+        target = self.base + where + 5 + struct.unpack_from("<i", buf, at + 1)[0]
+        if self.targets is None:
+            self.targets = self.find_targets()
+        if self.targets[0] and target != self.targets[0]:
+            return
+        start = max(self.ends.get(target, 0), where - WINDOW)
+        self.ends[target] = where + 5
+        regs = _registers(buf[start - buf_at:at], self.base + start)
+        host, name = regs.get(_RSI), regs.get(_RDX)
+        if name is None or isinstance(name, tuple) or name != regs.get(_RCX, name) \
+                or host is None:
+            host = name = None
+        self.sites.add(target, host, name)
+
+    def get(self, buf, buf_at: int, at: int) -> None:
+        """The `lea var(%rip), %rdi; ...; call` at buf[at]: kept when %rdi is an address and
+        %rsi known (a `__cudaGetKernel(&var, hostFun)` candidate)."""
+        where = at + buf_at
+        target = self.base + where + 5 + struct.unpack_from("<i", buf, at + 1)[0]
+        getter = self.targets[1] if self.targets is not None else None
+        if getter is not None and target != getter:
+            return
+        start = max(0, where - 48)
+        regs = _registers(buf[start - buf_at:at], self.base + start)
+        variable, host = regs.get(_RDI), regs.get(_RSI)
+        if isinstance(variable, int) and host is not None:
+            self.gets.add(target, host, variable)
+
+
 _CHUNK = 4 << 20  # bytes of .text read at once: the code is never held whole (hundreds of MB)
 _AHEAD = 64  # bytes a match may need past its start (the call after `mov $-1, %r8d`: 54)
 
 
-def _scan(stream, offset: int, size: int) -> Tuple[List[Site], List[Site]]:
-    """The registration call sites (the first call after each `mov $-1, %r8d`) and the
-    `lea var(%rip), %rdi; ...; call` sites (`__cudaGetKernel` candidates) of .text, read
-    in chunks (each site keeps the WINDOW bytes before it)."""
-    sites: List[Site] = []
-    gets: List[Site] = []
-    buf, buf_at, read = b"", 0, 0  # buf holds .text[buf_at:read]
+def _scan(stream, offset: int, size: int, scan: _Scan) -> None:
+    """Hands `scan` the registration call sites (the first call after each `mov $-1,
+    %r8d`) and the `lea var(%rip), %rdi; ...; call` sites of .text, read in chunks into one
+    buffer that keeps the WINDOW bytes before the next matches."""
+    buf = bytearray(min(_CHUNK, size) + WINDOW + _AHEAD)
+    have, buf_at, read = 0, 0, 0  # buf[:have] holds .text[buf_at:read]
     done = [0, 0]  # where each pattern's next search starts (as finditer over the whole)
     while read < size:
         stream.seek(offset + read)
-        data = stream.read(min(_CHUNK, size - read))
-        if not data:
+        got = stream.readinto(memoryview(buf)[have:have + min(_CHUNK, size - read)])
+        if not got:
             break
-        buf, read = buf + data, read + len(data)
+        have, read = have + got, read + got
         limit = read - _AHEAD if read < size else read  # match starts taken this round
-        for found in _THREAD_LIMIT.finditer(buf, done[0] - buf_at):
+        for found in _THREAD_LIMIT.finditer(buf, done[0] - buf_at, have):
             if found.start() + buf_at >= limit:
                 break
-            call = _CALL.search(buf, found.end(), found.end() + 48)
+            call = _CALL.search(buf, found.end(), min(found.end() + 48, have))
             if call is not None:
-                at = call.start()
-                sites.append((at + buf_at, struct.unpack("<i", call.group(1))[0],
-                              buf[max(0, at - WINDOW):at]))
+                scan.register(buf, buf_at, call.start())
         done[0] = limit
-        for call in _LEA_RDI_CALL.finditer(buf, done[1] - buf_at):
+        for call in _LEA_RDI_CALL.finditer(buf, done[1] - buf_at, have):
             if call.start() + buf_at >= limit:
                 break
-            at = call.end() - 5
-            gets.append((at + buf_at, struct.unpack("<i", call.group(1))[0],
-                         buf[max(0, at - 48):at]))
+            scan.get(buf, buf_at, call.end() - 5)
             done[1] = call.end() + buf_at
         done[1] = max(done[1], limit)
         keep = max(0, min(done) - WINDOW - buf_at)  # (the windows before later matches)
-        buf, buf_at = buf[keep:], buf_at + keep
-    return sites, gets
+        buf[:have - keep] = buf[keep:have]
+        have, buf_at = have - keep, buf_at + keep
 
 
-def _handles(elf, base: int, gets: List[Site], getter: Optional[int],
+def _handles(elf, gets: _Sites, getter: Optional[int],
              kernels: Dict[int, str]) -> Dict[int, int]:
     """{handle variable: hostFun} of the file's `__cudaGetKernel(&variable, hostFun)`
     calls (without a symbol for it: the calls whose %rsi is a registered hostFun)."""
-    found: Dict[int, List[Tuple[int, object]]] = {}  # call target -> (variable, host)
-    for at, rel, window in gets:
-        target = base + at + 5 + rel
-        if getter is not None and target != getter:
-            continue
-        regs = _registers(window, base + at - len(window))
-        variable, host = regs.get(_RDI), regs.get(_RSI)
-        if isinstance(variable, int) and host is not None:
-            found.setdefault(target, []).append((variable, host))
+    targets, hosts, variables, flags = gets.targets, gets.first, gets.second, gets.flags
     if getter is None:  # the target whose calls pass registered hostFuns
-        scores = {target: sum(1 for _, host in calls if host in kernels)
-                  for target, calls in found.items()}
-        best = max(scores, key=scores.get, default=None)
-        found = {best: found[best]} if best is not None and scores[best] else {}
-    calls = [pair for pairs in found.values() for pair in pairs]
-    slots = _got_values(elf, {host[1] for _, host in calls if isinstance(host, tuple)})
+        scores: Dict[int, int] = {}
+        for i, target in enumerate(targets):
+            scores[target] = scores.get(target, 0) + (
+                not flags[i] & _GOT and hosts[i] in kernels)
+        getter = max(scores, key=scores.get, default=None)
+        if getter is None or not scores[getter]:
+            return {}
+    calls = [i for i, target in enumerate(targets) if target == getter]
+    slots = _got_values(elf, {hosts[i] for i in calls if flags[i] & _GOT})
     handles: Dict[int, int] = {}
-    for variable, host in calls:
-        address = slots.get(host[1]) if isinstance(host, tuple) else host
+    for i in calls:
+        address = slots.get(hosts[i]) if flags[i] & _GOT else hosts[i]
         if address in kernels:
-            handles[variable] = address
+            handles[variables[i]] = address
     return handles
 
 
-def _calls_to(sites: List[Site], base: int, target: int) -> List[Site]:
-    return [site for site in sites if base + site[0] + 5 + site[1] == target]
-
-
-def _likeliest(elf, stream, base: int, sites: List[Site]) -> List[Site]:
+def _likeliest(elf, stream, sites: _Sites) -> List[int]:
     """No symbol says where __cudaRegisterFunction is (a stripped program): the call target
     most sites share whose arguments look like a registration's."""
-    by_target: Dict[int, List[Site]] = {}
-    for site in sites:
-        by_target.setdefault(base + site[0] + 5 + site[1], []).append(site)
-    best: List[Site] = []
+    by_target: Dict[int, List[int]] = {}
+    for i, target in enumerate(sites.targets):
+        by_target.setdefault(target, []).append(i)
+    best: List[int] = []
     for calls in by_target.values():
-        if len(calls) > len(best) and _pairs(elf, stream, base, calls[:8]):
+        if len(calls) > len(best) and _pairs(elf, stream, sites, calls[:8]):
             best = calls
     return best
 
 
-def _pairs(elf, stream, base: int, calls: List[Site]) -> Dict[int, str]:
+def _pairs(elf, stream, sites: _Sites, calls) -> Dict[int, str]:
     executable, strings = _ranges(elf)
     table: Dict[int, str] = {}
     got: List[Tuple[int, str]] = []
-    for i, (at, _, window) in enumerate(calls):
-        start = max(calls[i - 1][0] + 5 if i else 0, at - len(window))
-        regs = _registers(window[start - (at - len(window)):], base + start)
-        host, name = regs.get(_RSI), regs.get(_RDX)
-        if name is None or isinstance(name, tuple) or name != regs.get(_RCX, name):
+    for i in calls:
+        if not sites.flags[i] & _OK:
             continue
-        device = _string(stream, strings, name)
-        if device is None or host is None:
+        device = _string(stream, strings, sites.second[i])
+        if device is None:
             continue
-        if isinstance(host, tuple):
-            got.append((host[1], device))
+        host = sites.first[i]
+        if sites.flags[i] & _GOT:
+            got.append((host, device))
         elif _inside(executable, host):
             table[host] = device
     if got:
