@@ -193,3 +193,57 @@ def test_handle_names_are_kept_per_image_and_forgotten_by_process():
                                                          (other, 0x10)])
     names.forget(42)  # (both of its images)
     assert list(names) == [(other, 0x10)]
+
+
+def _pairs_brute_force(launches, table):
+    """The rule `_pair` follows, by the definition: each driver launch in a runtime launch
+    of its thread and process (entered no later, returned no earlier) is nested in it."""
+    nested = {}
+    for i, (fn, pid, tid, enter, exit_, _, _) in enumerate(launches):
+        if not table[fn].driver:
+            continue
+        around = [(o_enter, o_func) for o_fn, o_pid, o_tid, o_enter, o_exit, o_func, _
+                  in launches if not table[o_fn].driver and o_exit and o_tid == tid
+                  and o_pid == pid and o_enter <= enter and exit_ <= o_exit]
+        if around:
+            nested[i] = max(around)[1]  # (the innermost: the latest entered)
+    return nested
+
+
+def test_driver_launches_pair_with_the_runtime_launch_around_them_in_any_batch():
+    """Random batches: threads of two processes, runtime launches that never overlap on a
+    thread, driver launches inside some of them (the runtime's own) and between them
+    (cuBLAS's): `_pair` nests exactly those inside, and names their handles from the
+    enclosing launch's kernel; by bisection, so a batch of 2,048 takes linear time."""
+    import random
+
+    from ebpf_cuda.spec import apis
+
+    table = apis.TABLE
+    runtime = next(i for i, api in enumerate(table) if api.name == "cudaLaunchKernel")
+    driver = next(i for i, api in enumerate(table) if api.name == "cuLaunchKernel")
+    rng = random.Random(36)
+    for _ in range(50):
+        launches, t = [], 1000
+        for _ in range(rng.randint(1, 300)):
+            pid = rng.choice((7, 8))
+            tid = pid * 10 + rng.randint(0, 2)
+            func = rng.randint(0x100, 0x1ff)
+            t += rng.randint(1, 50)
+            if rng.random() < 0.6:
+                inner = [(driver, pid, tid, t + 5, t + 9, 0x9000 + func, 0)]
+                launches += inner if rng.random() < 0.8 else []
+                launches.append((runtime, pid, tid, t, t + 20, func, 0))
+                t += 21
+            else:
+                launches.append((driver, pid, tid, t, t + 3, 0x8000 + func, 0))
+                t += 4
+        rng.shuffle(launches)  # (a batch holds several threads' records interleaved)
+        names = KernelNamer()
+        names.image = lambda pid, when: pid
+        names.name_for = lambda pid, api, func, when: "kernel_%x" % func
+        expected = _pairs_brute_force(launches, table)
+        assert names._pair(launches, table) == set(expected)
+        for i, func in expected.items():
+            pid, handle = launches[i][1], launches[i][5]
+            assert names.handles[(pid, handle)] == "kernel_%x" % func
