@@ -221,11 +221,17 @@ class _FrameLines:
             return None
         return self.namer.name_for(pid, row.api.name, func, when)
 
+    # How a subclass writes a second ([low, high) in ns and its text: see _second) and
+    # whether its exit lines carry the duration text
+    second_of = staticmethod(_second)
+    timed = True
+
     def lines(self, frames: bytes) -> List[str]:
         """The lines of a batch (no newlines between records), in record order."""
         out: List[str] = []
         rows, compiled, threads, durations = (self._rows_now(), self.row, self._threads,
                                               self._durations)
+        second_of, timed = self.second_of, self.timed
         offset = self.decoder.clock_offset_ns
         odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
         call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
@@ -252,24 +258,23 @@ class _FrameLines:
             w0 = f[0] + offset
             if phase == enter:
                 if not low <= w0 < high:
-                    low, high, clock = _second(w0)
+                    low, high, clock = second_of(w0)
                 add(row.enter(f, clock, w0 - low, "", 0, who[0], who[1], "", fn))
                 continue
             w1 = f[1] + offset
             if not low <= w1 < high:
-                low, high, clock = _second(w1)
+                low, high, clock = second_of(w1)
             ret = f[ret_at] & m32
             if ret:
                 line = row.exit_err if flags & entry_sent else row.both_err
                 e = self.ret_text(row, ret)
             else:
                 line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
-            took = f[1] - f[0]
-            d = durations.get(took) or self._duration(took)
+            d = "" if not timed else durations.get(f[1] - f[0]) or self._duration(f[1] - f[0])
             if low <= w0 < high:
                 add(line(f, clock, w0 - low, clock, w1 - low, who[0], who[1], e, fn, d, who[2]))
-            else:
-                add(line(f, _clock(w0 // _NS), w0 % _NS, clock, w1 - low, who[0], who[1], e,
+            else:  # (entered in an earlier second)
+                add(line(f, second_of(w0)[2], w0 % _NS, clock, w1 - low, who[0], who[1], e,
                          fn, d, who[2]))
             at = row.told_at
             if at is not None and not ret and f[at] != who[4]:
@@ -415,57 +420,11 @@ class JsonLines(_FrameLines):
                     exit_head(success, "g" if told else "h") + [outs_piece, tail],
                     exit_head(("%s", ("e",))) + [tail])
 
-    def lines(self, frames: bytes) -> List[str]:
-        """The lines of a batch, as _FrameLines.lines, with the times as the JSON writes them:
-        c0/c1 the second's text "S." and u0/u1 the ns into it, from the wall-clock ns (ints:
-        no float to repr, the costliest part of a line), the second kept while it lasts."""
-        out: List[str] = []
-        rows, compiled, threads = self._rows_now(), self.row, self._threads
-        offset, ns = self.decoder.clock_offset_ns, _NS
-        odd_flags = record.FLAG_OUT0_FAULT | record.FLAG_OUT1_FAULT
-        call, enter, entry_sent = record.PHASE_CALL, record.PHASE_ENTER, record.FLAG_ENTRY_SENT
-        add, ret_at, m32, py_at = out.append, _RET_AT, _M32, _PY_STACK_AT
-        low, high, second = 0, 0, ""  # the kept second: [low, high) in ns, and its "S."
-        self._devices_now()
-        for f in _FRAME.iter_unpack(frames):
-            row = rows[f[4]]
-            if row is _UNCOMPILED:
-                row = compiled(f[4])
-            flags, phase = f[6], f[5]
-            if row is None or flags & odd_flags or phase > call or f[py_at]:
-                out += self.slow(self.decoder.events_of(f))
-                rows = self._rows_now()  # (as _FrameLines.lines)
-                self._devices_now()
-                continue
-            who = threads.get(f[2])
-            if who is None or who[3] != f[8]:
-                who = self._thread(f)
-            fn = "" if row.func_at is None else self.launch_text(row, f)
-            w0 = f[0] + offset
-            if phase == enter:
-                if not low <= w0 < high:
-                    low, high, second = _second_ns(w0)
-                add(row.enter(f, second, w0 - low, "", 0, who[0], who[1], "", fn))
-                continue
-            w1 = f[1] + offset
-            if not low <= w1 < high:
-                low, high, second = _second_ns(w1)
-            ret = f[ret_at] & m32
-            if ret:
-                line = row.exit_err if flags & entry_sent else row.both_err
-                e = self.ret_text(row, ret)
-            else:
-                line, e = row.exit_ok if flags & entry_sent else row.both_ok, ""
-            if low <= w0 < high:
-                add(line(f, second, w0 - low, second, w1 - low, who[0], who[1], e, fn, "",
-                         who[2]))
-            else:
-                add(line(f, "%d." % (w0 // ns), w0 % ns, second, w1 - low, who[0], who[1], e,
-                         fn, "", who[2]))
-            at = row.told_at
-            if at is not None and not ret and f[at] != who[4]:
-                self._told(row, f, who)
-        return out
+    # The times as the JSON writes them: c0/c1 the second's text "S." and u0/u1 the ns into
+    # it, from the wall-clock ns (ints: no float to repr, the costliest part of a line); no
+    # duration text (the line has duration_ns)
+    second_of = staticmethod(_second_ns)
+    timed = False
 
     def _who(self, comm: bytes, pid: int, tid: int) -> Tuple[str, str, str]:
         container = self.containers.of(pid) if self.containers is not None else None
