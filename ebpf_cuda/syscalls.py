@@ -506,3 +506,28 @@ def perf_event_enable(fd: int) -> None:
 def perf_event_set_bpf(fd: int, prog_fd: int) -> None:
     """Attach a program to a perf event the pre-5.15 way (no cookie)."""
     _ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd, "attaching a program to a perf event")
+
+
+# ------------------------------------------------------------------------------------------
+# cgroups
+
+FILEID_KERNFS = 0xFE  # a kernfs node's handle: its 64-bit id (a cgroup v2 id)
+_O_PATH = 0o10000000
+_O_CLOEXEC = 0o2000000
+
+
+def cgroup_path(mount_fd: int, cgroup_id: int) -> Optional[str]:
+    """The path of cgroup v2 `cgroup_id` (bpf_get_current_cgroup_id's) below the cgroup2
+    mount open at `mount_fd`, as this process sees it; None when it is gone or cannot be
+    opened (open_by_handle_at needs CAP_DAC_READ_SEARCH)."""
+    handle = ctypes.create_string_buffer(struct.pack("<IiQ", 8, FILEID_KERNFS, cgroup_id), 16)
+    lib = _lib()
+    fd = lib.open_by_handle_at(mount_fd, handle, _O_PATH | _O_CLOEXEC)
+    if fd < 0:
+        return None
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -3,6 +3,10 @@ id from /proc/PID/cgroup once per process (Docker, containerd, CRI-O, podman: a 
 the cgroup path), JSON events carry it as `container`, text lines end with
 `container=<id>` (unless it is the tracer's own container).
 
+A process may exit before the reader reads its first records, so each thread's hello record
+carries its cgroup v2 id, and the container is found from the id when /proc has nothing left
+to tell.
+
 The kernel tests make a cgroup v2 directory named like systemd's Docker scopes,
 `docker-<64 hex>.scope`, move a traced process into it before its calls, and remove it at
 the end.
@@ -16,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from ebpf_cuda.bpf import features
+from ebpf_cuda.spec import record
 from ebpf_cuda.targets import containers
-from ebpf_cuda.targets.containers import Containers, container_in
+from ebpf_cuda.targets.containers import Cgroups, Containers, container_in
+from ebpf_cuda.tracer import Tracer
 from helpers import event, run_cli
 
 ID = "3f9c2a7be41d" + "0123456789abcdef" * 3 + "5a6b"  # 64 hex digits
@@ -195,3 +202,34 @@ def test_records_decoded_the_slow_way_name_the_container_too(robust, scope, tmp_
     else:
         assert {line.split()[-1] for line in lines} == {"container=" + SHORT}
         assert any("<unreadable>" in line for line in lines)
+
+
+@pytest.mark.kernel
+def test_a_process_gone_before_the_reader_looks_is_known_by_its_hellos_cgroup(robust, scope):
+    """The hello record of the process moved into the container carries the container's
+    cgroup id (a cgroup v2 id is its directory's inode number); once the process has exited
+    (/proc has nothing of it) that id still names its container."""
+    lib, prog = robust
+    if not features.task_storage():
+        pytest.skip("no hello records without task storage (5.11)")
+    command = ["sh", "-c", "echo $$ > %s/cgroup.procs; exec %s threads 2 3" % (scope, prog)]
+    cgroups = {}
+    with Tracer(library=[str(lib)], functions=["cudaMemcpy"], command=command) as tracer:
+        for frames in tracer.frames():
+            cgroups.update(record.hello_cgroups(frames))
+        child = tracer.child_pid
+    assert cgroups == {child: os.stat(str(scope)).st_ino}
+    assert not Path("/proc/%d" % child).exists()
+    assert containers.container_of(child) == ""  # (/proc cannot tell any more)
+    assert Cgroups().container(cgroups[child]) == SHORT
+    known = Containers()
+    known.observe([child], cgroups)
+    assert known.of(child) == SHORT
+
+
+def test_a_cgroup_id_that_names_no_cgroup_leaves_it_to_proc(monkeypatch):
+    monkeypatch.setattr(containers, "container_of", lambda pid: "f" * 12)
+    assert Cgroups().container((1 << 63) + 12345) is None
+    known = Containers()
+    known.observe([7], {7: (1 << 63) + 12345})
+    assert known.of(7) == "f" * 12

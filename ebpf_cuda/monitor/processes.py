@@ -8,7 +8,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from ..spec import record
 from ..spec.apis import TABLE
-from ..targets.containers import container_of
+from ..targets.containers import Cgroups, container_of
 from .metrics import Labels
 
 OTHER_KERNEL = "other"
@@ -22,13 +22,14 @@ class Process:
     __slots__ = ("pid", "comm", "container", "start", "exited", "exited_at", "labels",
                  "kernels", "waiting")
 
-    def __init__(self, pid: int, comm: str) -> None:
+    def __init__(self, pid: int, comm: str, container: Optional[str] = None) -> None:
         """`comm`: the name of the thread that made the call, the label when the process
-        is gone already (else the process's own name, which a thread's may differ from)."""
+        is gone already (else the process's own name, which a thread's may differ from).
+        `container`: its container ("" none) when known from its cgroup, else read now."""
         self.pid = pid
         own, self.start = _stat(pid)
         self.comm = own if own is not None else comm
-        self.container = container_of(pid)
+        self.container = container_of(pid) if container is None else container
         # The first published series that holds its end (its last values), and when.
         self.exited: Optional[int] = None
         self.exited_at = 0.0
@@ -92,6 +93,7 @@ class Processes(Mapping[int, Process]):
     def __init__(self) -> None:
         self._by_pid: Dict[int, Process] = {}
         self.seen = 0  # processes seen in all
+        self._cgroups = Cgroups()
 
     def __getitem__(self, pid: int) -> Process:
         return self._by_pid[pid]
@@ -103,12 +105,17 @@ class Processes(Mapping[int, Process]):
         return len(self._by_pid)
 
     def note(self, frames: bytes) -> None:
-        """The new processes of a batch of ring frames, named by their first record."""
+        """The new processes of a batch of ring frames, named by their first record (their
+        container by their hello record's cgroup, when it has one)."""
         pids = record.frame_column(frames, record.PID_TGID + 4, "I")
-        for pid in set(pids).difference(self._by_pid):
+        new = set(pids).difference(self._by_pid)
+        cgroups = record.hello_cgroups(frames) if new else {}
+        for pid in new:
             at = pids.index(pid) * record.FRAME_SIZE + record.FRAME_HEADER + record.COMM
             comm = frames[at:at + record.COMM_LEN].split(b"\0", 1)[0]
-            self._add(Process(pid, comm.decode("utf-8", "replace")))
+            cgroup = cgroups.get(pid)
+            container = None if cgroup is None else self._cgroups.container(cgroup)
+            self._add(Process(pid, comm.decode("utf-8", "replace"), container))
 
     def of(self, pid: int) -> Process:
         """The process `pid`, noted now if it was not (its hello record was lost: a full

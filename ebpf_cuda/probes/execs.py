@@ -110,7 +110,7 @@ def _notice(pid_ns: Optional[Tuple[int, int]], followed: bool = False) -> list:
 
 def _hello_record(pid_ns: Optional[Tuple[int, int]], full: str, mark: int = 0) -> list:
     """A hello record of the current thread into the `events` ring, its first argument cell
-    `mark`, the reader woken; a full ring jumps to `full`. With `pid_ns`, fp-32 holds the
+    `mark`, its cgroup in record.HELLO_CGROUP, the reader woken; a full ring jumps to `full`. With `pid_ns`, fp-32 holds the
     thread's bpf_pidns_info (`_current_pid`)."""
     pid_tgid = ([asm.ldx(DW, R0, FP, _NS_AT)] if pid_ns is not None  # (tgid << 32 | tid)
                 else [asm.call(Helper.GET_CURRENT_PID_TGID)])
@@ -129,6 +129,7 @@ def _hello_record(pid_ns: Optional[Tuple[int, int]], full: str, mark: int = 0) -
         asm.call(Helper.GET_CURRENT_COMM),
     ] + [asm.st(DW, R8, offset, mark if offset == record.ARGS else 0)
          for offset in range(record.ARGS, record.SIZE, 8)] + [
+        asm.call(Helper.GET_CURRENT_CGROUP_ID), asm.stx(DW, R8, record.HELLO_CGROUP, R0),
         asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP), asm.call(Helper.RINGBUF_SUBMIT),
     ]
 

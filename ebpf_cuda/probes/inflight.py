@@ -123,14 +123,15 @@ def stash_in_task(api: Api, arch: Arch, options: ProbeOptions) -> Items:
 
 
 def _hello_once(options: ProbeOptions) -> Items:
-    """A thread's first stash (R9: its task storage) sends a hello record and wakes the
-    reader (record.PHASE_HELLO). A full ring drops it: it is no event, so it is not counted."""
+    """A thread's first stash (R9: its task storage) sends a hello record, with its cgroup
+    (record.HELLO_CGROUP), and wakes the reader (record.PHASE_HELLO). A full ring drops it: it is no event, so it is not counted."""
     prog = [
         asm.ldx(DW, R1, R9, record.TASK_GREETED),
         asm.jne(R1, 0, "greeted"),
         asm.st(DW, R9, record.TASK_GREETED, 1),
     ] + reserve("greeted") + entry_head(record.HELLO_FN, record.PHASE_HELLO, options)
     prog += [asm.st(DW, R8, offset, 0) for offset in range(record.ARGS, record.SIZE, 8)]
+    prog += [asm.call(Helper.GET_CURRENT_CGROUP_ID), asm.stx(DW, R8, record.HELLO_CGROUP, R0)]
     return prog + [asm.mov(R1, R8), asm.mov(R2, RB_FORCE_WAKEUP),
                    asm.call(Helper.RINGBUF_SUBMIT), asm.Label("greeted")]
 

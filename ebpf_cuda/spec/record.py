@@ -6,7 +6,7 @@ arguments travel to it through the `inflight` map. With return probes off (or `-
 the entry probe writes a record too, with PHASE_ENTER and no exit fields.
 """
 import struct
-from typing import List, Set
+from typing import Dict, List, Set
 
 ARG_CELLS = 10  # u64 cells for entry arguments (cuLaunchKernel needs 9)
 OUT_CELLS = 2  # u64 cells for out-parameters read at return
@@ -36,6 +36,9 @@ PHASE_CALL = 1  # a complete call: entry arguments, return value, out-parameters
 # names of a short-lived process traced system-wide). Its function id is HELLO_FN.
 PHASE_HELLO = 2
 HELLO_FN = 0xFFFF
+# A hello record's second argument cell: the thread's cgroup v2 id (bpf_get_current_cgroup_id)
+# when it was sent, so that its container is known however soon the process exits.
+HELLO_CGROUP = ARGS + 8
 
 FLAG_OUT0_FAULT = 1 << 0  # probe_read_user of out-parameter 0 failed
 FLAG_OUT1_FAULT = 1 << 1
@@ -136,6 +139,18 @@ def frame_ids(frames: bytes) -> Set[int]:
     return set(ids.tolist())
 
 
+def hello_cgroups(frames: bytes) -> Dict[int, int]:
+    """The cgroup v2 id (HELLO_CGROUP) of each process with a hello record in a batch of
+    frames (its last; none when it has none, or the cell is 0)."""
+    ids = _strided(frames, FN_ID, "H")
+    if _HELLO_BYTES not in ids.tobytes():  # (in C: most batches have none)
+        return {}
+    tgids = _strided(frames, PID_TGID + 4, "I")
+    cgroups = _strided(frames, HELLO_CGROUP, "Q")
+    return {tgids[k]: cgroups[k] for k, fn in enumerate(ids.tolist())
+            if fn == HELLO_FN and cgroups[k]}
+
+
 def call_count(frames: bytes) -> int:
     """Calls in a batch of frames: its records but hellos and the enter records of --entries
     (FLAG_RETURN_FOLLOWS: their calls are counted by their complete records), the unit every
@@ -149,4 +164,5 @@ def call_count(frames: bytes) -> int:
     return len(ids) - hellos - flags.translate(_FOLLOWS).count(1)
 
 
+_HELLO_BYTES = HELLO_FN.to_bytes(2, "little")
 _FOLLOWS = bytes(1 if value & FLAG_RETURN_FOLLOWS else 0 for value in range(256))

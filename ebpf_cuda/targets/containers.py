@@ -7,11 +7,18 @@ The id is shown as `docker ps` shows it: its first 12 digits. The path is read f
 /proc/PID/cgroup: the unified hierarchy's line first, the innermost id of a path (a
 container in a container) winning. A tracer inside a container with a cgroup namespace of
 its own sees "/" there, so no id: every process it sees is in its own container.
+
+A process may exit before the reader reads its first records: then /proc has nothing to
+tell. So each thread's hello record carries its cgroup v2 id (record.HELLO_CGROUP), and the
+cgroup's path is found from the id (open_by_handle_at on the cgroup2 mount) while the
+container lives; /proc/PID/cgroup is read only for processes without one (no hello: a
+kernel without task storage; no cgroup2 mount).
 """
 import os
 import re
-from typing import Dict, Optional
+from typing import Dict, Iterable, Mapping, Optional
 
+from .. import syscalls
 from . import procfs
 
 CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
@@ -39,6 +46,60 @@ def container_of(pid: int) -> str:
         return ""
 
 
+def cgroup2_mount() -> Optional[str]:
+    """Where the cgroup v2 hierarchy is mounted (the first mount of it), or None."""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return fields[1].replace("\\040", " ")
+    except OSError:
+        pass
+    return None
+
+
+class Cgroups:
+    """The container of each cgroup v2 id, found once from its path (None when the path
+    cannot be found: no cgroup2 mount, the cgroup removed, no privilege to open it)."""
+
+    def __init__(self) -> None:
+        self._of: Dict[int, str] = {}
+        self._mount: Optional[str] = None
+
+    def container(self, cgroup_id: int) -> Optional[str]:
+        """The short container id of the cgroup ("" none), or None when its path is not
+        known."""
+        found = self._of.get(cgroup_id)
+        if found is None:
+            path = self._path(cgroup_id)
+            if path is None:
+                return None
+            if len(self._of) >= MAX_PROCESSES:
+                self._of.clear()
+            found = self._of[cgroup_id] = container_in("0::%s\n" % path)
+        return found
+
+    def _path(self, cgroup_id: int) -> Optional[str]:
+        """The cgroup's path below the mount (once per cgroup: the mount is opened each
+        time, so nothing stays open)."""
+        if self._mount is None:
+            self._mount = cgroup2_mount() or ""
+        if not self._mount:
+            return None
+        try:
+            mount_fd = os.open(self._mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            path = syscalls.cgroup_path(mount_fd, cgroup_id)
+        finally:
+            os.close(mount_fd)
+        if path is None or not path.startswith(self._mount):
+            return None
+        return path[len(self._mount):] or "/"
+
+
 class Containers:
     """The container of each process the trace shows, read once per pid: `observe` it while
     the process lives (its first record), `of` answers from then on (also for records
@@ -48,12 +109,20 @@ class Containers:
     def __init__(self) -> None:
         self._of: Dict[int, Optional[str]] = {}
         self.own = container_of(os.getpid()) or None  # the tracer's own, if any
+        self.cgroups = Cgroups()
 
-    def observe(self, pids) -> None:
-        """Read the container of each of `pids` not known yet."""
+    def observe(self, pids: Iterable[int], cgroups: Optional[Mapping[int, int]] = None
+                ) -> None:
+        """Learn the container of each of `pids` not known yet: from its cgroup v2 id in
+        `cgroups` (pid -> id, from hello records) when it has one, else from /proc."""
         for pid in pids:
             if pid not in self._of:
-                self._read(pid)
+                cgroup = cgroups.get(pid) if cgroups else None
+                found = None if cgroup is None else self.cgroups.container(cgroup)
+                if found is None:
+                    self._read(pid)
+                else:
+                    self._keep(pid, found or None)
 
     def of(self, pid: int) -> Optional[str]:
         """The short container id of process `pid`, or None."""
@@ -82,9 +151,12 @@ class Containers:
         return len(self._of)
 
     def _read(self, pid: int) -> Optional[str]:
+        return self._keep(pid, container_of(pid) or None)
+
+    def _keep(self, pid: int, container: Optional[str]) -> Optional[str]:
         if len(self._of) >= MAX_PROCESSES:
             self._drop_exited()
-        container = self._of[pid] = container_of(pid) or None
+        self._of[pid] = container
         return container
 
     def _drop_exited(self) -> None:
