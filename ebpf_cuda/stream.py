@@ -17,6 +17,7 @@ import os
 import select
 import threading
 import time
+from contextlib import contextmanager
 from typing import (TYPE_CHECKING, Callable, Generator, Iterator, List, NamedTuple, Optional,
                     Sequence, Tuple)
 
@@ -30,6 +31,7 @@ from .decode.reaper import Reaper
 from .output import DecodeContext, LineWriter
 from .output.outputs import Outputs, lines_only
 from .output.plan import format_size
+from .pump import PUMP_CAUSE, Pump
 from .session import Session
 from .spec import layout, record
 from .targets.command import alive
@@ -100,6 +102,7 @@ class Stream:
         self._stopping = False
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
         self._spool = None  # the spool the lines were written through, if they were
+        self._pump: Optional[Pump] = None  # the last read loop's (pump.py)
         self._spool_given = None  # the spool the last deliver was handed
         self._prepared: Optional[Tuple[LineWriter, Decoder]] = None  # (prepare_lines)
         self._lost_noted = 0.0
@@ -143,7 +146,7 @@ class Stream:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring_size = self.session.ring.size if self.session.ring is not None else 0
         pause = min(PAUSE_S, ring_size / record.FRAME_SIZE / 8 / PAUSE_RATE)
-        with _Waiter(self.session) as waiter:
+        with _Waiter(self.session) as waiter, self._pumping() as pump:
             while not self._stopping and not self._target_gone():
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
@@ -151,7 +154,7 @@ class Stream:
                 # Woken, or after POLL_INTERVAL_S: the probes wake the reader only once 1/8
                 # of the ring waits, so what a slow program wrote is read at least this often.
                 waiter.wait(wait)
-                caught_up = yield from self._drain(chase=False)
+                caught_up = yield from self._drain(pump)
                 if self.gpu is not None:
                     self._fill_gpu_events()
                 # (every batch read so far has been handed over; behind a spool, the
@@ -160,7 +163,21 @@ class Stream:
                                  else self._lines_bytes)
                 if caught_up and not self._stopping:
                     time.sleep(pause)
-        yield from self._drain()
+            pump.close()
+            yield from self._last(pump)
+
+    @contextmanager
+    def _pumping(self) -> Iterator[Pump]:
+        """The pump of this read loop (pump.py), its overflow file freed at the end and
+        what it could not keep counted (`losses`)."""
+        ring = self.session.ring
+        assert ring is not None
+        pump = self._pump = Pump(lambda: ring.drain_frames(record.SIZE, BATCH_RECORDS))
+        try:
+            yield pump
+        finally:
+            pump.close()
+            pump.discard()
 
     def _first_interpreters(self) -> None:
         """The traced process's interpreter, or the command's once it is mapped."""
@@ -170,33 +187,52 @@ class Stream:
         elif self.session.command is not None and self.session.command.execed:
             self.pystacks.watch(self.session.command.pid)
 
-    def _drain(self, chase: bool = True) -> Generator[Tuple[bytes, Named], None, bool]:
-        """The ring's batches until it is empty; without `chase`, only until a batch takes
-        all it held (then True: see PAUSE_S)."""
-        ring = self.session.ring
-        assert ring is not None
-        while True:
-            frames = ring.drain_frames(record.SIZE, BATCH_RECORDS)
+    def _drain(self, pump: Pump) -> Generator[Tuple[bytes, Named], None, bool]:
+        """The ring's batches (first those the pump took) until one takes all the ring held
+        (then True: see PAUSE_S), it is empty, or the stream is stopping (a producer
+        calling flat out fills every batch)."""
+        while not self._stopping:
+            frames = pump.frames()
             if not frames:
                 return False
-            if self.pystacks is not None:  # (the stacks of these records came before them)
-                self.pystacks.drain()
-                self.pystacks.observe(frames)
-            self._read_bytes += len(frames)
-            self.session.note_loads(frames)  # libraries just mapped: probed first
-            pids = record.frame_pids(frames)
-            self.names.observe_frames(frames, pids)
-            self.containers.observe(pids, record.hello_cgroups(frames))
-            teaching = self.decoder.decode_batch(frames, self.teaching)
-            if teaching:  # (where each name lies, for those the probes could not keep)
-                self.names.learn(teaching, self.decoder.name_pointers(frames))
-            launches = self.decoder.launches(frames)
-            named = self.names.name_launches(launches, self.decoder.table)
-            if self.last_launches is not None:
-                self.last_launches.add(launches, named, self.decoder.table)
-            yield frames, named
-            if not chase and len(frames) < BATCH_RECORDS * record.FRAME_SIZE:
+            with pump.busy():
+                yield from self._batch(frames)
+            if len(frames) < BATCH_RECORDS * record.FRAME_SIZE and not pump.waiting:
                 return True
+        return False
+
+    def _last(self, pump: Pump) -> Generator[Tuple[bytes, Named], None, None]:
+        """At the end: what the pump took, then the ring's records up to where the
+        producers were now (a program still calling flat out, attached to or left running,
+        would otherwise keep the reader chasing it until it exits)."""
+        ring = self.session.ring
+        assert ring is not None
+        end = ring.producer_pos
+        while pump.waiting or ring.consumer_pos < end:
+            frames = pump.frames()
+            if not frames:
+                return
+            yield from self._batch(frames)
+
+    def _batch(self, frames: bytes) -> Generator[Tuple[bytes, Named], None, None]:
+        """One batch: its new processes noted, its teaching calls learned and its launches
+        named, then handed over."""
+        if self.pystacks is not None:  # (the stacks of these records came before them)
+            self.pystacks.drain()
+            self.pystacks.observe(frames)
+        self._read_bytes += len(frames)
+        self.session.note_loads(frames)  # libraries just mapped: probed first
+        pids = record.frame_pids(frames)
+        self.names.observe_frames(frames, pids)
+        self.containers.observe(pids, record.hello_cgroups(frames))
+        teaching = self.decoder.decode_batch(frames, self.teaching)
+        if teaching:  # (where each name lies, for those the probes could not keep)
+            self.names.learn(teaching, self.decoder.name_pointers(frames))
+        launches = self.decoder.launches(frames)
+        named = self.names.name_launches(launches, self.decoder.table)
+        if self.last_launches is not None:
+            self.last_launches.add(launches, named, self.decoder.table)
+        yield frames, named
 
     def events(self, timeout: Optional[float] = None) -> Iterator[Event]:
         """Decoded events until the end, teaching calls showing their `kernel_name`."""
@@ -369,6 +405,9 @@ class Stream:
             losses.spool_past = spool.dropped - refused
             losses.spool_refused, losses.spool_error = refused, spool.error
             losses.interrupted = spool.abandoned
+        pump = self._pump
+        if pump is not None and pump.dropped:
+            losses.dropped[PUMP_CAUSE] = (pump.dropped, pump.error or "its limit")
         for failure in self.outputs.failures:
             losses.unwritten[failure.name] = (failure.total, failure.cause)
         return losses

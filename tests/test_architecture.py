@@ -28,7 +28,7 @@ WINGS: List[List[str]] = [
     ["analysis"],                            # events into answers
     ["output"],                              # answers and events into files
     ["session", "stream", "tracer",          # the middle: kernel objects, the read loop, the
-     "late_loads"],                          # face, the libraries mapped after the start
+     "late_loads", "pump"],                  # face, the libraries mapped after the start
     ["monitor"],                             # the always-on agent and its exporters
     ["cli"],                                 # the command
     ["__init__", "__main__", "bundle"],      # the package's doors

@@ -66,6 +66,11 @@ class Spool:
         """Calls put and not yet taken."""
         return self._calls
 
+    @property
+    def waiting(self) -> bool:
+        """Whether frames were put and not taken yet (hello records too)."""
+        return self._tail != self._head or bool(self._held)
+
     def put(self, frames: bytes) -> None:
         """Append a batch of whole frames (dropped and counted when it does not fit)."""
         with self._ready:

@@ -88,7 +88,8 @@ def read_function_symbols(stream, offset: int, size: int, entsize: int, str_offs
     return result
 
 
-_STRINGS_CHUNK = 4 << 20  # bytes of a string table read at once (never the whole: ~100 MB)
+_STRINGS_CHUNK = 1 << 20  # bytes of a string table read at once (never the whole: ~100 MB;
+# a larger search holds the interpreter lock from the pump, pump.py)
 _SYMBOLS_CHUNK = 43690 * SYM_SIZE  # ~1 MB of symbol entries read at once
 
 
