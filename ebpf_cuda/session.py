@@ -7,6 +7,7 @@
 It owns every file descriptor it opens and closes them all in `close()`, also when `start()`
 fails half-way. Reading the ring and naming kernels is stream.py's job.
 """
+from __future__ import annotations
 import errno as errnos
 import os
 import sys
