@@ -289,9 +289,9 @@ class Session:
         twin's (probes/inflight.py): the runtime's launches went unrecorded (GPU, -d)."""
         groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
         for target in self.targets if targets is None else targets:
+            by_name = target.sites_by_name()
             for (api_name, retprobe), program in self.programs.items():
-                sites = [(api.name, symbol, offset) for api, symbol, offset in target.functions
-                         if api.name == api_name]
+                sites = by_name.get(api_name)
                 if sites:
                     groups.setdefault((id(program), target.path),
                                       (program, target.path, [], retprobe))[2].extend(sites)
