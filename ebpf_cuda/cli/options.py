@@ -14,8 +14,8 @@ class Opt(NamedTuple):
     kind: str  # flag, count, text, multiple (text, repeatable), int, float, choice
     help: str
     metavar: Optional[str] = None
-    choices: Tuple[str, ...] = ()  # kind "choice": the first is not the default (`default`)
-    default: Optional[str] = None
+    choices: Tuple[str, ...] = ()  # kind "choice": the values it takes
+    default: Optional[str] = None  # kind "choice": its value when not given (shown in help)
 
 
 TRACE_OPTIONS: Tuple[Opt, ...] = (
@@ -216,10 +216,8 @@ def click_command(callback: Callable[..., None]):
     import click
 
     types = {"int": int, "float": float}
-    function = callback
-    arguments = click.argument(COMMAND, nargs=-1, type=click.UNPROCESSED)
-    function = arguments(function)
-    for option in reversed(TRACE_OPTIONS):
+    function = click.argument(COMMAND, nargs=-1, type=click.UNPROCESSED)(callback)
+    for option in reversed(TRACE_OPTIONS):  # (as decorators: the last one applied first)
         keywords: Dict[str, object] = {"help": option.help}
         if option.metavar is not None:
             keywords["metavar"] = option.metavar
