@@ -14,7 +14,7 @@ import threading
 from typing import (TYPE_CHECKING, Callable, Dict, Hashable, Iterable, Iterator, List,
                     NamedTuple, Optional, Sequence, Set, Tuple)
 
-from . import late_loads, syscalls
+from . import syscalls
 from .arch import current as current_arch
 from .bpf import features, kernel_btf, maps, tracepoints
 from .bpf.maps import create_map
@@ -36,7 +36,8 @@ from .targets.command import HeldCommand, alive
 from .targets.selection import (Target, check_proc_is_ours, driver_launches, find_targets,
                                 launch_at_driver_only)
 
-if TYPE_CHECKING:  # (imported when used: --summary and the monitor, not the default trace)
+if TYPE_CHECKING:  # (imported when used: --summary, the monitor; late loads: not with -p)
+    from . import late_loads
     from .decode import aggregates as sums
 
 # uprobe_multi errors that perf-event uprobes would meet too (no fallback for them)
@@ -288,9 +289,9 @@ class Session:
         twin's (probes/inflight.py): the runtime's launches went unrecorded (GPU, -d)."""
         groups: Dict[Tuple[int, str], Tuple[Program, str, List[Tuple[str, str, int]], bool]] = {}
         for target in self.targets if targets is None else targets:
+            by_name = target.sites_by_name()
             for (api_name, retprobe), program in self.programs.items():
-                sites = [(api.name, symbol, offset) for api, symbol, offset in target.functions
-                         if api.name == api_name]
+                sites = by_name.get(api_name)
                 if sites:
                     groups.setdefault((id(program), target.path),
                                       (program, target.path, [], retprobe))[2].extend(sites)
@@ -358,6 +359,7 @@ class Session:
             return
         pid = o.pid if o.pid is not None else (
             None if layout.FOLLOWED in self.maps else self.command.pid)
+        from . import late_loads
         try:
             self.late = late_loads.LateLoads(
                 self.maps, pid, self.selected, self.targets, self._probe_late,
@@ -371,10 +373,10 @@ class Session:
             self.late.scan(o.pid)
 
     def late_loads_everywhere(self, notices: maps.Map,
-                              traced: Callable[[], Iterable[int]]) -> late_loads.LateLoads:
-        """The CUDA files any process maps from now on, probed (the monitor,
-        monitor/system_watch.SystemWatch): no pid filter, and the notices go to the ring `notices`,
-        read by the caller, not by this session's reader. The caller closes it first."""
+                              traced: Callable[[], Iterable[int]]) -> "late_loads.LateLoads":
+        """Probe the CUDA files any process maps from now on (the monitor: system_watch.py), no pid
+        filter; notices go to the ring `notices`, read by the caller, which closes it first."""
+        from . import late_loads
         late = late_loads.LateLoads(dict(self.maps, **{layout.EVENTS: notices}), None,
                                       self.selected, self.targets, self._probe_late, traced,
                                       self.log, self.pid_ns, detach=self.detach)

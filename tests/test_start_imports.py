@@ -1,6 +1,7 @@
 """A trace's start imports no pyelftools (`elftools`): its import was 26-28 ms of every start
 (docs/performance.md, issue 36's start-up row); the files are read with struct (elf_raw.py).
-A text trace imports no `json` either (the kernel BTF's cache file is marshal's).
+A text trace imports no `json` either (the kernel BTF's cache file is marshal's), and no
+trace start imports click (~20 ms: its usual command lines are read by cli/options.py).
 
 Each case runs the real command with `PYTHONPROFILEIMPORTTIME=1` (python -X importtime: one
 stderr line per module imported, whenever it is imported), traces the stand-in's driver
@@ -58,6 +59,7 @@ def test_a_trace_start_imports_no_pyelftools(root, lib, prog, tmp_path, options)
     if "--summary" in options:
         assert re.search(r"cudaMalloc\s.*\b1\b", done.stdout), done.stdout
     assert_no_pyelftools(done.stderr.splitlines())
+    assert [m for m in imported(done.stderr.splitlines()) if m.split(".")[0] == "click"] == []
     if "--summary" not in options:  # (nor what the text trace does not use: json's import
         # was the kernel BTF cache's; the GPU feed is for GPU samples, none here)
         modules = imported(done.stderr.splitlines())

@@ -4,6 +4,7 @@ Keys and values are `bytes` of the declared sizes, or Python values when a `stru
 is given for the key and/or value (array maps default to a `<I` key, so their keys are ints).
 Per-CPU maps return one value per possible CPU.
 """
+from __future__ import annotations
 import ctypes
 import errno
 import functools

@@ -1,11 +1,11 @@
 """What the commands share: the lines we write on stderr, the reports on stdout, the standard
 descriptors found closed at start, and the checks of options more than one command takes."""
+import codecs
 import errno
+import io
 import os
 import sys
 from typing import List, Optional, Set
-
-import click
 
 from ..errors import UsageError
 
@@ -18,9 +18,35 @@ def say(message: str) -> None:
 def echo(text: str) -> None:
     """Text on stderr; a stderr that cannot be written (a terminal hung up) is no error."""
     try:
-        click.echo(text, err=True)
+        write_line(text, err=True)
     except (OSError, ValueError):
         pass
+
+
+def write_line(text: str, err: bool = False) -> None:
+    """`click.echo(text, err=err)`, without importing click where it writes the text as it is
+    (a text stream with an encoding other than ASCII, and no escape sequence to strip)."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    if "\x1b" in text or not _plain_text_stream(stream):
+        import click
+
+        click.echo(text, err=err)
+        return
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def _plain_text_stream(stream) -> bool:
+    """A stream click's echo writes to as it is (click/_compat.py: not ASCII, with its
+    encoding and errors set)."""
+    if not isinstance(stream, io.TextIOWrapper) or not stream.encoding or not stream.errors:
+        return False
+    try:
+        return codecs.lookup(stream.encoding).name != "ascii"
+    except LookupError:
+        return True
 
 
 def print_report(text: str, err: bool = False) -> bool:
@@ -29,7 +55,7 @@ def print_report(text: str, err: bool = False) -> bool:
         say("stdout is closed: the reports are not printed")
         return False
     try:
-        click.echo(text, err=err)
+        write_line(text, err=err)
         if not err:
             sys.stdout.flush()
         return True

@@ -4,17 +4,17 @@ Only this package (cli/) prints, exits or installs signal handlers.
 
 trace.py is imported with this module (it is the command that runs most, and a start that
 drops privileges must have imported what the tracer needs); report.py, analyze.py and
-monitor.py when their command is given."""
+monitor.py when their command is given. click is imported when a command needs it: the
+trace command's usual command lines are read without it (options.parse_simple)."""
 import errno
 import sys
-from typing import List, Optional
-
-import click
+from typing import Callable, Dict, List, Optional
 
 from ..errors import Interrupted, KernelError, TracerError, UsageError, VerifierError
 from .common import drop_stdout_buffer, echo, say, take_standard_fds
+from .options import parse_simple
 from .signals import quiet, stopper, unblock_stop_signals
-from .trace import trace
+from .trace import trace, trace_command
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -42,9 +42,9 @@ def _main(argv: Optional[List[str]]) -> int:
         quiet()
         say("interrupted")
         return 130
-    except click.exceptions.Abort:
+    except _click_error("Abort"):
         return 130
-    except click.ClickException as err:
+    except _click_error("ClickException") as err:
         err.show()
         return UsageError.exit_code
     except VerifierError as err:
@@ -90,7 +90,38 @@ def _run(args: List[str]) -> None:
         monitor_cmd.main(args=args[1:], prog_name="ebpf-cuda monitor", standalone_mode=False)
     else:
         stopper.install()  # first: a signal from now on is handled
-        trace.main(args=args, prog_name="ebpf-cuda", standalone_mode=False)
+        params = parse_simple(args)
+        if params is None:  # (help, errors, the unusual: click's)
+            trace_command().main(args=args, prog_name="ebpf-cuda", standalone_mode=False)
+        else:
+            _as_click_runs(trace, params)
+
+
+def _as_click_runs(callback: Callable[..., None], params: Dict[str, object]) -> None:
+    """`callback(**params)` with what click's `Command.main(standalone_mode=False)` does
+    around a command's callback: an EOFError or KeyboardInterrupt is an empty line on stderr
+    and click's Abort; a broken pipe, exit code 1 with the standard streams quieted."""
+    try:
+        callback(**params)
+    except (EOFError, KeyboardInterrupt) as err:
+        import click
+
+        click.echo(file=sys.stderr)
+        raise click.exceptions.Abort() from err
+    except OSError as err:
+        if err.errno != errno.EPIPE:
+            raise
+        from click.utils import PacifyFlushWrapper
+
+        sys.stdout = PacifyFlushWrapper(sys.stdout)
+        sys.stderr = PacifyFlushWrapper(sys.stderr)
+        sys.exit(1)
+
+
+def _click_error(name: str):
+    """click's exception class `name`; none (an empty tuple) while click is not imported:
+    none of its exceptions can have been raised then."""
+    return getattr(getattr(sys.modules.get("click"), "exceptions", None), name, ())
 
 
 STACK_DEPTH = 127  # frames of the --stacks map (maps.StackTraceMap's depth)

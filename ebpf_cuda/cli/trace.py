@@ -1,9 +1,9 @@
-"""`ebpf-cuda [OPTIONS] [-- COMMAND]`: the trace command, its options → a `Tracer` and the
-outputs `output/plan.py` makes; its stop signals are `signals.stopper`'s."""
+"""`ebpf-cuda [OPTIONS] [-- COMMAND]`: the trace command, its options (options.py) → a `Tracer`
+and the outputs `output/plan.py` makes; its stop signals are `signals.stopper`'s. Its usual
+command lines are read without click (`options.parse_simple`); `trace_command()` is the click
+command, made when the rest needs it (help, errors)."""
 import sys
 from typing import List, Optional, Tuple
-
-import click
 
 from ..output import plan
 from ..spec import apis
@@ -11,94 +11,12 @@ from ..spec.config import TraceConfig
 from ..tracer import DEFAULT_RING_SIZE, Closing, Tracer
 from .common import (check_analyze, check_split, echo, parse_cpus, pin_threads, print_report,
                      say, split_functions, stdout_closed_at_start)
+from .options import click_command
 from .signals import stopper
 
+_COMMAND: list = []  # the click command, once made
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True,
-              help="Say which files and offsets are probed (-vv: also the programs).")
-@click.option("-t", "--no-timestamps", is_flag=True, help="Leave the time column out.")
-@click.option("-r", "--no-returns", is_flag=True,
-              help="Entry probes only: no return probes are attached, no [EXIT] lines.")
-@click.option("-p", "--path", "paths", multiple=True, metavar="PATH",
-              help="Library or executable to probe (repeatable). Default: found automatically.")
-@click.option("-d", "--pid", type=int, help="Trace only this process (filtered in the kernel).")
-@click.option("--functions", metavar="NAME,...",
-              help="Functions to trace, by name or glob (default: the default set).")
-@click.option("--all", "everything", is_flag=True,
-              help="Trace every function of the table, also the chatty ones left out by "
-                   "default (cudaGetDevice, cudaGetLastError, ...).")
-@click.option("--api", type=click.Choice(["runtime", "driver", "nccl", "all"]), default="all",
-              show_default=True,
-              help="Which layer to trace (all: NCCL too, where a libnccl is found).")
-@click.option("--no-follow", is_flag=True,
-              help="With a command: trace only its own process (filtered in the kernel), "
-                   "not the processes it starts.")
-@click.option("--json", "as_json", is_flag=True, help="JSON Lines, one object per event.")
-@click.option("-o", "--output", metavar="FILE", help="Write events to FILE instead of stdout.")
-@click.option("--ring-size", metavar="SIZE",
-              help="Ring buffer size (power of two, e.g. 256K, 8M; default 4M, or 8M with "
-                   "--summary alone, whose records come in bursts: kernel registrations, "
-                   "captures).")
-@click.option("--spool-size", metavar="SIZE",
-              help="Text and JSON: how much backlog may wait on disk (an unlinked file beside "
-                   "the output, or in $TMPDIR) while lines are written slower than calls come; "
-                   "past it, events are dropped and counted. Default 2G; 0: none, lines are "
-                   "written as the ring buffer is read.")
-@click.option("--entries", is_flag=True,
-              help="Also emit each call's entry as it happens (for calls that block).")
-@click.option("--list-functions", is_flag=True, help="List the traceable functions and exit.")
-@click.option("--summary", is_flag=True,
-              help="At the end, print summary tables (nsys stats style): time per function, "
-                   "memory operations, copy bandwidth, errors, kernels. Without --json or -o, "
-                   "no per-event lines.")
-@click.option("--by-device", is_flag=True,
-              help="With --summary: the tables once per GPU, each call under the device it "
-                   "targets (its thread's current device; JSON events carry it as `device`).")
-@click.option("--by-container", is_flag=True,
-              help="With --summary: the tables once per container (JSON: `container`).")
-@click.option("--leaks", is_flag=True,
-              help="Flag double frees and frees of unknown pointers as they happen; at the "
-                   "end, list the allocations never freed.")
-@click.option("--stacks", is_flag=True,
-              help="Capture the user call stack of memory calls (--leaks shows where each "
-                   "leak was allocated) and of those --analyze names (their native callers).")
-@click.option("--py-stacks", is_flag=True,
-              help="Each call carries its thread's Python stack (file, executing line, "
-                   "function), walked by the probe: JSON `py_stack`, ` at FILE:LINE (FUNCTION)` "
-                   "on text lines, a summary table by Python line. CPython 3.8-3.14.")
-@click.option("--analyze", is_flag=True,
-              help="At the end: the program's steps (loop iterations), where the host waits "
-                   "on the GPU, and findings (what to change); with --json as JSON records. "
-                   "Best with --py-stacks (findings name Python lines) or --stacks (native "
-                   "callers). See docs/analysis.md.")
-@click.option("--step-at", metavar="FUNCTION",
-              help="With --analyze: each call of this CUDA function, or each invocation of "
-                   "this Python function (--py-stacks) or native function (--stacks: "
-                   "`train_step` also names `train_step(int)`), starts a step.")
-@click.option("--save", metavar="FILE",
-              help="Record the raw trace to FILE, for `ebpf-cuda report FILE` (or "
-                   "`analyze FILE`) later.")
-@click.option("--trace-out", metavar="FILE.json",
-              help="Write a timeline in Chrome trace format (open in Perfetto UI).")
-@click.option("--report", "report_html", metavar="FILE.html",
-              help="Write a self-contained HTML report (tables and plots).")
-@click.option("--pprof-out", metavar="FILE",
-              help="Write a pprof profile (gzipped profile.proto: go tool pprof, Pyroscope, "
-                   "Parca) of calls, API time, launches, bytes allocated and copied, by "
-                   "function, kernel and, with --stacks, caller.")
-@click.option("--gpu-samples", type=float, metavar="HZ",
-              help="Sample every GPU's state (utilisation, memory, power, clocks, throttling, "
-                   "ECC; per process memory and utilisation; GPM metrics on Hopper) HZ times "
-                   "a second through NVML, and its Xid and ECC events, beside the calls "
-                   "(default 10; 0: off). See docs/gpu-state.md.")
-@click.option("--nvml", "nvml_path", metavar="PATH",
-              help="The libnvidia-ml.so.1 to read (default: as the loader finds it, then the "
-                   "drivers' folders).")
-@click.option("--cpu", "cpu_list", metavar="LIST",
-              help="Run the tracer's threads on these CPUs only (e.g. 0 or 0,2-3), away from "
-                   "the traced program's; the command keeps all of its CPUs.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+
 def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str, ...],
           pid: Optional[int], functions: Optional[str], everything: bool, api: str,
           no_follow: bool, as_json: bool, output: Optional[str],
@@ -158,6 +76,13 @@ def trace(verbose: int, no_timestamps: bool, no_returns: bool, paths: Tuple[str,
         closing = tracer.closing()
         tracer.close(wait=False)  # this process exits now: a child detaches the probes
     _finish(closing, reports, request.reports_to_stderr(), summary)
+
+
+def trace_command():
+    """The trace command as click's command (made once: click's import is ~15 ms)."""
+    if not _COMMAND:
+        _COMMAND.append(click_command(trace))
+    return _COMMAND[0]
 
 
 def _finish(closing: Closing, reports: List[str], reports_err: bool, summary: bool) -> None:

@@ -37,6 +37,7 @@ operation is one node (the runtime call's, in the place of the driver call's).
 Kernel names come from the one names store (names.py), asked by the call that made the
 node, as eager launches are named. Pure user-space logic: no kernel objects.
 """
+from __future__ import annotations
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ..spec.apis import CAPTURED_ROLES, TABLE, Api, Role

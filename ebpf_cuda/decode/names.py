@@ -18,6 +18,7 @@ its record's time, so a launch recorded before an exec is named from the old pro
 after from the new one, however late the reader or the lines thread gets to it. The mappings
 of an old image are kept as they were last read (its process shows another program now).
 """
+from __future__ import annotations
 import copy
 import time
 from bisect import bisect_right

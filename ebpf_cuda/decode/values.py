@@ -16,6 +16,7 @@ carries its `bytes` (count x the datatype's size). CUDA graph node parameters re
 pointer become the fields graphs.py reads: a kernel node's func, grid, block and smem, a
 memset node's ptr, value and size, a copy extent's size.
 """
+from __future__ import annotations
 import struct
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 

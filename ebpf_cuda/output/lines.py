@@ -18,6 +18,7 @@ Records of calls with a Python stack (--py-stacks: their PY_STACK field is not 0
 slow path too: the stack is the annotation's (pystacks.py sets `Event.py_stack` from the
 record's key), and the writers show it (output/text.py, Event.to_json).
 """
+from __future__ import annotations
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple

@@ -1,6 +1,7 @@
 """Which files to probe: mappings of running processes, loader search paths, CUDA toolkit and
 Python wheel locations, and executables that carry the CUDA runtime statically.
 """
+from __future__ import annotations
 import fnmatch
 import glob
 import os

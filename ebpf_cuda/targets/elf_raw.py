@@ -7,6 +7,7 @@ cost 26-28 ms of every start (docs/performance.md). Callers check what they need
 values (elf_headers.py validates a file to be traced; the other readers are best effort);
 what cannot be read at all raises `RawElfError`, or struct's and the stream's own errors.
 """
+from __future__ import annotations
 import struct
 from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 

@@ -1,6 +1,6 @@
 """Which files to probe, and which functions of the selection each one defines."""
 import os
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..bpf import features
 from ..errors import NoCudaSymbolsError, TracerError, UsageError
@@ -22,6 +22,13 @@ class Target:
 
     def __repr__(self) -> str:
         return "Target(%r, %d functions)" % (self.path, len(self.functions))
+
+    def sites_by_name(self) -> Dict[str, List[Tuple[str, str, int]]]:
+        """Its (function, symbol, offset) sites by function name, in their order."""
+        sites: Dict[str, List[Tuple[str, str, int]]] = {}
+        for api, symbol, offset in self.functions:
+            sites.setdefault(api.name, []).append((api.name, symbol, offset))
+        return sites
 
 
 def find_targets(selected: Sequence[Api], library: Sequence[str], pid: Optional[int],
