@@ -23,6 +23,7 @@ peak, is what counts; RssAnon is the heap, RssFile mapped file pages):
 """
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,6 +170,8 @@ def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
     if tracer.returncode != 0:
         raise RuntimeError("tracer failed (%d): %s" % (tracer.returncode, err[-800:]))
     peak["unnamed"] = int("not named" in err)
+    lost = re.search(r"(\d+) events? lost", err)
+    peak["lost"] = int(lost.group(1)) if lost else 0
     return peak
 
 
@@ -201,14 +204,14 @@ def main(argv: List[str]) -> None:
     print("%s: %.0f MB, %d functions, %d registered kernels, %d MB of filler code and data"
           % (built["lib"].name, size / 1e6, args.functions, args.registered, args.fill_mb))
     print("\npeak KiB of the CLI process (sampled every 10 ms)\n")
-    print("%-24s %-8s %9s %9s %9s %9s %8s" % ("tree", "mode", *KEYS, "unnamed"))
+    print("%-24s %-8s %9s %9s %9s %9s %8s %9s" % ("tree", "mode", *KEYS, "unnamed", "lost"))
     trees = [("this", None)] + ([(str(args.tree), args.tree)] if args.tree else [])
     for mode in args.modes.split(","):
         for label, tree in trees:
             peak = run(mode, built, args.seconds, tree)
-            print("%-24s %-8s %s %8d" % (label[-24:], mode,
-                                         " ".join("%9d" % peak.get(k, 0) for k in KEYS),
-                                         peak["unnamed"]), flush=True)
+            print("%-24s %-8s %s %8d %9d" % (label[-24:], mode,
+                                             " ".join("%9d" % peak.get(k, 0) for k in KEYS),
+                                             peak["unnamed"], peak["lost"]), flush=True)
 
 
 if __name__ == "__main__":
