@@ -41,7 +41,8 @@ class Pump:
         self._wake = threading.Condition()
         self._batch = 0  # batches the reader began
         self._busy = False  # the reader is at batch `_batch`
-        self._closed = False
+        self._closed = False  # the thread is to end (set by stop(), cleared once it has)
+        self._broken = False  # no spool file could be made: the pump stays off
         self._closing = threading.Event()  # (wakes the thread from its look's wait)
         self._thread: Optional[threading.Thread] = None
 
@@ -60,7 +61,7 @@ class Pump:
     @contextmanager
     def busy(self) -> Iterator[None]:
         """The reader works on a batch: the pump may take the ring's records meanwhile."""
-        if self._thread is None and not self._closed:
+        if self._thread is None and not self._broken:
             self._thread = threading.Thread(target=self._run, name="ebpf-cuda pump",
                                             daemon=True)
             self._thread.start()
@@ -83,17 +84,28 @@ class Pump:
     def error(self) -> Optional[str]:
         return self._spool.error if self._spool is not None else None
 
-    def close(self) -> None:
-        """Stop the thread (before the ring is closed); what it took stays for `frames()`."""
+    def stop(self) -> None:
+        """Stop the thread (at the end of a read loop: before the ring may be closed); what
+        it took stays for `frames()`, and the next `busy()` starts it again."""
         with self._wake:
             self._closed = True
             self._closing.set()
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        self._thread = None
+        self._closed = False
+        self._closing.clear()
+
+    def __enter__(self) -> "Pump":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def discard(self) -> None:
-        """Free the spool's file (once the reader has taken everything)."""
+        """Free the spool's file (the stream is done with; frames left in it are the
+        reader's: a caller that stopped reading)."""
         if self._spool is not None:
             self._spool.discard()
 
@@ -118,7 +130,7 @@ class Pump:
                 try:
                     self._spool = Spool(self._directory, memory=1 << 20)
                 except OSError:  # (no file to be had: the ring keeps them, or loses them)
-                    self._closed = True
+                    self._broken = True
                     return False
             for _ in range(READS_A_TURN):
                 frames = self._read()

@@ -17,7 +17,6 @@ import os
 import select
 import threading
 import time
-from contextlib import contextmanager
 from typing import (TYPE_CHECKING, Callable, Generator, Iterator, List, NamedTuple, Optional,
                     Sequence, Tuple)
 
@@ -102,7 +101,9 @@ class Stream:
         self._stopping = False
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
         self._spool = None  # the spool the lines were written through, if they were
-        self._pump: Optional[Pump] = None  # the last read loop's (pump.py)
+        # the ring kept drained while a batch takes long (pump.py): stopped after each loop
+        self._pump = Pump(lambda: self.session.ring.drain_frames(  # type: ignore[union-attr]
+            record.SIZE, BATCH_RECORDS))
         self._spool_given = None  # the spool the last deliver was handed
         self._prepared: Optional[Tuple[LineWriter, Decoder]] = None  # (prepare_lines)
         self._lost_noted = 0.0
@@ -146,7 +147,7 @@ class Stream:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring_size = self.session.ring.size if self.session.ring is not None else 0
         pause = min(PAUSE_S, ring_size / record.FRAME_SIZE / 8 / PAUSE_RATE)
-        with _Waiter(self.session) as waiter, self._pumping() as pump:
+        with _Waiter(self.session) as waiter, self._pump as pump:
             while not self._stopping and not self._target_gone():
                 wait = None if deadline is None else deadline - time.monotonic()
                 if wait is not None and wait <= 0:
@@ -163,21 +164,12 @@ class Stream:
                                  else self._lines_bytes)
                 if caught_up and not self._stopping:
                     time.sleep(pause)
-            pump.close()
+            pump.stop()
             yield from self._last(pump)
 
-    @contextmanager
-    def _pumping(self) -> Iterator[Pump]:
-        """The pump of this read loop (pump.py), its overflow file freed at the end and
-        what it could not keep counted (`losses`)."""
-        ring = self.session.ring
-        assert ring is not None
-        pump = self._pump = Pump(lambda: ring.drain_frames(record.SIZE, BATCH_RECORDS))
-        try:
-            yield pump
-        finally:
-            pump.close()
-            pump.discard()
+    def close(self) -> None:
+        """Free what the read loops keep (the pump's file)."""
+        self._pump.discard()
 
     def _first_interpreters(self) -> None:
         """The traced process's interpreter, or the command's once it is mapped."""
@@ -189,8 +181,8 @@ class Stream:
 
     def _drain(self, pump: Pump) -> Generator[Tuple[bytes, Named], None, bool]:
         """The ring's batches (first those the pump took) until one takes all the ring held
-        (then True: see PAUSE_S), it is empty, or the stream is stopping (a producer
-        calling flat out fills every batch)."""
+        (then True: see PAUSE_S), it is empty, or the stream stops (a producer calling flat
+        out fills every batch)."""
         while not self._stopping:
             frames = pump.frames()
             if not frames:
@@ -202,9 +194,8 @@ class Stream:
         return False
 
     def _last(self, pump: Pump) -> Generator[Tuple[bytes, Named], None, None]:
-        """At the end: what the pump took, then the ring's records up to where the
-        producers were now (a program still calling flat out, attached to or left running,
-        would otherwise keep the reader chasing it until it exits)."""
+        """At the end: what the pump took, then the ring's records up to where the producers
+        were now (not chasing a program that still calls flat out until it exits)."""
         ring = self.session.ring
         assert ring is not None
         end = ring.producer_pos
@@ -405,9 +396,8 @@ class Stream:
             losses.spool_past = spool.dropped - refused
             losses.spool_refused, losses.spool_error = refused, spool.error
             losses.interrupted = spool.abandoned
-        pump = self._pump
-        if pump is not None and pump.dropped:
-            losses.dropped[PUMP_CAUSE] = (pump.dropped, pump.error or "its limit")
+        if self._pump.dropped:
+            losses.dropped[PUMP_CAUSE] = (self._pump.dropped, self._pump.error or "its limit")
         for failure in self.outputs.failures:
             losses.unwritten[failure.name] = (failure.total, failure.cause)
         return losses

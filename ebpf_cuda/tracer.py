@@ -220,6 +220,7 @@ class Tracer:
             self.gpu.stop()
         if self.stream.pystacks is not None:  # (its ring's mapping and watcher thread first)
             self.stream.pystacks.close()
+        self.stream.close()
         self.session.close(wait)
 
     def __enter__(self) -> "Tracer":

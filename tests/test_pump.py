@@ -43,7 +43,7 @@ def test_what_the_pump_took_comes_first_and_in_order(monkeypatch):
                 break
             seen += _order(frames)
     finally:
-        pump.close()
+        pump.stop()
         pump.discard()
     assert seen == list(range(300)) and not pump.waiting and pump.dropped == 0
 
@@ -58,7 +58,7 @@ def test_a_short_batch_leaves_the_ring_to_the_reader(monkeypatch):
                 pass
         time.sleep(0.2)
     finally:
-        pump.close()
+        pump.stop()
     assert reads == [] and not pump.waiting
 
 

@@ -25,11 +25,11 @@ class Process:
     def __init__(self, pid: int, comm: str, container: Optional[str] = None) -> None:
         """`comm`: the name of the thread that made the call, the label when the process
         is gone already (else the process's own name, which a thread's may differ from).
-        `container`: its container ("" none) when known from its cgroup, else read now."""
+        `container`: its container when its cgroup v2 id names one, else read now."""
         self.pid = pid
         own, self.start = _stat(pid)
         self.comm = own if own is not None else comm
-        self.container = container_of(pid) if container is None else container
+        self.container = container or container_of(pid)
         # The first published series that holds its end (its last values), and when.
         self.exited: Optional[int] = None
         self.exited_at = 0.0

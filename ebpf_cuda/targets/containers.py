@@ -11,8 +11,8 @@ its own sees "/" there, so no id: every process it sees is in its own container.
 A process may exit before the reader reads its first records: then /proc has nothing to
 tell. So each thread's hello record carries its cgroup v2 id (record.HELLO_CGROUP), and the
 cgroup's path is found from the id (open_by_handle_at on the cgroup2 mount) while the
-container lives; /proc/PID/cgroup is read only for processes without one (no hello: a
-kernel without task storage; no cgroup2 mount).
+container lives; /proc/PID/cgroup is read for processes whose id names none (no hello: a
+kernel without task storage; no cgroup2 mount; a container known by its v1 hierarchies only).
 """
 import os
 import re
@@ -114,15 +114,15 @@ class Containers:
     def observe(self, pids: Iterable[int], cgroups: Optional[Mapping[int, int]] = None
                 ) -> None:
         """Learn the container of each of `pids` not known yet: from its cgroup v2 id in
-        `cgroups` (pid -> id, from hello records) when it has one, else from /proc."""
+        `cgroups` (pid -> id, from hello records) when that names one, else from /proc."""
         for pid in pids:
             if pid not in self._of:
                 cgroup = cgroups.get(pid) if cgroups else None
                 found = None if cgroup is None else self.cgroups.container(cgroup)
-                if found is None:
+                if found:
+                    self._keep(pid, found)
+                else:  # (a v1 hierarchy may name one: hybrid hosts, cgroupfs drivers)
                     self._read(pid)
-                else:
-                    self._keep(pid, found or None)
 
     def of(self, pid: int) -> Optional[str]:
         """The short container id of process `pid`, or None."""
