@@ -27,6 +27,7 @@ import argparse
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -36,6 +37,15 @@ PACKAGES = ("ebpf_cuda", "elftools", "click")
 DISTRIBUTIONS = {"elftools": "pyelftools", "click": "click"}  # whose licenses go along
 SHEBANG = b"#!/usr/bin/env python3\n"
 CACHE_NAME = "ebpf-cuda"  # the folder under $XDG_CACHE_HOME or ~/.cache
+# What a trace's start imports: the command line, the tracer, and the modules its start
+# imports lazily. Their bytecode is compiled before a first start goes on; every other
+# module's in the background (a module missing from this list is only compiled in memory
+# when a first start imports it).
+HOT_ENTRIES = ("ebpf_cuda.__main__", "ebpf_cuda.cli.main", "ebpf_cuda.tracer",
+               "ebpf_cuda.bpf.btf", "ebpf_cuda.output.spool", "ebpf_cuda.output.lines",
+               "ebpf_cuda.gpu", "ebpf_cuda.analysis.memory", "ebpf_cuda.analysis.layers",
+               "ebpf_cuda.analysis.python_lines")
+HOT_LIST = ".hot-modules"  # (MAIN's name for it)
 
 # The archive's __main__.py: compiled from the archive at every start (no bytecode cache for
 # it), so it is short and imports nothing beyond what Python has loaded at start-up (os, sys,
@@ -50,6 +60,11 @@ import stat
 import sys
 
 CACHE_NAME = "ebpf-cuda"
+HOT_LIST = ".hot-modules"  # the files a start imports, compiled before it goes on
+KEEP_OTHERS = 4  # unpacked folders of other builds kept, the last used (upgrades, rollbacks)
+IDLE_AGE = 3600  # seconds: a folder used more recently than this is never removed
+BACKGROUND = ".background"  # locked by the background work on a folder, while it runs
+HELD = []  # the descriptor of this start's folder, locked (see hold())
 
 
 def archive_path():
@@ -122,22 +137,38 @@ def compiled_marker():
     return ".compiled-%s%s" % (tag, ".opt-%d" % sys.flags.optimize if sys.flags.optimize else "")
 
 
-def compile_files(paths):
-    """Bytecode of each source file of `paths` for this interpreter."""
-    import py_compile
-    mode = py_compile.PycInvalidationMode.TIMESTAMP  # not SOURCE_DATE_EPOCH's hashed pycs
+def compile_files(paths, private=None):
+    """Bytecode of each source file of `paths` that has none, for this interpreter: a
+    timestamp .pyc as the import system writes it (py_compile itself costs ~12 ms of
+    imports). Written atomically, unless `private` is (folder, its final name): a folder
+    nobody reads yet, whose code is named after its final place."""
+    import marshal
+    from importlib.util import MAGIC_NUMBER, cache_from_source
     for path in paths:
-        if path.endswith(".py"):
-            try:
-                py_compile.compile(path, doraise=True, invalidation_mode=mode)
-            except (py_compile.PyCompileError, OSError, ValueError):
-                pass  # Python compiles it in memory when it imports it
+        try:
+            target = cache_from_source(path)
+            if not path.endswith(".py") or os.path.exists(target):
+                continue
+            shown = path if private is None else private[1] + path[len(private[0]):]
+            with open(path, "rb") as stream:
+                info = os.fstat(stream.fileno())
+                code = compile(stream.read(), shown, "exec", dont_inherit=True)
+            header = MAGIC_NUMBER + bytes(4) + (int(info.st_mtime) & 0xFFFFFFFF).to_bytes(
+                4, "little") + (info.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+            os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+            temporary = target if private else "%s.%d" % (target, os.getpid())
+            with open(temporary, "wb") as out:
+                out.write(header + marshal.dumps(code))
+            if temporary != target:
+                os.replace(temporary, target)
+        except (SyntaxError, ValueError, OSError):
+            pass  # Python compiles it in memory when it imports it
 
 
 def in_parallel(work, shares):
     """work(share) for each share, the first in this process and each other in a forked
-    child (compiling is CPU-bound, one core each: the first start's figure). Raises OSError
-    when a child failed; no child is left running."""
+    child (compiling is CPU-bound, one core each). Raises OSError when a child failed; no
+    child is left running."""
     children = []
     try:
         for share in shares[1:]:
@@ -161,7 +192,7 @@ def in_parallel(work, shares):
             os.waitpid(pid, 0)
         raise
     if any([os.waitpid(pid, 0)[1] for pid in children]):  # (every child reaped)
-        raise OSError("a child unpacking the archive failed")
+        raise OSError("a child compiling the archive's modules failed")
 
 
 def split(items, weight):
@@ -179,6 +210,22 @@ def split(items, weight):
     return shares
 
 
+def hot_files(folder):
+    """Paths of the sources a start imports (the archive's HOT_LIST) under `folder`."""
+    try:
+        with open(os.path.join(folder, HOT_LIST)) as listing:
+            return {os.path.join(folder, *name.split("/")) for name in listing.read().split()}
+    except OSError:
+        return set()
+
+
+def compile_hot(folder):
+    """Bytecode of the modules a start imports, shared out among forked children."""
+    paths = [path for path in hot_files(folder) if os.path.isfile(path)]
+    if paths:
+        in_parallel(compile_files, split(paths, lambda p: os.stat(p).st_size))
+
+
 def mark_compiled(folder):
     """The marker file that says this interpreter's bytecode is there."""
     temporary = os.path.join(folder, "%s.%d" % (compiled_marker(), os.getpid()))
@@ -189,39 +236,123 @@ def mark_compiled(folder):
 
 def compile_tree(folder):
     """Bytecode of every module under `folder` for this interpreter, then the marker file."""
-    if compiled_marker() is None:
-        return
     paths = []
     for top, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         paths += [os.path.join(top, name) for name in sorted(files) if name.endswith(".py")]
-    if paths:
-        in_parallel(compile_files, split(paths, lambda p: os.stat(p).st_size))
+    compile_files(paths)
     mark_compiled(folder)
 
 
-def extract(archive, temporary, entries):
-    """Write `entries` (names) of `archive` under `temporary`, and compile them."""
+def in_background(folder, work):
+    """work() in a detached grandchild (its own session, output to /dev/null, the idle
+    scheduling class: it takes no CPU that the tool or the traced command wants), while
+    this start goes on; the child between is reaped at once. Not when one runs already:
+    it holds the lock of `folder`'s BACKGROUND file until it ends."""
+    import fcntl
+    handle = os.open(os.path.join(folder, BACKGROUND), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        pid = os.fork()
+    except OSError:  # (BlockingIOError: one runs)
+        os.close(handle)
+        return
+    if pid:
+        os.close(handle)  # (the grandchild's copy keeps the lock)
+        os.waitpid(pid, 0)
+        return
+    try:
+        if os.fork() == 0:
+            os.setsid()
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except (AttributeError, OSError):
+                os.nice(19)
+            null = os.open(os.devnull, os.O_RDWR)
+            for descriptor in (0, 1, 2):
+                os.dup2(null, descriptor)
+            work()
+    finally:
+        os._exit(0)
+
+
+def unpacked_folder(root, name, uid):
+    """The time of last use of `name` in `root` when it is the unpacked folder of a build (a
+    hash: a real folder of `uid` holding a __main__.py), else None."""
+    if len(name) != 32 or name.strip("0123456789abcdef"):
+        return None
+    info = os.lstat(os.path.join(root, name))
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and \
+            os.path.isfile(os.path.join(root, name, "__main__.py")):
+        return info.st_mtime  # (a start touches its folder)
+    return None
+
+
+def remove_unless_used(root, folder):
+    """Remove `folder` unless a running start holds it (a shared lock, see hold()): locked
+    exclusively, renamed away (a start opening it now unpacks afresh), then deleted."""
+    import fcntl
+    import shutil
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: in use
+        doomed = os.path.join(root, ".unpack-old-%d-%s" % (os.getpid(), os.urandom(6).hex()))
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    finally:
+        os.close(handle)
+
+
+def prune(root, kept):
+    """Remove the folders of other builds beyond the KEEP_OTHERS last used, those unused
+    for IDLE_AGE and held by no running start, and the leftovers of starts killed while
+    unpacking (an hour old)."""
+    import shutil
+    import time
+    uid, now = os.geteuid(), time.time()
+    others = []
+    for name in os.listdir(root):
+        try:
+            path = os.path.join(root, name)
+            if name.startswith(".unpack-"):
+                if os.lstat(path).st_mtime < now - 3600:
+                    shutil.rmtree(path, ignore_errors=True)
+            elif name != kept:
+                used = unpacked_folder(root, name, uid)
+                if used is not None:
+                    others.append((used, path))
+        except OSError:
+            pass
+    for used, path in sorted(others, reverse=True)[KEEP_OTHERS:]:
+        try:
+            if used < now - IDLE_AGE:
+                remove_unless_used(root, path)
+        except OSError:
+            pass
+
+
+def extract(archive, temporary, final, names):
+    """Write `names` of `archive` under the private folder `temporary`, and compile those
+    a start imports (creating a file costs ~0.3 ms on some hosts: no more are written)."""
     import zipfile
     written = []
     with zipfile.ZipFile(archive) as zipped:
-        for name in entries:
+        for name in names:
             target = os.path.join(temporary, *name.split("/"))
-            os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
             descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with open(descriptor, "wb") as out:
                 out.write(zipped.read(name))
             written.append(target)
     if compiled_marker() is not None:
-        compile_files(written)
+        hot = hot_files(temporary)
+        compile_files([path for path in written if path in hot], (temporary, final))
 
 
 def unpack(archive, root, final):
-    """Unpack `archive` with its bytecode into a private temporary folder in `root` (files
-    shared out among forked children, each writing and compiling its own), then rename it
-    to `final`; losing the race to a concurrent start is fine."""
-    import shutil
-    import time
+    """The archive's sources written into a private temporary folder in `root`, the
+    modules a start imports compiled there (files shared out among forked children), then
+    renamed to `final` (losing the race to a concurrent start is fine)."""
     import zipfile
 
     temporary = os.path.join(root, ".unpack-%d-%s" % (os.getpid(), os.urandom(6).hex()))
@@ -231,16 +362,16 @@ def unpack(archive, root, final):
             sizes = {}
             for entry in zipped.infolist():
                 parts = entry.filename.split("/")
-                if entry.is_dir() or entry.filename.startswith("/") or \
-                        any(p in ("", ".", "..") for p in parts):
-                    continue
-                sizes[entry.filename] = entry.file_size
-        for folder in {os.path.dirname(name) for name in sizes}:  # (before the children)
+                if not entry.is_dir() and not entry.filename.startswith("/") and \
+                        not any(p in ("", ".", "..") for p in parts):
+                    sizes[entry.filename] = entry.file_size
+            if HOT_LIST in sizes:  # (before the children: they read it)
+                extract(archive, temporary, final, [HOT_LIST])
+                del sizes[HOT_LIST]
+        for folder in {os.path.dirname(name) for name in sizes}:
             os.makedirs(os.path.join(temporary, *folder.split("/")), 0o700, exist_ok=True)
-        in_parallel(lambda share: extract(archive, temporary, share),
+        in_parallel(lambda share: extract(archive, temporary, final, share),
                     split(list(sizes), sizes.get))
-        if compiled_marker() is not None:
-            mark_compiled(temporary)
         try:
             os.rename(temporary, final)
         except OSError:
@@ -248,37 +379,60 @@ def unpack(archive, root, final):
                 raise
     finally:
         if os.path.lexists(temporary):
+            import shutil
             shutil.rmtree(temporary, ignore_errors=True)
-        try:  # leftovers of starts killed while unpacking, an hour old
-            for name in os.listdir(root):
-                path = os.path.join(root, name)
-                if name.startswith(".unpack-") and os.lstat(path).st_mtime < time.time() - 3600:
-                    shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
+
+
+def hold(final, uid):
+    """An open descriptor of folder `final`, shared-locked for as long as this process runs
+    (prune() removes no folder that a start holds) and its time of use touched; None when
+    it is not trusted or is being removed."""
+    import fcntl
+    handle = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(handle)
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        now = os.lstat(final)  # (not renamed away before the lock was ours)
+        if trusted(info, uid, True) and (now.st_ino, now.st_dev) == (info.st_ino, info.st_dev):
+            os.utime(handle)
+            HELD.append(handle)
+            return handle
+    except BlockingIOError:
+        pass
+    os.close(handle)
+    return None
 
 
 def cached_copy(archive):
-    """The folder to run from instead of `archive` (unpacked on first use), or None."""
+    """The folder to run from instead of `archive` (unpacked on first use), or None. A
+    first start unpacks the sources and compiles what a start imports; the rest is
+    compiled (and old builds' folders pruned) in the background."""
     uid = os.geteuid()
     root = secure_folder(cache_root(), uid)
     if root is None:
         return None
     final = os.path.join(root, archive_hash(archive))
-    try:
-        info = os.lstat(final)
-    except FileNotFoundError:
+    fresh = not os.path.lexists(final)
+    if fresh:
         unpack(archive, root, final)
-        info = os.lstat(final)
-    if not trusted(info, uid, True):
+    if hold(final, uid) is None:
         return None
     marker = compiled_marker()
     if marker is not None and not os.path.exists(os.path.join(final, marker)):
-        try:
-            compile_tree(final)  # another interpreter unpacked it
-        except OSError:
-            pass
+        if not fresh:  # (an unpack compiled them): unpacked by another interpreter
+            compile_hot(final)
+        in_background(final, lambda: finish(root, final, fresh))
+    elif fresh:
+        in_background(final, lambda: prune(root, os.path.basename(final)))
     return final
+
+
+def finish(root, final, fresh):
+    """The background part of a first start: every other module's bytecode, the marker,
+    then (after an unpack) the folders of other builds pruned."""
+    compile_tree(final)
+    if fresh:
+        prune(root, os.path.basename(final))
 
 
 def run_from_cache():
@@ -356,6 +510,29 @@ def license_files(package: str) -> Iterator[Tuple[bytes, str]]:
             yield Path(str(file.locate())).read_bytes(), "licenses/%s/%s" % (dist_name, file.name)
 
 
+def hot_files(packages: Sequence[str] = PACKAGES) -> List[str]:
+    """Archive names of the sources that importing HOT_ENTRIES loads, in import order (a
+    child interpreter imports them from where this one finds the packages)."""
+    roots = {package: package_dir(package) for package in packages}
+    folders = sorted({str(root.parent) for root in roots.values()})
+    code = ("import sys; sys.path[:0] = %r; before = set(sys.modules)\n"
+            "for name in %r:\n    __import__(name)\n"
+            "print('\\n'.join(getattr(m, '__file__', None) or '' for n, m in "
+            "list(sys.modules.items()) if n not in before))" % (folders, HOT_ENTRIES))
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise ImportError("importing the modules of a start failed: %s"
+                          % (done.stderr.strip().splitlines() or ["?"])[-1])
+    names = []
+    for line in done.stdout.split():
+        for package, root in roots.items():
+            path = Path(line)
+            if path.suffix == ".py" and root in path.parents:
+                names.append("%s/%s" % (package, path.relative_to(root).as_posix()))
+    return names
+
+
 def build(output: str, packages: Sequence[str] = PACKAGES) -> List[str]:
     """Write the zip application to `output` (made executable); the archive's names."""
     names = []
@@ -372,6 +549,8 @@ def build(output: str, packages: Sequence[str] = PACKAGES) -> List[str]:
                 for text, arcname in license_files(package):
                     archive.writestr(_entry(arcname), text)
                     names.append(arcname)
+            archive.writestr(_entry(HOT_LIST), "".join(n + "\n" for n in hot_files(packages)))
+            names.append(HOT_LIST)
     os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     os.replace(tmp, output)
     return names
