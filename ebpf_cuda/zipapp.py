@@ -96,18 +96,24 @@ def hold(final, uid):
     it is not trusted or is being removed."""
     import fcntl
     handle = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    info = os.fstat(handle)
     try:
-        info = os.fstat(handle)
         fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        now = os.lstat(final)  # (not renamed away before the lock was ours)
-        if trusted(info, uid, True) and (now.st_ino, now.st_dev) == (info.st_ino, info.st_dev):
-            os.utime(handle)
-            HELD.append(handle)
-            return handle
-    except BlockingIOError:
-        pass
-    os.close(handle)
-    return None
+    except BlockingIOError:  # being removed
+        os.close(handle)
+        return None
+    except OSError:
+        pass  # no locks on this file system (ENOLCK): used unheld
+    now = os.lstat(final)  # (not renamed away before the lock was ours)
+    if not trusted(info, uid, True) or (now.st_ino, now.st_dev) != (info.st_ino, info.st_dev):
+        os.close(handle)
+        return None
+    try:
+        os.utime(handle)
+    except OSError:
+        pass  # (a read-only file system)
+    HELD.append(handle)
+    return handle
 
 
 def cached_copy(archive):
