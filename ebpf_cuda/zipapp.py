@@ -136,13 +136,14 @@ def cached_copy(archive):
     return final
 
 
-def first_start(archive):
-    """The names of the archive's FIRST_START, run beside this module's own (compiled only
-    when needed: this file is compiled from source at every start)."""
-    names = dict(globals())
-    code = compile(__loader__.get_data(os.path.join(archive, FIRST_START)), FIRST_START, "exec")
-    exec(code, names)
-    return names
+def first_start(archive, loaded={}):
+    """The names of the archive's FIRST_START, run (once) beside this module's own: compiled
+    only when needed, as this file is compiled from source at every start."""
+    if not loaded:
+        loaded.update(globals())
+        source = __loader__.get_data(os.path.join(archive, FIRST_START))
+        exec(compile(source, FIRST_START, "exec"), loaded)
+    return loaded
 
 
 def run_from_cache():
