@@ -311,7 +311,7 @@ def in_background(folder, work):
     try:
         if os.fork() == 0:
             os.setsid()
-            os.nice(19)  # (not SCHED_IDLE: starved for minutes on a busy host)
+            os.nice(19)  # (not SCHED_IDLE: ~5 times less of a busy CPU, slow to end)
             null = os.open(os.devnull, os.O_RDWR)
             for descriptor in (0, 1, 2):
                 os.dup2(null, descriptor)
