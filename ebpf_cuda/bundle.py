@@ -24,7 +24,9 @@ user running it (owner root or that user, not writable by group or others unless
 /tmp; symbolic links resolved first): when root runs the file with a HOME or XDG_CACHE_HOME
 that another user controls, that user cannot plant code for root to run. When the cache
 cannot be used (not writable, not trusted, any error), the file runs from the archive as
-before. Deleting the folder is always safe. Each start holds a shared lock on its folder
+before. Deleting the folder is safe, except within the second or so after a first start,
+while its background process writes in it (`rm -rf` may then leave part of it, and starts
+fail until it is deleted again). Each start holds a shared lock on its folder
 (flock, on a close-on-exec descriptor: the traced command never sees it) and touches its
 time; after an unpack, the background process removes the folders of other builds beyond
 the 4 last used that are unused for an hour and that no running start holds, so that a

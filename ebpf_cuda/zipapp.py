@@ -201,7 +201,10 @@ def compile_files(paths, private=None):
                 code = compile(stream.read(), shown, "exec", dont_inherit=True)
             header = MAGIC_NUMBER + bytes(4) + (int(info.st_mtime) & 0xFFFFFFFF).to_bytes(
                 4, "little") + (info.st_size & 0xFFFFFFFF).to_bytes(4, "little")
-            os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
+            try:  # (not makedirs: a folder deleted meanwhile is not made again, empty)
+                os.mkdir(os.path.dirname(target), 0o700)
+            except FileExistsError:
+                pass
             temporary = target if private else "%s.%d" % (target, os.getpid())
             with open(temporary, "wb") as out:
                 out.write(header + marshal.dumps(code))

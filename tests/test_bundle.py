@@ -448,3 +448,22 @@ def test_folders_of_other_builds_are_pruned_unless_used(root, cc, pyz, bare_pyth
                                cache=tmp_path / "xdg"))
     wait_for(lambda: not held.exists(), "the ended start's folder pruned")
     assert recent.is_dir() and mine.is_dir()
+
+
+def test_folder_deleted_while_its_background_compiles(pyz, bare_python, tmp_path):
+    """The folder taken away while the first start's background process still compiles in
+    it: nothing of it is made again (a folder without its sources would be taken for the
+    unpacked archive), and the next start unpacks afresh. (Deleted file by file instead,
+    as `rm -rf` does, the writer can leave part of it: then a start fails until it is
+    deleted again.)"""
+    folder = cache_folder(pyz, tmp_path)
+    assert lists_functions(run(bare_python, str(pyz), "--list-functions", cache=tmp_path))
+    os.rename(str(folder), str(tmp_path / "gone"))
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert not folder.exists()
+        time.sleep(0.05)
+    again = run(bare_python, str(pyz), "--list-functions", cache=tmp_path)
+    assert lists_functions(again), again.stderr
+    assert (folder / "ebpf_cuda" / "cli" / "main.py").is_file()
+
