@@ -7,310 +7,58 @@ importable as a library too: `sys.path.insert(0, "ebpf-cuda.pyz"); import ebpf_c
 Only pure-Python sources go in (no bytecode: the target's Python compiles what it imports).
 
 A zip application has no bytecode cache: run from the archive, every start compiles every
-module it imports again. So its `__main__` (MAIN below) unpacks the archive once, on the first
+module it imports again. So its `__main__` (zipapp.MAIN) unpacks the archive once, on the first
 start, into a per-user cache folder named after a hash of the archive's bytes,
 
     $XDG_CACHE_HOME/ebpf-cuda/<hash>/   (else ~/.cache/ebpf-cuda/<hash>/)
 
-compiling every module's bytecode there (whatever PYTHONDONTWRITEBYTECODE says; the files
-are shared out among forked children, one per usable CPU up to 8, each writing and compiling
-its own: compiling is most of a first start), and every start runs from that folder. The folder is made in a private temporary folder beside it and
-renamed into place, so concurrent first starts are safe (one rename wins, the others use it).
+and every start runs from that folder. The first start writes the sources and compiles the
+modules that a start imports (HOT_ENTRIES' imports, listed in the archive at build time),
+shared out among forked children, one per usable CPU up to 8; every other module is
+compiled afterwards by a detached background process at nice 19, which then writes the
+marker file (whatever PYTHONDONTWRITEBYTECODE says). The folder is made in a
+private temporary folder beside it and renamed into place, so concurrent first starts are
+safe (one rename wins, the others use it); bytecode added later is written atomically.
 It is used only when it and every folder above it can be changed by nobody but root and the
 user running it (owner root or that user, not writable by group or others unless sticky, as
 /tmp; symbolic links resolved first): when root runs the file with a HOME or XDG_CACHE_HOME
 that another user controls, that user cannot plant code for root to run. When the cache
 cannot be used (not writable, not trusted, any error), the file runs from the archive as
-before. Deleting the folder is always safe; old versions' folders are not removed.
+before. Deleting the folder is safe, except within the second or so after a first start,
+while its background process writes in it (`rm -rf` may then leave part of it, and starts
+fail until it is deleted again). Each start holds a shared lock on its folder
+(flock, on a close-on-exec descriptor: the traced command never sees it) and touches its
+time; after an unpack, the background process removes the folders of other builds beyond
+the 4 last used that are unused for an hour and that no running start holds, so that a
+trace by an older build keeps its folder (its later imports would fail without it).
 """
 import argparse
 import importlib.util
 import os
 import stat
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
+from .zipapp import FIRST_START_CODE, MAIN
+
 PACKAGES = ("ebpf_cuda", "elftools", "click")
 DISTRIBUTIONS = {"elftools": "pyelftools", "click": "click"}  # whose licenses go along
 SHEBANG = b"#!/usr/bin/env python3\n"
-CACHE_NAME = "ebpf-cuda"  # the folder under $XDG_CACHE_HOME or ~/.cache
+CACHE_NAME = "ebpf-cuda"  # the folder under $XDG_CACHE_HOME or ~/.cache (zipapp.MAIN's)
+# What a trace's start imports: the command line, the tracer, and the modules its start
+# imports lazily. Their bytecode is compiled before a first start goes on; every other
+# module's in the background (a module missing from this list is only compiled in memory
+# when a first start imports it).
+HOT_ENTRIES = ("ebpf_cuda.__main__", "ebpf_cuda.cli.main", "ebpf_cuda.tracer",
+               "ebpf_cuda.bpf.btf", "ebpf_cuda.output.spool", "ebpf_cuda.output.lines",
+               "ebpf_cuda.gpu", "ebpf_cuda.analysis.memory", "ebpf_cuda.analysis.layers",
+               "ebpf_cuda.analysis.python_lines")
+HOT_LIST = ".hot-modules"  # (zipapp.FIRST_START_CODE's name for it)
+FIRST_START = "__unpack__.py"  # (zipapp.MAIN's name for it)
 
-# The archive's __main__.py: compiled from the archive at every start (no bytecode cache for
-# it), so it is short and imports nothing beyond what Python has loaded at start-up (os, sys,
-# stat) on the warm path. Python 3.8+ and the standard library only.
-MAIN = r'''# ebpf-cuda as one file: runs the command line (python3 ebpf-cuda.pyz --help).
-# The first start unpacks the archive, with its modules compiled, into a per-user cache
-# folder named after the archive's hash ($XDG_CACHE_HOME/ebpf-cuda/<hash>, else
-# ~/.cache/ebpf-cuda/<hash>); every start runs from there when it is safe to, else from the
-# archive. Built by `python3 -m ebpf_cuda.bundle` (ebpf_cuda/bundle.py says more).
-import os
-import stat
-import sys
-
-CACHE_NAME = "ebpf-cuda"
-
-
-def archive_path():
-    """The zip archive this __main__ runs from, or None (run from a folder, say)."""
-    archive = getattr(globals().get("__loader__"), "archive", None)
-    return archive if isinstance(archive, str) and os.path.isfile(archive) else None
-
-
-def archive_hash(archive):
-    """Hex digest of the archive's bytes (_blake2 is built in: no OpenSSL to load)."""
-    try:
-        from _blake2 import blake2b
-    except ImportError:
-        from hashlib import blake2b
-    with open(archive, "rb") as stream:
-        return blake2b(stream.read(), digest_size=16).hexdigest()
-
-
-def cache_root():
-    """$XDG_CACHE_HOME/ebpf-cuda (an absolute XDG_CACHE_HOME), else ~/.cache/ebpf-cuda."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        home = os.environ.get("HOME", "")
-        if not os.path.isabs(home):
-            import pwd
-            home = pwd.getpwuid(os.geteuid()).pw_dir
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, CACHE_NAME)
-
-
-def trusted(info, uid, last):
-    """A real folder (no symbolic link) that only root and `uid` can change: owned by one of
-    them, not writable by group or others unless sticky (as /tmp). `last`: the cache's own
-    folder, which must be `uid`'s and writable by it alone."""
-    if not stat.S_ISDIR(info.st_mode):
-        return False
-    if last:
-        return info.st_uid == uid and not info.st_mode & 0o022
-    return info.st_uid in (0, uid) and (not info.st_mode & 0o022 or info.st_mode & stat.S_ISVTX)
-
-
-def secure_folder(path, uid):
-    """The real path of folder `path`, made (0700) where missing, when it and every folder
-    above it are trusted; else None. Each folder is checked before anything is made in it."""
-    real = os.path.realpath(path)
-    parts = [p for p in real.split(os.sep) if p]
-    current = os.sep
-    if not trusted(os.lstat(current), uid, not parts):
-        return None
-    for index, part in enumerate(parts):
-        current = os.path.join(current, part)
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
-            try:
-                os.mkdir(current, 0o700)
-            except FileExistsError:
-                pass
-            info = os.lstat(current)
-        if not trusted(info, uid, index == len(parts) - 1):
-            return None
-    return real
-
-
-def compiled_marker():
-    """Name of the file that says this interpreter's bytecode was compiled, or None."""
-    tag = sys.implementation.cache_tag
-    if tag is None:
-        return None
-    return ".compiled-%s%s" % (tag, ".opt-%d" % sys.flags.optimize if sys.flags.optimize else "")
-
-
-def compile_files(paths):
-    """Bytecode of each source file of `paths` for this interpreter."""
-    import py_compile
-    mode = py_compile.PycInvalidationMode.TIMESTAMP  # not SOURCE_DATE_EPOCH's hashed pycs
-    for path in paths:
-        if path.endswith(".py"):
-            try:
-                py_compile.compile(path, doraise=True, invalidation_mode=mode)
-            except (py_compile.PyCompileError, OSError, ValueError):
-                pass  # Python compiles it in memory when it imports it
-
-
-def in_parallel(work, shares):
-    """work(share) for each share, the first in this process and each other in a forked
-    child (compiling is CPU-bound, one core each: the first start's figure). Raises OSError
-    when a child failed; no child is left running."""
-    children = []
-    try:
-        for share in shares[1:]:
-            pid = os.fork()
-            if pid == 0:
-                status = 1
-                try:
-                    work(share)
-                    status = 0
-                finally:
-                    os._exit(status)
-            children.append(pid)
-        work(shares[0])
-    except BaseException:
-        for pid in children:
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-        for pid in children:
-            os.waitpid(pid, 0)
-        raise
-    if any([os.waitpid(pid, 0)[1] for pid in children]):  # (every child reaped)
-        raise OSError("a child unpacking the archive failed")
-
-
-def split(items, weight):
-    """`items` dealt into one share per usable CPU (at most 8), heaviest first."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    shares = [[] for _ in range(max(1, min(cpus, 8, len(items))))]
-    loads = [0] * len(shares)
-    for item in sorted(items, key=weight, reverse=True):
-        least = loads.index(min(loads))
-        shares[least].append(item)
-        loads[least] += weight(item)
-    return shares
-
-
-def mark_compiled(folder):
-    """The marker file that says this interpreter's bytecode is there."""
-    temporary = os.path.join(folder, "%s.%d" % (compiled_marker(), os.getpid()))
-    with open(temporary, "w"):
-        pass
-    os.replace(temporary, os.path.join(folder, compiled_marker()))
-
-
-def compile_tree(folder):
-    """Bytecode of every module under `folder` for this interpreter, then the marker file."""
-    if compiled_marker() is None:
-        return
-    paths = []
-    for top, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        paths += [os.path.join(top, name) for name in sorted(files) if name.endswith(".py")]
-    if paths:
-        in_parallel(compile_files, split(paths, lambda p: os.stat(p).st_size))
-    mark_compiled(folder)
-
-
-def extract(archive, temporary, entries):
-    """Write `entries` (names) of `archive` under `temporary`, and compile them."""
-    import zipfile
-    written = []
-    with zipfile.ZipFile(archive) as zipped:
-        for name in entries:
-            target = os.path.join(temporary, *name.split("/"))
-            os.makedirs(os.path.dirname(target), 0o700, exist_ok=True)
-            descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with open(descriptor, "wb") as out:
-                out.write(zipped.read(name))
-            written.append(target)
-    if compiled_marker() is not None:
-        compile_files(written)
-
-
-def unpack(archive, root, final):
-    """Unpack `archive` with its bytecode into a private temporary folder in `root` (files
-    shared out among forked children, each writing and compiling its own), then rename it
-    to `final`; losing the race to a concurrent start is fine."""
-    import shutil
-    import time
-    import zipfile
-
-    temporary = os.path.join(root, ".unpack-%d-%s" % (os.getpid(), os.urandom(6).hex()))
-    os.mkdir(temporary, 0o700)
-    try:
-        with zipfile.ZipFile(archive) as zipped:
-            sizes = {}
-            for entry in zipped.infolist():
-                parts = entry.filename.split("/")
-                if entry.is_dir() or entry.filename.startswith("/") or \
-                        any(p in ("", ".", "..") for p in parts):
-                    continue
-                sizes[entry.filename] = entry.file_size
-        for folder in {os.path.dirname(name) for name in sizes}:  # (before the children)
-            os.makedirs(os.path.join(temporary, *folder.split("/")), 0o700, exist_ok=True)
-        in_parallel(lambda share: extract(archive, temporary, share),
-                    split(list(sizes), sizes.get))
-        if compiled_marker() is not None:
-            mark_compiled(temporary)
-        try:
-            os.rename(temporary, final)
-        except OSError:
-            if not os.path.isdir(final):
-                raise
-    finally:
-        if os.path.lexists(temporary):
-            shutil.rmtree(temporary, ignore_errors=True)
-        try:  # leftovers of starts killed while unpacking, an hour old
-            for name in os.listdir(root):
-                path = os.path.join(root, name)
-                if name.startswith(".unpack-") and os.lstat(path).st_mtime < time.time() - 3600:
-                    shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            pass
-
-
-def cached_copy(archive):
-    """The folder to run from instead of `archive` (unpacked on first use), or None."""
-    uid = os.geteuid()
-    root = secure_folder(cache_root(), uid)
-    if root is None:
-        return None
-    final = os.path.join(root, archive_hash(archive))
-    try:
-        info = os.lstat(final)
-    except FileNotFoundError:
-        unpack(archive, root, final)
-        info = os.lstat(final)
-    if not trusted(info, uid, True):
-        return None
-    marker = compiled_marker()
-    if marker is not None and not os.path.exists(os.path.join(final, marker)):
-        try:
-            compile_tree(final)  # another interpreter unpacked it
-        except OSError:
-            pass
-    return final
-
-
-def run_from_cache():
-    """Put the cached copy in the archive's place on sys.path, when there is one."""
-    archive = archive_path()
-    if archive is None:
-        return
-    try:
-        folder = cached_copy(archive)
-    except Exception:  # never keep the tool from running: run from the archive
-        folder = None
-    if folder is None:
-        return
-    if sys.path and os.path.abspath(sys.path[0]) == os.path.abspath(archive):
-        sys.path[0] = folder
-    else:
-        sys.path.insert(0, folder)
-
-
-if __name__ == "__main__":
-    try:
-        run_from_cache()
-    except KeyboardInterrupt:  # while unpacking, on the first start
-        sys.stderr.write("ebpf-cuda: interrupted by SIGINT while starting\n")
-        sys.exit(130)
-    # As `python3 -m ebpf_cuda` starts (its stop signals handled before the CLI's imports).
-    try:
-        from ebpf_cuda.__main__ import run
-    except ImportError:
-        from ebpf_cuda.cli.main import main as run
-    run()
-'''
 _SKIPPED_DIRS = {"__pycache__"}
 _KEPT_SUFFIXES = {".py", ".typed"}  # sources and py.typed markers
 
@@ -356,6 +104,29 @@ def license_files(package: str) -> Iterator[Tuple[bytes, str]]:
             yield Path(str(file.locate())).read_bytes(), "licenses/%s/%s" % (dist_name, file.name)
 
 
+def hot_files(packages: Sequence[str] = PACKAGES) -> List[str]:
+    """Archive names of the sources that importing HOT_ENTRIES loads, in import order (a
+    child interpreter imports them from where this one finds the packages)."""
+    roots = {package: package_dir(package) for package in packages}
+    folders = sorted({str(root.parent) for root in roots.values()})
+    code = ("import sys; sys.path[:0] = %r; before = set(sys.modules)\n"
+            "for name in %r:\n    __import__(name)\n"
+            "print('\\n'.join(getattr(m, '__file__', None) or '' for n, m in "
+            "list(sys.modules.items()) if n not in before))" % (folders, HOT_ENTRIES))
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise ImportError("importing the modules of a start failed: %s"
+                          % (done.stderr.strip().splitlines() or ["?"])[-1])
+    names = []
+    for line in done.stdout.split():
+        for package, root in roots.items():
+            path = Path(line)
+            if path.suffix == ".py" and root in path.parents:
+                names.append("%s/%s" % (package, path.relative_to(root).as_posix()))
+    return names
+
+
 def build(output: str, packages: Sequence[str] = PACKAGES) -> List[str]:
     """Write the zip application to `output` (made executable); the archive's names."""
     names = []
@@ -364,7 +135,8 @@ def build(output: str, packages: Sequence[str] = PACKAGES) -> List[str]:
         raw.write(SHEBANG)
         with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED) as archive:
             archive.writestr(_entry("__main__.py"), MAIN)
-            names.append("__main__.py")
+            archive.writestr(_entry(FIRST_START), FIRST_START_CODE)
+            names += ["__main__.py", FIRST_START]
             for package in packages:
                 for path, arcname in package_files(package):
                     archive.writestr(_entry(arcname), path.read_bytes())
@@ -372,6 +144,8 @@ def build(output: str, packages: Sequence[str] = PACKAGES) -> List[str]:
                 for text, arcname in license_files(package):
                     archive.writestr(_entry(arcname), text)
                     names.append(arcname)
+            archive.writestr(_entry(HOT_LIST), "".join(n + "\n" for n in hot_files(packages)))
+            names.append(HOT_LIST)
     os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     os.replace(tmp, output)
     return names

@@ -31,7 +31,7 @@ WINGS: List[List[str]] = [
      "late_loads", "pump"],                  # face, the libraries mapped after the start
     ["monitor"],                             # the always-on agent and its exporters
     ["cli"],                                 # the command
-    ["__init__", "__main__", "bundle"],      # the package's doors
+    ["__init__", "__main__", "bundle", "zipapp"],  # the package's doors
 ]
 RANK: Dict[str, int] = {name: rank for rank, names in enumerate(WINGS) for name in names}
 MAX_MODULE_LINES = 600

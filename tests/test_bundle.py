@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Dict, Optional
@@ -61,6 +62,18 @@ def cache_folder(pyz: Path, xdg: Path) -> Path:
     """Where the archive unpacks itself: a hash of the archive's bytes under ebpf-cuda/."""
     digest = hashlib.blake2b(pyz.read_bytes(), digest_size=16).hexdigest()
     return xdg / bundle.CACHE_NAME / digest
+
+
+def wait_for(check, what: str, timeout: float = 180.0):
+    """check()'s first true value: the first start's background work (bytecode of the
+    modules a start does not import, then pruning) ends after the start itself."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, "timed out waiting for " + what
+        time.sleep(0.05)
 
 
 def lists_functions(done: subprocess.CompletedProcess) -> bool:
@@ -145,9 +158,12 @@ def test_first_run_unpacks_with_bytecode_and_the_second_uses_it(pyz, bare_python
     first = run(bare_python, str(pyz), "--list-functions", cache=tmp_path)
     assert lists_functions(first), first.stderr
     tag = sys.implementation.cache_tag
-    assert (folder / (".compiled-" + tag)).is_file()
+    # The modules a start imports are compiled before it goes on; the rest (elftools: a
+    # trace reads ELF files with its own code) in the background, then the marker.
     assert (folder / "ebpf_cuda" / "cli" / "__pycache__" / ("main.%s.pyc" % tag)).is_file()
+    wait_for((folder / (".compiled-" + tag)).is_file, "the marker")
     assert (folder / "elftools" / "elf" / "__pycache__" / ("elffile.%s.pyc" % tag)).is_file()
+    assert not list(folder.rglob("*.pyc.*"))  # no temporary left
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temporary left
@@ -202,8 +218,10 @@ def test_another_interpreter_compiles_its_own_bytecode(pyz, bare_python, tmp_pat
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
     done = run(other, str(pyz), "--list-functions", flags=("-S",), env=env)
     assert lists_functions(done), done.stderr
-    markers = sorted(p.name for p in cache_folder(pyz, tmp_path).glob(".compiled-*"))
-    assert len(markers) == 2 and ".compiled-" + mine in markers
+    markers = wait_for(lambda: sorted(
+        p.name for p in cache_folder(pyz, tmp_path).glob(".compiled-*")) if len(list(
+            cache_folder(pyz, tmp_path).glob(".compiled-*"))) == 2 else None, "2 markers")
+    assert ".compiled-" + mine in markers
 
 
 def _unwritable_root_file(tmp_path: Path) -> Path:
@@ -341,3 +359,111 @@ def test_damaged_cache_folder_falls_back_to_the_archive(pyz, bare_python, tmp_pa
     folder.write_text("not a folder")
     done = run(bare_python, str(pyz), "--list-functions", cache=tmp_path)
     assert lists_functions(done), done.stderr
+
+
+def test_hot_list_holds_what_a_start_imports(pyz):
+    with zipfile.ZipFile(str(pyz)) as archive:
+        hot = archive.read(bundle.HOT_LIST).decode().split()
+        names = set(archive.namelist())
+    assert set(hot) <= names
+    assert {"ebpf_cuda/__main__.py", "ebpf_cuda/cli/main.py", "ebpf_cuda/tracer.py",
+            "ebpf_cuda/session.py", "ebpf_cuda/output/lines.py", "click/core.py"} <= set(hot)
+    assert not [name for name in hot if name.startswith("elftools/")]
+
+
+# ---- pruning the folders of other builds ----------------------------------------------------
+
+
+def _other_build(pyz: Path, folder: Path, note: bytes) -> Path:
+    """A copy of the archive that is another build (another hash): its zip comment differs."""
+    copy = folder / ("other-%s.pyz" % note.decode())
+    shutil.copy(str(pyz), str(copy))
+    with zipfile.ZipFile(str(copy), "a") as archive:
+        archive.comment = note
+    return copy
+
+
+def _fake_unpacked(root: Path, name: str, age: float, ours: bool = True) -> Path:
+    folder = root / name
+    (folder / "ebpf_cuda").mkdir(parents=True)
+    if ours:
+        (folder / "__main__.py").write_text("")
+    os.utime(str(folder), (time.time() - age,) * 2)
+    return folder
+
+
+@pytest.mark.kernel
+def test_folders_of_other_builds_are_pruned_unless_used(root, cc, pyz, bare_python, tmp_path):
+    """A first start removes, in the background, the folders of other builds beyond the 4
+    last used, when unused for an hour and held by no running start; never anything else.
+    A trace by another build that is running (its command, cat, waits on its input) keeps
+    its folder, however old, and ends normally."""
+    from fakecuda import build_fake_cuda
+
+    lib, _ = build_fake_cuda(cc)
+    cache = tmp_path / "xdg" / bundle.CACHE_NAME
+    cache.mkdir(parents=True, mode=0o700)
+    hours = {"%032x" % n: 3600 * (2 + n) for n in range(1, 8)}  # ..01 newest, ..07 oldest
+    for name, age in hours.items():
+        _fake_unpacked(cache, name, age)
+    recent = _fake_unpacked(cache, "%032x" % 99, 600)  # beyond the 4, but used 10 min ago
+    foreign = [_fake_unpacked(cache, "f" * 32, 9 * 3600, ours=False),  # no __main__.py
+               _fake_unpacked(cache, "not-a-build", 9 * 3600)]
+    (cache / ("e" * 32)).write_text("a file")
+    (cache / ("d" * 32)).symlink_to(_fake_unpacked(tmp_path, "target", 9 * 3600))
+    (cache / "programs-0123456789abcdef.marshal").write_bytes(b"")
+    # A trace by another build, running until its input ends; its folder made old.
+    running = _other_build(pyz, tmp_path, b"running")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    waiting = subprocess.Popen([bare_python, "-I", "-S", str(running), "-p", str(lib), "--",
+                                "cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        held = cache_folder(running, tmp_path / "xdg")
+        wait_for((held / (".compiled-" + sys.implementation.cache_tag)).exists,
+                 "the running build's bytecode")
+        os.utime(str(held), (time.time() - 99 * 3600,) * 2)  # the oldest of all
+        first = run(bare_python, str(pyz), "--list-functions", cache=tmp_path / "xdg")
+        assert lists_functions(first), first.stderr
+        mine = cache_folder(pyz, tmp_path / "xdg")
+        kept = {mine.name, held.name, recent.name} | set(sorted(hours)[:3])
+        wait_for(lambda: {p.name for p in cache.iterdir() if p.name in hours} <= kept,
+                 "the pruning")
+        out, err = waiting.communicate("its input\n", timeout=60)  # cat ends, so does it
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert waiting.returncode == 0 and "Traceback" not in err, err
+    assert "its input" in out
+    assert held.is_dir()
+    names = {p.name for p in cache.iterdir()}
+    assert names & set(hours) == set(sorted(hours)[:3])  # the 4 last used: with `recent`
+    assert {mine.name, held.name, recent.name, "e" * 32, "d" * 32, "f" * 32, "not-a-build",
+            "programs-0123456789abcdef.marshal"} <= names
+    assert not [n for n in names if n.startswith(".unpack-")]
+    assert all(f.is_dir() for f in foreign) and (tmp_path / "target").is_dir()
+    # Once it ended, the next build's first start prunes its folder (unused, old).
+    later = _other_build(pyz, tmp_path, b"later")
+    assert lists_functions(run(bare_python, str(later), "--list-functions",
+                               cache=tmp_path / "xdg"))
+    wait_for(lambda: not held.exists(), "the ended start's folder pruned")
+    assert recent.is_dir() and mine.is_dir()
+
+
+def test_folder_deleted_while_its_background_compiles(pyz, bare_python, tmp_path):
+    """The folder taken away while the first start's background process still compiles in
+    it: nothing of it is made again (a folder without its sources would be taken for the
+    unpacked archive), and the next start unpacks afresh. (Deleted file by file instead,
+    as `rm -rf` does, the writer can leave part of it: then a start fails until it is
+    deleted again.)"""
+    folder = cache_folder(pyz, tmp_path)
+    assert lists_functions(run(bare_python, str(pyz), "--list-functions", cache=tmp_path))
+    os.rename(str(folder), str(tmp_path / "gone"))
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert not folder.exists()
+        time.sleep(0.05)
+    again = run(bare_python, str(pyz), "--list-functions", cache=tmp_path)
+    assert lists_functions(again), again.stderr
+    assert (folder / "ebpf_cuda" / "cli" / "main.py").is_file()
+

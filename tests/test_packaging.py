@@ -143,11 +143,12 @@ def test_console_script_target_exists():
 
 
 def _zipapp_main(tmp_path: Path) -> Path:
-    """The zipapp's __main__.py (a string in bundle.py, which vermin would not look into)."""
-    from ebpf_cuda import bundle
+    """The zipapp's __main__.py and the __unpack__.py it runs on a first start (strings in
+    zipapp.py, which vermin would not look into), as one file: they run as one namespace."""
+    from ebpf_cuda import zipapp
 
     path = tmp_path / "zipapp_main.py"
-    path.write_text(bundle.MAIN)
+    path.write_text(zipapp.MAIN + "\n" + zipapp.FIRST_START_CODE)
     return path
 
 
