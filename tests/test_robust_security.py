@@ -104,7 +104,8 @@ def test_no_way_to_read_target_memory_but_bpf_helpers():
 
 def test_only_the_users_command_and_ldconfig_are_run():
     """Programs started by the package: the command given after `--` (command.py) and the
-    system's `ldconfig -p` (discovery.py). Libraries loaded with ctypes: libc, the C++
+    system's `ldconfig -p` (discovery.py); building the zipapp (bundle.py, never a trace)
+    runs its own interpreter, sys.executable, to list a start's imports. Libraries loaded with ctypes: libc, the C++
     runtime's demangler and the driver's NVML (gpu/nvml.py, and gpu/__init__.py's check that it
     loads: by its soname, in the host's driver folders, or the user's --nvml PATH), never a
     traced file."""
@@ -112,7 +113,9 @@ def test_only_the_users_command_and_ldconfig_are_run():
                       r"\bos\.(exec\w*|system|popen|spawn\w*|posix_spawn\w*)\b")
     found = sorted({p.name for p in _package_sources() for _, code in _code_lines(p)
                     if runs.search(code)})
-    assert found == ["command.py", "discovery.py"]
+    assert found == ["bundle.py", "command.py", "discovery.py"]
+    bundle = (REPO / "ebpf_cuda" / "bundle.py").read_text()
+    assert len(runs.findall(bundle)) == 1 and "subprocess.run([sys.executable, " in bundle
     loads = [(p.name, code.strip()) for p in _package_sources() for _, code in _code_lines(p)
              if "CDLL(" in code]
     assert all(re.search(r"CDLL\((None|name)\b", code) or (name, code) in (
