@@ -41,9 +41,8 @@ class Pump:
         self._wake = threading.Condition()
         self._batch = 0  # batches the reader began
         self._busy = False  # the reader is at batch `_batch`
-        self._closed = False  # the thread is to end (set by stop(), cleared once it has)
         self._broken = False  # no spool file could be made: the pump stays off
-        self._closing = threading.Event()  # (wakes the thread from its look's wait)
+        self._closing = threading.Event()  # the thread is to end (stop()); wakes its waits
         self._thread: Optional[threading.Thread] = None
 
     def frames(self) -> bytes:
@@ -88,13 +87,11 @@ class Pump:
         """Stop the thread (at the end of a read loop: before the ring may be closed); what
         it took stays for `frames()`, and the next `busy()` starts it again."""
         with self._wake:
-            self._closed = True
             self._closing.set()
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
         self._thread = None
-        self._closed = False
         self._closing.clear()
 
     def __enter__(self) -> "Pump":
@@ -112,9 +109,9 @@ class Pump:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._busy and not self._closed:
+                while not self._busy and not self._closing.is_set():
                     self._wake.wait()
-                if self._closed:
+                if self._closing.is_set():
                     return
                 batch = self._batch
             self._closing.wait(PUMP_S)
@@ -124,7 +121,7 @@ class Pump:
     def _take(self, batch: int) -> bool:
         """Move the ring's records to the spool while the reader is still at `batch`."""
         with self._turn:
-            if not self._busy or self._batch != batch or self._closed:
+            if not self._busy or self._batch != batch or self._closing.is_set():
                 return False
             if self._spool is None:
                 try:

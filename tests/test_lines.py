@@ -162,6 +162,20 @@ def test_a_thread_renamed_and_a_device_told_again_keep_their_lines(as_json):
         assert [line.count('"device":1') for line in got[-4:]] == [1, 1, 1, 1]
 
 
+def _written(writer_class, spans, offset: int, fast: bool):
+    """The lines a writer gives for cudaGetDevice calls of these (enter, exit) times, from
+    the frames (the fast path) or from decoded events."""
+    frames = b"".join(pack_frame("cudaGetDevice", enter, exit_ts=exit_, outs=[0])
+                      for enter, exit_ in spans)
+    out = io.StringIO()
+    writer = writer_class(out)
+    if fast:
+        writer.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
+    else:
+        writer.write(Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames))
+    return out.getvalue().splitlines()
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_json_times_are_the_wall_clock_ns_exactly(fast):
     """JSON `ts` is the wall-clock time to the ns, "S.NNNNNNNNN" (not a float's shortest
@@ -171,15 +185,7 @@ def test_json_times_are_the_wall_clock_ns_exactly(fast):
 
     offset = 1_796_646_153 * 10**9
     spans = [(999_999_990, 1_000_000_007), (5, 1_234), (2 * 10**9, 2 * 10**9 + 1)]
-    frames = b"".join(pack_frame("cudaGetDevice", enter, exit_ts=exit_, outs=[0])
-                      for enter, exit_ in spans)
-    out = io.StringIO()
-    writer = JsonWriter(out)
-    if fast:
-        writer.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
-    else:
-        writer.write(Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames))
-    lines = out.getvalue().splitlines()
+    lines = _written(JsonWriter, spans, offset, fast)
     want = ["1796646153.999999990", "1796646154.000000007", "1796646153.000000005",
             "1796646153.000001234", "1796646155.000000000", "1796646155.000000001"]
     assert [line.split(",", 1)[0] for line in lines] == ['{"ts":' + ts for ts in want]
@@ -194,19 +200,11 @@ def test_text_times_are_the_wall_clock_ns_truncated(fast):
     just before a second's end the next second)."""
     import time
 
-    offset = 1_796_646_153 * 10**9
     spans = [(123_456_999, 999_999_990), (999_999_999, 1_000_000_000)]
-    frames = b"".join(pack_frame("cudaGetDevice", enter, exit_ts=exit_, outs=[0])
-                      for enter, exit_ in spans)
-    out = io.StringIO()
-    writer = TextWriter(out)
-    if fast:
-        writer.write_frames(frames, Decoder(TABLE, clock_offset_ns=offset))
-    else:
-        writer.write(Decoder(TABLE, clock_offset_ns=offset).decode_batch(frames))
+    lines = _written(TextWriter, spans, 1_796_646_153 * 10**9, fast)
 
     def shown(second: int, micro: str) -> str:
         return time.strftime("%H:%M:%S", time.localtime(1_796_646_153 + second)) + micro
 
-    assert [line.split(" ", 1)[0] for line in out.getvalue().splitlines()] == [
+    assert [line.split(" ", 1)[0] for line in lines] == [
         shown(0, ".123456"), shown(0, ".999999"), shown(0, ".999999"), shown(1, ".000000")]
