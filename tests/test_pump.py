@@ -9,7 +9,7 @@ from ebpf_cuda import pump as pump_module
 from ebpf_cuda.pump import Pump
 from ebpf_cuda.spec import record
 from ebpf_cuda.tracer import Tracer
-from test_robust_support import wait_for
+from test_robust_support import Workload, wait_for
 
 
 def _frames(first: int, count: int) -> bytes:
@@ -86,3 +86,35 @@ def test_a_reader_busy_for_seconds_loses_nothing(root, robust, monkeypatch, pump
         assert (seen, lost) == (calls, 0)
     else:
         assert lost > 0 and seen + lost == calls
+
+
+@pytest.mark.kernel
+def test_attached_to_a_running_process_a_busy_reader_loses_nothing(root, robust):
+    """The case the pump was made for (`-d PID` to a program already running, which then
+    calls flat out while the reader is busy): a burst of 200,000 calls asked of a workload
+    running before the tracer, the first batch's consumer busy for two seconds."""
+    lib, prog = robust
+    calls = 200000
+    target = Workload([prog, "bursts"])
+    seen = 0
+    try:
+        with Tracer(library=[str(lib)], functions=["cudaMemcpy"], pid=target.pid) as tracer:
+            tracer.start()
+            target.proc.stdin.write("%d\n" % calls)
+            target.proc.stdin.flush()
+            deadline = time.monotonic() + 120
+            for frames in tracer.frames(timeout=120):
+                if seen == 0:
+                    end = time.monotonic() + 2.0
+                    while time.monotonic() < end:  # (holding the interpreter)
+                        sum(range(1000))
+                seen += record.call_count(frames)
+                if seen >= calls or time.monotonic() > deadline:
+                    tracer.stop()
+            lost = tracer.stats()["lost"]
+        answer = target.proc.stdout.readline().strip()
+        assert answer == "done %d total=%d" % (calls, calls), answer
+        assert (seen, lost) == (calls, 0)
+        assert target.finish() == 0
+    finally:
+        target.kill()
