@@ -215,7 +215,7 @@ class Stream:
         self.session.note_loads(frames)  # libraries just mapped: probed first
         pids = record.frame_pids(frames)
         self.names.observe_frames(frames, pids)
-        self.containers.observe(pids, record.hello_cgroups(frames))
+        self.containers.observe(pids, frames)
         teaching = self.decoder.decode_batch(frames, self.teaching)
         if teaching:  # (where each name lies, for those the probes could not keep)
             self.names.learn(teaching, self.decoder.name_pointers(frames))

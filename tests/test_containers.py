@@ -213,17 +213,18 @@ def test_a_process_gone_before_the_reader_looks_is_known_by_its_hellos_cgroup(ro
     if not features.task_storage():
         pytest.skip("no hello records without task storage (5.11)")
     command = ["sh", "-c", "echo $$ > %s/cgroup.procs; exec %s threads 2 3" % (scope, prog)]
-    cgroups = {}
+    cgroups, batches = {}, []
     with Tracer(library=[str(lib)], functions=["cudaMemcpy"], command=command) as tracer:
         for frames in tracer.frames():
             cgroups.update(record.hello_cgroups(frames))
+            batches.append(frames)
         child = tracer.child_pid
     assert cgroups == {child: os.stat(str(scope)).st_ino}
     assert not Path("/proc/%d" % child).exists()
     assert containers.container_of(child) == ""  # (/proc cannot tell any more)
     assert Cgroups().container(cgroups[child]) == SHORT
     known = Containers()
-    known.observe([child], cgroups)
+    known.observe([child], b"".join(batches))
     assert known.of(child) == SHORT
 
 
@@ -231,5 +232,19 @@ def test_a_cgroup_id_that_names_no_cgroup_leaves_it_to_proc(monkeypatch):
     monkeypatch.setattr(containers, "container_of", lambda pid: "f" * 12)
     assert Cgroups().container((1 << 63) + 12345) is None
     known = Containers()
-    known.observe([7], {7: (1 << 63) + 12345})
+    known.observe([7], _hello(7, (1 << 63) + 12345))
     assert known.of(7) == "f" * 12
+
+
+def _hello(pid: int, cgroup: int) -> bytes:
+    """The frame of a hello record of process `pid` in cgroup `cgroup`."""
+    body = bytearray(record.SIZE)
+    body[record.PID_TGID:record.PID_TGID + 8] = (pid << 32 | pid).to_bytes(8, "little")
+    body[record.FN_ID:record.FN_ID + 2] = record.HELLO_FN.to_bytes(2, "little")
+    body[record.PHASE] = record.PHASE_HELLO
+    body[record.HELLO_CGROUP:record.HELLO_CGROUP + 8] = cgroup.to_bytes(8, "little")
+    return bytes(record.FRAME_HEADER) + bytes(body)
+
+
+def test_a_hello_record_gives_its_process_cgroup():
+    assert record.hello_cgroups(_hello(7, 4321) + _hello(8, 0)) == {7: 4321}

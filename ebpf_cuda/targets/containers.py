@@ -16,9 +16,10 @@ kernel without task storage; no cgroup2 mount; a container known by its v1 hiera
 """
 import os
 import re
-from typing import Dict, Iterable, Mapping, Optional
+from typing import Dict, Iterable, Optional
 
 from .. import syscalls
+from ..spec import record
 from . import procfs
 
 CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
@@ -111,18 +112,19 @@ class Containers:
         self.own = container_of(os.getpid()) or None  # the tracer's own, if any
         self.cgroups = Cgroups()
 
-    def observe(self, pids: Iterable[int], cgroups: Optional[Mapping[int, int]] = None
-                ) -> None:
-        """Learn the container of each of `pids` not known yet: from its cgroup v2 id in
-        `cgroups` (pid -> id, from hello records) when that names one, else from /proc."""
-        for pid in pids:
-            if pid not in self._of:
-                cgroup = cgroups.get(pid) if cgroups else None
-                found = None if cgroup is None else self.cgroups.container(cgroup)
-                if found:
-                    self._keep(pid, found)
-                else:  # (a v1 hierarchy may name one: hybrid hosts, cgroupfs drivers)
-                    self._read(pid)
+    def observe(self, pids: Iterable[int], frames: bytes = b"") -> None:
+        """Learn the container of each of `pids` not known yet: from its cgroup v2 id in the
+        batch's hello records (record.hello_cgroups, read only when a pid is new) when that
+        names one, else from /proc."""
+        new = [pid for pid in pids if pid not in self._of]
+        cgroups = record.hello_cgroups(frames) if new and frames else {}
+        for pid in new:
+            cgroup = cgroups.get(pid)
+            found = None if cgroup is None else self.cgroups.container(cgroup)
+            if found:
+                self._keep(pid, found)
+            else:  # (a v1 hierarchy may name one: hybrid hosts, cgroupfs drivers)
+                self._read(pid)
 
     def of(self, pid: int) -> Optional[str]:
         """The short container id of process `pid`, or None."""
