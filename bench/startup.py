@@ -232,6 +232,24 @@ def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[
     ]
 
 
+GATHER = """
+import sys
+from ebpf_cuda.probes.cache import ProgramCache
+store = ProgramCache()
+store._new = {"another configuration %d" % i: (bytes(2150), [(16 + 8 * (i % 9), "events")])
+              for i in range(int(sys.argv[1]))}
+store.save()
+"""
+
+
+def gather(tree: Path, entries: int) -> None:
+    """Put `entries` programs of other configurations (each the size of a default trace's
+    average) in `tree`'s program cache file, written by that tree's own code."""
+    if entries:
+        subprocess.run([sys.executable, "-c", GATHER, str(entries)], cwd=str(tree),
+                       check=True, timeout=120)
+
+
 def import_times(lib: str, stamp: str, top: int = 10, runs: int = 5) -> List[str]:
     """The slowest imports of a whole start, `python3 -m ebpf_cuda -p LIB -- stamp` (python
     -X importtime, cumulative): the CLI's and those made while starting; per
@@ -264,6 +282,10 @@ def _no_site_env() -> Dict[str, str]:
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--gathered", type=int, default=0, metavar="N",
+                        help="each tree's program cache holds N entries of other trace "
+                             "configurations beside the start's own (one that gathered a "
+                             "test suite's configurations: ~1,000)")
     parser.add_argument("--baseline", metavar="DIR",
                         help="another checkout (e.g. `git worktree add DIR COMMIT`) whose "
                              "import, installed and warm zipapp start-ups run in the same "
@@ -280,6 +302,13 @@ def main(argv: List[str]) -> None:
     time_to_exit([sys.executable, "-c", "import ebpf_cuda.cli.main, ebpf_cuda.tracer"])
     scratch = Path(tempfile.mkdtemp(prefix="ebpf-cuda-startup-"))
     stand_in = str(built.lib)
+    # The installed starts' program cache: this run's own, not the user's (whose size
+    # depends on what ran before), holding --gathered other configurations' programs.
+    os.environ["XDG_CACHE_HOME"] = str(scratch / "user-cache")
+    trees = [common.REPO] + ([Path(args.baseline).resolve()] if args.baseline else [])
+    for tree in trees:
+        gather(tree, args.gathered)
+        time_to_stamp(common.cli_command(["-p", stand_in], [stamp]), cwd=str(tree))
     try:
         zipapp = Zipapp(scratch)
         zipapp.run(zipapp.warm_cache, ["-p", stand_in], [stamp])  # unpacks it: warm from now

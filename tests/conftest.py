@@ -6,6 +6,7 @@ Tests that load BPF programs, create maps, attach probes or run the tracer are m
 fixture is marked `kernel` too, in case its module forgot. Helpers that are not fixtures
 are in helpers.py.
 """
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,6 +27,20 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("kernel") is not None:
             # First, before other skipif conditions (which may ask the kernel something).
             item.add_marker(skip, append=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_home(tmp_path_factory):
+    """The suite's caches (programs, tracepoints, BTF, zipapp folders) in a folder of its
+    own, not the user's: a suite's ~1,000 trace configurations would otherwise stay in the
+    program cache that the user's later starts read."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture

@@ -414,7 +414,7 @@ def test_folders_of_other_builds_are_pruned_unless_used(root, cc, pyz, bare_pyth
                _fake_unpacked(cache, "not-a-build", 9 * 3600)]
     (cache / ("e" * 32)).write_text("a file")
     (cache / ("d" * 32)).symlink_to(_fake_unpacked(tmp_path, "target", 9 * 3600))
-    (cache / "programs-0123456789abcdef.marshal").write_bytes(b"")
+    (cache / "programs-0123456789abcdef.programs").write_bytes(b"")
     # A trace by another build, running until its input ends; its folder made old.
     running = _other_build(pyz, tmp_path, b"running")
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
@@ -442,7 +442,7 @@ def test_folders_of_other_builds_are_pruned_unless_used(root, cc, pyz, bare_pyth
     names = {p.name for p in cache.iterdir()}
     assert names & set(hours) == set(sorted(hours)[:3])  # the 4 last used: with `recent`
     assert {mine.name, held.name, recent.name, "e" * 32, "d" * 32, "f" * 32, "not-a-build",
-            "programs-0123456789abcdef.marshal"} <= names
+            "programs-0123456789abcdef.programs"} <= names
     assert not [n for n in names if n.startswith(".unpack-")]
     assert all(f.is_dir() for f in foreign) and (tmp_path / "target").is_dir()
     # Once it ended, the next build's first start prunes its folder (unused, old).

@@ -98,18 +98,78 @@ def test_a_file_not_sound_or_not_this_users_alone_is_not_read(root, fake, cache_
     config = TraceConfig(library=(str(lib),), functions=("cudaMalloc",))
     _codes(config, ProgramCache())
     path = cache.cache_file()
-    assert len(cache._read(path)) == 2  # (cudaMalloc's entry and return programs)
+    whole = cache._read(path)
+    assert len(whole) == 2  # (cudaMalloc's entry and return programs)
     os.chmod(path, 0o622)  # others may write it: its code is not loaded
     assert cache._read(path) == {}
+    assert all(cache.Index(path).entry(key) is None for key in whole)
     os.chmod(path, 0o600)
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) // 2)
-    assert cache._read(path) == {}
+        f.truncate(os.path.getsize(path) - 1)  # the last entry cut short: only it is lost
+    read = cache._read(path)
+    assert len(read) == 1 and all(whole[key] == entry for key, entry in read.items())
     with open(path, "wb") as f:
         f.write(b"\x00not marshal")
     assert cache._read(path) == {}
     _codes(config, ProgramCache())  # made again, and the file written anew
-    assert len(cache._read(path)) == 2
+    assert cache._read(path) == whole
+
+
+def test_a_start_reads_its_entries_not_the_whole_file(root, fake, cache_home, monkeypatch):
+    """A file that gathered many configurations' programs: a start reads the index and its
+    own entries (and keeps only those), and loads the same programs as from a file of its
+    own."""
+    lib, _ = fake
+    config = TraceConfig(library=(str(lib),), functions=("cudaMalloc", "cudaFree"))
+    own = _codes(config, ProgramCache())
+    path = cache.cache_file()
+    mine = cache._read(path)
+    others = {"other config %d" % i: (bytes(800), [(8, "events")]) for i in range(3000)}
+    assert cache._write(path, dict(others, **mine))
+    read = []
+    real = os.pread
+
+    def counted(fd, size, offset):
+        data = real(fd, size, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(cache.os, "pread", counted)
+    made = _made(monkeypatch)
+    store = ProgramCache()
+    assert _codes(config, store) == own and made == []
+    monkeypatch.setattr(cache.os, "pread", real)
+    index = cache._HEAD.size + cache._ROW.size * (len(others) + len(mine))
+    wanted = sum(len(cache.marshal.dumps((key,) + entry)) for key, entry in mine.items())
+    assert sum(read) == index + wanted < os.path.getsize(path) // 20
+    assert store._used == mine
+
+
+def test_a_digest_that_collides_is_a_miss_and_the_program_is_made(root, fake, cache_home,
+                                                                  monkeypatch):
+    lib, _ = fake
+    config = TraceConfig(library=(str(lib),), functions=("cudaMalloc",))
+    generated = _codes(config, ProgramCache(None))
+    _codes(config, ProgramCache())
+    path = cache.cache_file()
+    entries = cache._read(path)
+    monkeypatch.setattr(cache, "digest", lambda text: 7)  # every key: one digest
+    assert cache._write(path, {"not the key": next(iter(entries.values()))})
+    made = _made(monkeypatch)
+    assert _codes(config, ProgramCache()) == generated
+    assert len(made) == 2
+
+
+def test_a_full_file_keeps_what_this_start_used_and_made(tmp_path, monkeypatch):
+    path = str(tmp_path / "programs-x.programs")
+    assert cache._write(path, {"old %d" % i: (bytes(8), []) for i in range(5)})
+    monkeypatch.setattr(cache, "MAX_ENTRIES", 6)
+    store = ProgramCache(path)
+    store._used = {"old 3": store.index().entry("old 3")}
+    store._new = {"new 1": (bytes(16), []), "new 2": (bytes(24), [(8, "events")])}
+    store.save()
+    assert cache._read(path) == {"old 3": (bytes(8), []), "new 1": (bytes(16), []),
+                                 "new 2": (bytes(24), [(8, "events")])}
 
 
 def test_a_changed_package_or_relative_cache_home_is_another_file(tmp_path, monkeypatch):
@@ -134,15 +194,16 @@ def test_files_of_other_builds_are_pruned_to_the_newest_few(cache_home):
     cache_home.mkdir(parents=True)
     olds = []
     for i in range(cache.KEEP_FILES + 3):
-        path = cache_home / ("programs-old%02d.marshal" % i)
+        path = cache_home / ("programs-old%02d%s" % (i, cache.SUFFIX))
         path.write_bytes(b"")
         os.utime(str(path), (1000 + i, 1000 + i))
         olds.append(path.name)
     (cache_home / "btf-x.marshal").write_bytes(b"")
-    store = ProgramCache(str(cache_home / "programs-new.marshal"))
+    (cache_home / "programs-earlier-format.marshal").write_bytes(b"")  # (whole marshal)
+    store = ProgramCache(str(cache_home / ("programs-new" + cache.SUFFIX)))
     store._new = {"key": (b"\x95" + b"\0" * 7, [])}
     store.save()
     left = sorted(os.listdir(str(cache_home)))
-    assert left == sorted(["btf-x.marshal", "programs-new.marshal"]
+    assert left == sorted(["btf-x.marshal", "programs-new" + cache.SUFFIX]
                           + olds[-cache.KEEP_FILES:])
-    assert list(cache._read(str(cache_home / "programs-new.marshal"))) == ["key"]
+    assert list(cache._read(str(cache_home / ("programs-new" + cache.SUFFIX)))) == ["key"]
