@@ -210,6 +210,19 @@ def phases(lib: str, stamp: str, everything: bool) -> Dict[str, float]:
     return spent
 
 
+def venv_cases(venv: Path, stand_in: str, stamp: str) -> List[Case]:
+    """The start-up of a regular install (`pip install .` in `venv`), from a folder that
+    holds no checkout, and that interpreter's own start beside it."""
+    py, where = str(venv / "bin" / "python3"), tempfile.gettempdir()
+    command = [py, "-m", "ebpf_cuda", "-p", stand_in, "--", stamp]
+    time_to_stamp(command, cwd=where)  # (its program cache written: warm from now)
+    return [
+        ("venv: python3 -c pass (spawn to exit)", lambda: time_to_exit([py, "-c", "pass"])),
+        ("venv: installed, default set, stand-in",
+         lambda: time_to_stamp(command, cwd=where)),
+    ]
+
+
 def baseline_cases(tree: Path, folder: Path, stand_in: str, stamp: str) -> List[Case]:
     """The same start-ups from another checkout (`--baseline`): its package imported from
     its own folder (the current directory comes first on sys.path), its own zipapp."""
@@ -286,6 +299,11 @@ def main(argv: List[str]) -> None:
                         help="each tree's program cache holds N entries of other trace "
                              "configurations beside the start's own (one that gathered a "
                              "test suite's configurations: ~1,000)")
+    parser.add_argument("--venv", metavar="DIR",
+                        help="a virtual environment where the package is installed as users "
+                             "install it (`python3 -m venv DIR; DIR/bin/pip install .`: no "
+                             "editable finder, none of this interpreter's .pth files): its "
+                             "bare interpreter and its start-up run in the same rounds")
     parser.add_argument("--baseline", metavar="DIR",
                         help="another checkout (e.g. `git worktree add DIR COMMIT`) whose "
                              "import, installed and warm zipapp start-ups run in the same "
@@ -374,6 +392,8 @@ def main(argv: List[str]) -> None:
         bcc_script.flush()
         cases.append(("BCC, 11 seed functions x2, stand-in", lambda: time_to_stamp(
             [python, bcc_script.name, stand_in, stamp, *SEED_FUNCTIONS])))
+    if args.venv:
+        cases += venv_cases(Path(args.venv), stand_in, stamp)
     if args.baseline:
         cases += baseline_cases(Path(args.baseline).resolve(), scratch / "baseline", stand_in,
                                 stamp)
@@ -396,6 +416,7 @@ def main(argv: List[str]) -> None:
     print("\ntargets (medians; python3 -c pass %s ms in the same rounds):"
           % ("%.0f" % common.median(baseline) if baseline else "?"))
     for label, limit in (("installed: ebpf-cuda default set, stand-in", 150),
+                         ("venv: installed, default set, stand-in", 150),
                          ("zipapp, warm (from its cache)", 150),
                          ("installed: ebpf-cuda default set, stand-in", 80)):
         got = results.get(label)
