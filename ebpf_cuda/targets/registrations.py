@@ -22,7 +22,10 @@ compilers use for those registers (rip-relative `lea`, a load from the GOT, regi
 moves) over the bytes since the previous call. A pair is kept only when `hostFun` lies in
 executable code and `deviceFun` is a NUL-terminated identifier in the file. x86-64 only.
 The code is read in chunks and each name where it lies: a framework's .text, .rodata and
-.nv_fatbin are hundreds of MB, never held whole in the tracer's memory.
+.nv_fatbin are hundreds of MB, never held whole in the tracer's memory. What is kept of a
+file (for the whole trace) is two sorted arrays, each hostFun and where its name lies, the
+name read again when a launch asks for it (`KernelNames`: PyTorch's libtorch_cuda.so and
+libcublasLt.so register ~38,000 kernels, ~17 MB as Python strings and dicts).
 
 CUDA 13's `<<<...>>>` launches with a `cudaKernel_t` that the launch site fetched once, from
 `__cudaGetKernel(&handle, hostFun)`, into a static variable: attached later, the handle is
