@@ -217,10 +217,10 @@ def _read(path: str, stream) -> Registrations:
         return _NOTHING
     target, getter = scan.targets
     calls = range(len(scan.sites)) if target else _likeliest(elf, stream, scan.sites)
-    kernels = _pairs(elf, stream, scan.sites, calls)
-    handles = _handles(elf, scan.gets, getter, kernels) if kernels else {}
-    return Registrations(path, KernelNames(path, _identity(stream), kernels), Table(handles),
-                         (base, size, text.sh_offset))
+    # (made compact before the handles are: a framework's ~25,000 of each, never both dicts)
+    kernels = KernelNames(path, _identity(stream), _pairs(elf, stream, scan.sites, calls))
+    handles = Table(_handles(elf, scan.gets, getter, kernels) if kernels else {})
+    return Registrations(path, kernels, handles, (base, size, text.sh_offset))
 
 
 _GOT, _OK = 1, 2  # a site's flags: its host is a GOT slot; its registers decoded
@@ -333,8 +333,7 @@ def _scan(stream, offset: int, size: int, scan: _Scan) -> None:
         have, buf_at = have - keep, buf_at + keep
 
 
-def _handles(elf, gets: _Sites, getter: Optional[int],
-             kernels: Dict[int, int]) -> Dict[int, int]:
+def _handles(elf, gets: _Sites, getter: Optional[int], kernels: Mapping) -> Dict[int, int]:
     """{handle variable: hostFun} of the file's `__cudaGetKernel(&variable, hostFun)`
     calls (without a symbol for it: the calls whose %rsi is a registered hostFun)."""
     targets, hosts, variables, flags = gets.targets, gets.first, gets.second, gets.flags
@@ -346,10 +345,12 @@ def _handles(elf, gets: _Sites, getter: Optional[int],
         getter = max(scores, key=scores.get, default=None)
         if getter is None or not scores[getter]:
             return {}
-    calls = [i for i, target in enumerate(targets) if target == getter]
-    slots = _got_values(elf, {hosts[i] for i in calls if flags[i] & _GOT})
+    slots = _got_values(elf, {hosts[i] for i, target in enumerate(targets)
+                              if target == getter and flags[i] & _GOT})
     handles: Dict[int, int] = {}
-    for i in calls:
+    for i, target in enumerate(targets):
+        if target != getter:
+            continue
         address = slots.get(hosts[i]) if flags[i] & _GOT else hosts[i]
         if address in kernels:
             handles[variables[i]] = address
