@@ -318,3 +318,23 @@ def test_a_runtime_carried_privately_is_told_from_one_imported_or_exported(
     assert not late_files.may_carry_runtime(str(lib))  # exported: .dynsym names it
     assert not late_files.may_carry_runtime(str(late_prog))  # no runtime at all
     assert not late_files.may_carry_runtime("/nonexistent")
+
+
+def test_a_string_table_is_searched_in_pieces_of_one_buffer():
+    """late_files._holds reads a table through one reused buffer, keeping the tail of each
+    piece for a marker that lies across two: the same answer as a search of the whole, at
+    every place a marker may lie, in pieces of 7, 16 and 1 MiB; never past the table."""
+    import io
+
+    markers = [b"\0cudaMalloc\0", b"\0cudaGetDevice\0"]
+    filler = b"".join(b"_Z%dfunction_name\0" % i for i in range(40))
+    for at in range(0, len(filler), 5):
+        for marker in (b"cudaMalloc\0", b"cudaGetDevice\0", b"cudaMallocX\0", b"xcudaMalloc\0"):
+            table = filler[:at] + b"\0" + marker + filler[at:]
+            data = b"junk" + table[1:] + b"\0cudaMalloc\0"  # (a marker after the table)
+            whole = any(m in table for m in markers)
+            for piece in (7, 16, 1 << 20):
+                stream = io.BytesIO(data)
+                assert late_files._holds(stream, 4, len(table) - 1, markers, piece) == whole
+    assert not late_files._holds(io.BytesIO(b""), 0, 10, markers)
+    assert late_files._holds(io.BytesIO(b"cudaMalloc\0"), 0, 11, markers)  # (the first NUL)

@@ -164,3 +164,40 @@ def test_a_file_is_read_in_chunks_and_names_where_they_lie(stripped_app, monkeyp
                   elf.get_section(elf["e_shstrndx"])["sh_size"]}
     assert text > 4 * 256 and text not in tables
     assert max(n for n in spy.sizes if n not in tables) <= 256  # (no read near .text's size)
+
+
+def test_kept_registrations_are_sorted_arrays_and_names_are_read_when_asked(stripped_app,
+                                                                           tmp_path):
+    """A framework's file registers ~25,000 kernels, kept while the trace runs: each is kept
+    as its hostFun and where its name lies (16 bytes), the name read in the file when asked;
+    a file changed since it was read names nothing (its registrations are read anew)."""
+    _, app = stripped_app
+    copy = tmp_path / "app"
+    shutil.copy(str(app), str(copy))
+    found = registrations.registrations(str(copy))
+    assert isinstance(found.kernels, registrations.KernelNames)
+    assert isinstance(found.handles, registrations.Table)
+    names = dict(found.kernels.items())
+    assert sorted(names.values()) == ["_Z5saxpyPf", "_Z5scalePd", "_Z6legacyPi"]
+    assert list(found.kernels) == sorted(names)  # (in address order)
+    host = min(names)
+    assert found.kernels.get(host) == names[host] and host in found.kernels
+    assert found.kernels.get(host + 1) is None and "x" not in found.kernels
+    assert {h: found.kernels[v] for h, v in found.handles.items()} == {
+        h: names[v] for h, v in dict(found.handles).items()}
+    with open(str(copy), "ab") as f:
+        f.write(b"\0")  # (the file changed: its size and time)
+    assert found.kernels.get(host) is None
+    assert registrations.registrations(str(copy)).kernels == names  # (read anew)
+
+
+def test_a_table_is_a_mapping_of_ints():
+    pairs = {5: 10, -3: 7, (1 << 62) + 1: 0, 0: 2}
+    table = registrations.Table(pairs)
+    assert table == pairs and dict(table) == pairs and len(table) == 4
+    assert list(table) == sorted(pairs)
+    assert table[-3] == 7 and table.get(4) is None and table.get(1 << 70) is None
+    assert 0 in table and 6 not in table and "5" not in table and None not in table
+    with pytest.raises(KeyError):
+        table[6]
+    assert registrations.Table({}) == {} and not registrations.Table({})

@@ -22,7 +22,10 @@ compilers use for those registers (rip-relative `lea`, a load from the GOT, regi
 moves) over the bytes since the previous call. A pair is kept only when `hostFun` lies in
 executable code and `deviceFun` is a NUL-terminated identifier in the file. x86-64 only.
 The code is read in chunks and each name where it lies: a framework's .text, .rodata and
-.nv_fatbin are hundreds of MB, never held whole in the tracer's memory.
+.nv_fatbin are hundreds of MB, never held whole in the tracer's memory. What is kept of a
+file (for the whole trace) is two sorted arrays, each hostFun and where its name lies, the
+name read again when a launch asks for it (`KernelNames`: PyTorch's libtorch_cuda.so and
+libcublasLt.so register ~38,000 kernels, ~17 MB as Python strings and dicts).
 
 CUDA 13's `<<<...>>>` launches with a `cudaKernel_t` that the launch site fetched once, from
 `__cudaGetKernel(&handle, hostFun)`, into a static variable: attached later, the handle is
@@ -31,10 +34,13 @@ the return address of the launch loads the handle from that variable (`mov handl
 %rdi`), and the file's `__cudaGetKernel` calls tie each variable to its `hostFun`, hence to
 its kernel (`launch_site_kernel`).
 """
+import os
 import re
 import struct
 from array import array
-from typing import Dict, List, Optional, Tuple
+from bisect import bisect_left
+from collections import abc
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from . import elf_raw
 
@@ -57,11 +63,69 @@ _RDI = 7
 _LEA_RDI_CALL = re.compile(rb"\x48\x8d\x3d....(?:.{0,12}?)\xe8(....)", re.S)
 
 
+class Table(abc.Mapping):
+    """{int: int} kept as two sorted arrays, 16 bytes an entry (a dict of ints costs ~100):
+    a framework's file registers ~25,000 kernels, kept per file while the trace runs."""
+
+    def __init__(self, pairs: Mapping) -> None:
+        keys = sorted(pairs)
+        self._keys = array("q", keys)
+        self._values = array("q", [pairs[key] for key in keys])
+
+    def _index(self, key: object) -> int:
+        if not isinstance(key, int) or not -_BIG <= key < _BIG:
+            return -1
+        i = bisect_left(self._keys, key)
+        return i if i < len(self._keys) and self._keys[i] == key else -1
+
+    def _value(self, i: int):
+        return self._values[i]
+
+    def __getitem__(self, key: int):
+        i = self._index(key)
+        if i < 0:
+            raise KeyError(key)
+        return self._value(i)
+
+    def __contains__(self, key: object) -> bool:
+        return self._index(key) >= 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class KernelNames(Table):
+    """{hostFun: device name}, each name read in the file when asked (kept: where it lies;
+    the names of a framework's ~25,000 kernels are ~7 MB as strings). A file changed since
+    it was read names nothing."""
+
+    def __init__(self, path: str, identity: Tuple[int, ...], offsets: Mapping) -> None:
+        super().__init__(offsets)
+        self._path, self._identity = path, identity
+
+    def _value(self, i: int) -> Optional[str]:
+        try:
+            with open(self._path, "rb") as stream:
+                if _identity(stream) != self._identity:
+                    return None
+                return _name_in(stream, self._values[i], _NAME_LIMIT)
+        except OSError:
+            return None
+
+
+def _identity(stream) -> Tuple[int, ...]:
+    info = os.fstat(stream.fileno())
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
 class Registrations:
     """What one file registers: `kernels` {hostFun: device name}; `handles` {address of a
     launch site's cudaKernel_t variable: hostFun} from its `__cudaGetKernel` calls."""
 
-    def __init__(self, path: str, kernels: Dict[int, str], handles: Dict[int, int],
+    def __init__(self, path: str, kernels: Mapping, handles: Mapping,
                  code_at: Optional[Tuple[int, int, int]] = None) -> None:
         self.path = path
         self.kernels = kernels
@@ -102,7 +166,7 @@ _cache: Dict[Tuple[str, int, int, int, int], Registrations] = {}
 _CACHE_LIMIT = 64
 
 
-def registered_kernels(path: str) -> Dict[int, str]:
+def registered_kernels(path: str) -> Mapping:
     """{hostFun virtual address: device name} of the kernels `path` registers ({} for a
     file with none, or one that cannot be read). Cached while the file is unchanged."""
     return registrations(path).kernels
@@ -116,8 +180,6 @@ def launch_site_kernel(path: str, return_address: int) -> Optional[str]:
 
 def registrations(path: str) -> Registrations:
     """What `path` registers, read once while the file is unchanged."""
-    import os
-
     try:
         info = os.stat(path)
     except OSError:
@@ -155,8 +217,9 @@ def _read(path: str, stream) -> Registrations:
         return _NOTHING
     target, getter = scan.targets
     calls = range(len(scan.sites)) if target else _likeliest(elf, stream, scan.sites)
-    kernels = _pairs(elf, stream, scan.sites, calls)
-    handles = _handles(elf, scan.gets, getter, kernels) if kernels else {}
+    # (made compact before the handles are: a framework's ~25,000 of each, never both dicts)
+    kernels = KernelNames(path, _identity(stream), _pairs(elf, stream, scan.sites, calls))
+    handles = Table(_handles(elf, scan.gets, getter, kernels) if kernels else {})
     return Registrations(path, kernels, handles, (base, size, text.sh_offset))
 
 
@@ -234,7 +297,7 @@ class _Scan:
             self.gets.add(target, host, variable)
 
 
-_CHUNK = 4 << 20  # bytes of .text read at once: the code is never held whole (hundreds of MB)
+_CHUNK = 1 << 20  # bytes of .text (or of a table) read at once: never held whole (hundreds of MB)
 _AHEAD = 64  # bytes a match may need past its start (the call after `mov $-1, %r8d`: 54)
 
 
@@ -270,8 +333,7 @@ def _scan(stream, offset: int, size: int, scan: _Scan) -> None:
         have, buf_at = have - keep, buf_at + keep
 
 
-def _handles(elf, gets: _Sites, getter: Optional[int],
-             kernels: Dict[int, str]) -> Dict[int, int]:
+def _handles(elf, gets: _Sites, getter: Optional[int], kernels: Mapping) -> Dict[int, int]:
     """{handle variable: hostFun} of the file's `__cudaGetKernel(&variable, hostFun)`
     calls (without a symbol for it: the calls whose %rsi is a registered hostFun)."""
     targets, hosts, variables, flags = gets.targets, gets.first, gets.second, gets.flags
@@ -283,10 +345,12 @@ def _handles(elf, gets: _Sites, getter: Optional[int],
         getter = max(scores, key=scores.get, default=None)
         if getter is None or not scores[getter]:
             return {}
-    calls = [i for i, target in enumerate(targets) if target == getter]
-    slots = _got_values(elf, {hosts[i] for i in calls if flags[i] & _GOT})
+    slots = _got_values(elf, {hosts[i] for i, target in enumerate(targets)
+                              if target == getter and flags[i] & _GOT})
     handles: Dict[int, int] = {}
-    for i in calls:
+    for i, target in enumerate(targets):
+        if target != getter:
+            continue
         address = slots.get(hosts[i]) if flags[i] & _GOT else hosts[i]
         if address in kernels:
             handles[variables[i]] = address
@@ -306,10 +370,11 @@ def _likeliest(elf, stream, sites: _Sites) -> List[int]:
     return best
 
 
-def _pairs(elf, stream, sites: _Sites, calls) -> Dict[int, str]:
+def _pairs(elf, stream, sites: _Sites, calls) -> Dict[int, int]:
+    """{hostFun: file offset of its device name} of the registration calls `calls`."""
     executable, strings = _ranges(elf)
-    table: Dict[int, str] = {}
-    got: List[Tuple[int, str]] = []
+    table: Dict[int, int] = {}
+    got: List[Tuple[int, int]] = []
     for i in calls:
         if not sites.flags[i] & _OK:
             continue
@@ -372,21 +437,29 @@ def _inside(ranges: List[Tuple[int, int]], address: int) -> bool:
 
 
 _NAME_READ = 4096  # bytes read for one name at first (then more, up to the section's end)
+_NAME_LIMIT = 1 << 20  # (a name read again: found NUL-terminated in its section before)
 
 
-def _string(stream, strings: List[Tuple[int, int, int]], address: int) -> Optional[str]:
+def _string(stream, strings: List[Tuple[int, int, int]], address: int) -> Optional[int]:
+    """The file offset of the identifier at `address` in a read-only section, or None."""
     for start, end, offset in strings:
         if start <= address < end:
-            stream.seek(offset + address - start)
-            text = stream.read(min(_NAME_READ, end - address))
-            while b"\0" not in text and len(text) < end - address:  # (a long name)
-                more = stream.read(min(16 * _NAME_READ, end - address - len(text)))
-                if not more:
-                    break
-                text += more
-            text = text.split(b"\0", 1)[0]
-            return text.decode() if _NAME.fullmatch(text) else None
+            at = offset + address - start
+            return at if _name_in(stream, at, end - address) is not None else None
     return None
+
+
+def _name_in(stream, at: int, limit: int) -> Optional[str]:
+    """The NUL-terminated identifier at file offset `at`, read in at most `limit` bytes."""
+    stream.seek(at)
+    text = stream.read(min(_NAME_READ, limit))
+    while b"\0" not in text and len(text) < limit:  # (a long name)
+        more = stream.read(min(16 * _NAME_READ, limit - len(text)))
+        if not more:
+            break
+        text += more
+    text = text.split(b"\0", 1)[0]
+    return text.decode() if _NAME.fullmatch(text) else None
 
 
 def _plt_entry(elf, name: str) -> Optional[int]:
