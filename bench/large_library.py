@@ -154,11 +154,12 @@ def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
         if app is not None:
             assert tracer.stderr is not None
             tracer.stderr.readline()  # "probing ...": attached
-            killer = time.monotonic() + seconds
+            killer = [time.monotonic() + seconds]
 
-            def stop() -> None:
-                if time.monotonic() > killer:
+            def stop() -> None:  # once: a second SIGINT abandons the backlog (counted lost)
+                if killer and time.monotonic() > killer[0]:
                     tracer.send_signal(signal.SIGINT)
+                    killer.clear()
             peak = _sample_until(tracer, stop)
         else:
             peak = sample(tracer)
