@@ -17,8 +17,8 @@ import os
 import select
 import threading
 import time
-from typing import (TYPE_CHECKING, Callable, Generator, Iterator, List, NamedTuple, Optional,
-                    Sequence, Tuple)
+from typing import (TYPE_CHECKING, Callable, Dict, Generator, Iterator, List, NamedTuple,
+                    Optional, Sequence, Tuple)
 
 from .decode.devices import DeviceTracker
 from .decode.events import Decoder, Event
@@ -99,6 +99,7 @@ class Stream:
         self.teaching = {i for i, api in enumerate(decoder.table)
                          if api.learn_name or api.learn_func or api.learn_alias}
         self._stopping = False
+        self._stats_at_end: Optional[Dict[str, int]] = None  # (the probes' counts: _last)
         self.outputs = Outputs([])  # the last deliver's outputs and their failures
         self._spool = None  # the spool the lines were written through, if they were
         # the ring kept drained while a batch takes long (pump.py): stopped after each loop
@@ -145,6 +146,7 @@ class Stream:
         if python:
             self._first_interpreters()
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._stats_at_end = None  # (this loop reads on: what its probes drop is lost)
         ring_size = self.session.ring.size if self.session.ring is not None else 0
         pause = min(PAUSE_S, ring_size / record.FRAME_SIZE / 8 / PAUSE_RATE)
         with _Waiter(self.session) as waiter, self._pump as pump:
@@ -195,10 +197,14 @@ class Stream:
 
     def _last(self, pump: Pump) -> Generator[Tuple[bytes, Named], None, None]:
         """At the end: what the pump took, then the ring's records up to where the producers
-        were now (not chasing a program that still calls flat out until it exits)."""
+        were now (not chasing a program that still calls flat out until it exits). The
+        records the ring drops from here on would lie past that end, read by no one: the
+        losses are the probes' counts at this point (a stop during a long naming scan left a
+        backlog whose reading let the ring fill after the end)."""
         ring = self.session.ring
         assert ring is not None
         end = ring.producer_pos
+        self._stats_at_end = self.session.stats()  # (after `end`: a drop counted is one past it)
         while pump.waiting or ring.consumer_pos < end:
             frames = pump.frames()
             if not frames:
@@ -381,12 +387,12 @@ class Stream:
         self._lost_noted = now
         note = getattr(save, "note_lost", None)
         if note is not None:
-            outputs.call(save, note, self.session.stats()["lost"])
+            outputs.call(save, note, self._stats()["lost"])
 
     def losses(self) -> Losses:
         """What the outputs missed so far, by cause (the ring's count read now; the
         spool's and the failed outputs' as the last `deliver` left them)."""
-        stats = self.session.stats()
+        stats = self._stats()
         losses = Losses(ring_full=stats["lost"], entries_lost=stats["entries_lost"],
                         too_deep=stats["too_deep"], names_lost=self.names.names_lost,
                         names_unread=self.names.names_unread)
@@ -401,6 +407,9 @@ class Stream:
         for failure in self.outputs.failures:
             losses.unwritten[failure.name] = (failure.total, failure.cause)
         return losses
+
+    def _stats(self) -> Dict[str, int]:
+        return self._stats_at_end if self._stats_at_end is not None else self.session.stats()
 
     def closing(self) -> Closing:
         """What to tell at the end of the trace, and the exit status (Closing); before the

@@ -118,3 +118,33 @@ def test_attached_to_a_running_process_a_busy_reader_loses_nothing(root, robust)
         assert target.finish() == 0
     finally:
         target.kill()
+
+
+@pytest.mark.kernel
+def test_drops_after_the_last_drains_end_are_not_losses(root, robust):
+    """Stopped while the reader is busy, the last drain reads the pump's backlog up to where
+    the producers were, while a program calling flat out goes on and fills the ring: what
+    the ring drops then would lie past that end, read by no one, and is no loss (it was
+    said as tens of thousands lost "with the ring buffer full")."""
+    lib, prog = robust
+    target = Workload([prog, "bursts"])
+    seen, held = 0, 0
+    try:
+        with Tracer(library=[str(lib)], functions=["cudaMemcpy"], pid=target.pid) as tracer:
+            tracer.start()
+            target.proc.stdin.write("%d\n" % 50000000)  # (flat out past the end of the test)
+            target.proc.stdin.flush()
+            for frames in tracer.frames(timeout=120):
+                if held < 2:  # the first batch, and the last drain's first
+                    held += 1
+                    end = time.monotonic() + 2.0
+                    while time.monotonic() < end:  # (holding the interpreter)
+                        sum(range(1000))
+                    tracer.stop()
+                seen += record.call_count(frames)
+            dropped, losses = tracer.stats()["lost"], tracer.losses()
+    finally:
+        target.kill()
+    assert held == 2 and seen > 25000  # (more than the 4 MiB ring holds: the pump's)
+    assert dropped > 0  # the ring filled while the last drain read the backlog
+    assert losses.ring_full == 0 and losses.total == 0, losses.sentence()
