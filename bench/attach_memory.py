@@ -178,27 +178,27 @@ def run(tree: Path, python: str, venv: Path, seconds: float, driver: Optional[Pa
         raise RuntimeError("tracer failed (%d): %s" % (tracer.returncode, text[-800:]))
     lost = re.search(r"(\d+) events? lost", text)
     peak["lost"] = int(lost.group(1)) if lost else 0
-    peak["unnamed"] = "not named" in text or "unnamed" in text
     peak["smaps"] = where
     return peak
 
 
 def _sample(tracer: subprocess.Popen, loop: subprocess.Popen, err_path: Path,
             seconds: float, want_smaps: bool) -> Tuple[Dict[str, object], Dict[str, int]]:
-    peak: Dict[str, object] = {}
     where: Dict[str, int] = {}
-    stop_at = None
-    while tracer.poll() is None:
-        status = common.proc_status(tracer.pid, KEYS)
-        if want_smaps and status.get("VmHWM", 0) > peak.get("VmHWM", 0) + 256:
-            where = smaps(tracer.pid)
-        for key, value in status.items():
-            peak[key] = max(peak.get(key, 0), value)  # type: ignore[call-overload]
-        if stop_at is None and "probing" in err_path.read_text():
-            stop_at = time.monotonic() + seconds
-        if stop_at is not None and time.monotonic() > stop_at and loop.poll() is None:
+    high = [0]  # (the VmHWM of the last smaps reading)
+    stop_at: List[float] = []
+
+    def tick(status: Dict[str, int]) -> None:
+        if want_smaps and status.get("VmHWM", 0) > high[0] + 256:
+            high[0] = status["VmHWM"]
+            where.clear()
+            where.update(smaps(tracer.pid))
+        if not stop_at and "probing" in err_path.read_text():
+            stop_at.append(time.monotonic() + seconds)
+        if stop_at and time.monotonic() > stop_at[0] and loop.poll() is None:
             loop.send_signal(signal.SIGKILL)
-        time.sleep(0.01)
+
+    peak: Dict[str, object] = dict(common.sample_peak(tracer, KEYS, tick))
     return peak, where
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 NATIVE = REPO / "bench" / "native"
@@ -268,6 +268,22 @@ def machine() -> str:
 def need_root() -> None:
     if os.geteuid() != 0:
         sys.exit("needs root (CAP_BPF, CAP_PERFMON)")
+
+
+def sample_peak(process: subprocess.Popen, keys: Sequence[str],
+                tick: Optional[Callable[[Dict[str, int]], None]] = None,
+                interval: float = 0.01) -> Dict[str, int]:
+    """Peak of each of `keys` (/proc status fields, KiB) of `process`, sampled every
+    `interval` until it ends; `tick(status)` is called at each sample (to stop it, say)."""
+    peak: Dict[str, int] = {}
+    while process.poll() is None:
+        status = proc_status(process.pid, keys)
+        if tick is not None:
+            tick(status)
+        for key, value in status.items():
+            peak[key] = max(peak.get(key, 0), value)
+        time.sleep(interval)
+    return peak
 
 
 def proc_status(pid: int, keys: Sequence[str]) -> Dict[str, int]:

@@ -126,16 +126,6 @@ def build(functions: int, registered: int, fill_mb: int) -> Dict[str, Path]:
     return {"lib": lib, "app": app}
 
 
-def sample(process: subprocess.Popen, interval: float = 0.01) -> Dict[str, int]:
-    """Peak of each KEYS field (KiB) of `process`, sampled until it ends."""
-    peak: Dict[str, int] = {}
-    while process.poll() is None:
-        for key, value in common.proc_status(process.pid, KEYS).items():
-            peak[key] = max(peak.get(key, 0), value)
-        time.sleep(interval)
-    return peak
-
-
 def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
         ) -> Dict[str, int]:
     env = dict(os.environ, PYTHONPATH=str(tree or common.REPO))
@@ -156,13 +146,13 @@ def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
             tracer.stderr.readline()  # "probing ...": attached
             killer = [time.monotonic() + seconds]
 
-            def stop() -> None:  # once: a second SIGINT abandons the backlog (counted lost)
-                if killer and time.monotonic() > killer[0]:
+            def stop(status: Dict[str, int]) -> None:  # once: a second SIGINT abandons the
+                if killer and time.monotonic() > killer[0]:  # backlog (counted as lost)
                     tracer.send_signal(signal.SIGINT)
                     killer.clear()
-            peak = _sample_until(tracer, stop)
+            peak = common.sample_peak(tracer, KEYS, stop)
         else:
-            peak = sample(tracer)
+            peak = common.sample_peak(tracer, KEYS)
         err = tracer.stderr.read() if tracer.stderr is not None else ""
     finally:
         if app is not None:
@@ -173,16 +163,6 @@ def run(mode: str, built: Dict[str, Path], seconds: float, tree: Optional[Path]
     peak["unnamed"] = int("not named" in err)
     lost = re.search(r"(\d+) events? lost", err)
     peak["lost"] = int(lost.group(1)) if lost else 0
-    return peak
-
-
-def _sample_until(process: subprocess.Popen, tick, interval: float = 0.01) -> Dict[str, int]:
-    peak: Dict[str, int] = {}
-    while process.poll() is None:
-        tick()
-        for key, value in common.proc_status(process.pid, KEYS).items():
-            peak[key] = max(peak.get(key, 0), value)
-        time.sleep(interval)
     return peak
 
 
