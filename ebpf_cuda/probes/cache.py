@@ -107,17 +107,10 @@ class Index:
         if fd is None:
             return None
         try:
-            data = os.pread(fd, row[1], row[0])
+            stored = _decode(os.pread(fd, row[1], row[0]))
         finally:
             os.close(fd)
-        try:
-            stored = marshal.loads(data)
-        except (ValueError, EOFError, TypeError):
-            return None
-        if not (isinstance(stored, tuple) and len(stored) == 3 and stored[0] == key
-                and _valid(stored[1:])):
-            return None
-        return stored[1], stored[2]
+        return stored[1] if stored is not None and stored[0] == key else None
 
 
 class ProgramCache:
@@ -222,13 +215,9 @@ def _read(path: Optional[str]) -> Dict[str, Entry]:
         return entries
     try:
         for at, size in index.rows.values():
-            try:
-                stored = marshal.loads(os.pread(fd, size, at))
-            except (ValueError, EOFError, TypeError):
-                continue
-            if isinstance(stored, tuple) and len(stored) == 3 and _valid(stored[1:]) \
-                    and isinstance(stored[0], str):
-                entries[stored[0]] = (stored[1], stored[2])
+            stored = _decode(os.pread(fd, size, at))
+            if stored is not None:
+                entries[stored[0]] = stored[1]
     finally:
         os.close(fd)
     return entries
@@ -272,6 +261,18 @@ def _prune(folder: str, kept: str) -> None:
             os.unlink(entry.path)
     except OSError:
         pass  # (another start pruning at once, or a folder not ours to tidy)
+
+
+def _decode(data: bytes) -> Optional[Tuple[str, Entry]]:
+    """An entry's (key, (bytecode, references)) from its bytes; None when not sound."""
+    try:
+        stored = marshal.loads(data)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not (isinstance(stored, tuple) and len(stored) == 3 and isinstance(stored[0], str)
+            and _valid(stored[1:])):
+        return None
+    return stored[0], (stored[1], stored[2])
 
 
 def _valid(entry: object) -> bool:

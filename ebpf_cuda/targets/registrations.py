@@ -109,15 +109,15 @@ class KernelNames(Table):
     def _value(self, i: int) -> Optional[str]:
         try:
             with open(self._path, "rb") as stream:
-                if _identity(stream) != self._identity:
+                if _identity(os.fstat(stream.fileno())) != self._identity:
                     return None
                 return _name_in(stream, self._values[i], _NAME_LIMIT)
         except OSError:
             return None
 
 
-def _identity(stream) -> Tuple[int, ...]:
-    info = os.fstat(stream.fileno())
+def _identity(info: os.stat_result) -> Tuple[int, ...]:
+    """What says a file is the one read before (its content unchanged)."""
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
@@ -162,7 +162,7 @@ class Registrations:
 
 
 _NOTHING = Registrations("", {}, {})
-_cache: Dict[Tuple[str, int, int, int, int], Registrations] = {}
+_cache: Dict[Tuple[object, ...], Registrations] = {}  # (path, identity)
 _CACHE_LIMIT = 64
 
 
@@ -184,7 +184,7 @@ def registrations(path: str) -> Registrations:
         info = os.stat(path)
     except OSError:
         return _NOTHING
-    key = (path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    key = (path,) + _identity(info)
     found = _cache.get(key)
     if found is None:
         try:
@@ -218,7 +218,8 @@ def _read(path: str, stream) -> Registrations:
     target, getter = scan.targets
     calls = range(len(scan.sites)) if target else _likeliest(elf, stream, scan.sites)
     # (made compact before the handles are: a framework's ~25,000 of each, never both dicts)
-    kernels = KernelNames(path, _identity(stream), _pairs(elf, stream, scan.sites, calls))
+    read = _identity(os.fstat(stream.fileno()))  # (the file read: names are read from it)
+    kernels = KernelNames(path, read, _pairs(elf, stream, scan.sites, calls))
     handles = Table(_handles(elf, scan.gets, getter, kernels) if kernels else {})
     return Registrations(path, kernels, handles, (base, size, text.sh_offset))
 
