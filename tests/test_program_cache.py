@@ -207,3 +207,18 @@ def test_files_of_other_builds_are_pruned_to_the_newest_few(cache_home):
     assert left == sorted(["btf-x.marshal", "programs-new" + cache.SUFFIX]
                           + olds[-cache.KEEP_FILES:])
     assert list(cache._read(str(cache_home / ("programs-new" + cache.SUFFIX)))) == ["key"]
+
+
+def test_a_file_replaced_after_its_index_was_read_gives_no_wrong_program(tmp_path):
+    """Another start replaces the file (os.replace) between this start's index and its
+    entries: an offset of the old index read in the new file gives a miss or the right
+    entry, never another key's program."""
+    path = str(tmp_path / ("programs-x" + cache.SUFFIX))
+    old = {"key %d" % i: (bytes([i]) * 8 * (i + 1), []) for i in range(6)}
+    assert cache._write(path, old)
+    index = cache.Index(path)
+    new = {"other %d" % i: (bytes([100 + i]) * 16, []) for i in range(4)}
+    new["key 2"] = old["key 2"]
+    assert cache._write(path, new)  # (offsets all moved)
+    for key, entry in old.items():
+        assert index.entry(key) in (None, entry)
