@@ -54,8 +54,7 @@ CACHE_NAME = "ebpf-cuda"  # the folder under $XDG_CACHE_HOME or ~/.cache (zipapp
 # when a first start imports it).
 HOT_ENTRIES = ("ebpf_cuda.__main__", "ebpf_cuda.cli.main", "ebpf_cuda.tracer",
                "ebpf_cuda.bpf.btf", "ebpf_cuda.output.spool", "ebpf_cuda.output.lines",
-               "ebpf_cuda.gpu", "ebpf_cuda.analysis.memory", "ebpf_cuda.analysis.layers",
-               "ebpf_cuda.analysis.python_lines")
+               "ebpf_cuda.gpu", "ebpf_cuda.late_loads")
 HOT_LIST = ".hot-modules"  # (zipapp.FIRST_START_CODE's name for it)
 FIRST_START = "__unpack__.py"  # (zipapp.MAIN's name for it)
 

@@ -10,10 +10,10 @@ import errno as errnos
 import os
 import re
 import struct
-from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Sequence
 
 from .errors import KernelError, UnsupportedKernelError
+from .value_class import ValueClass
 
 # bpf() commands (enum bpf_cmd)
 BPF_MAP_CREATE = 0
@@ -145,8 +145,7 @@ def _name(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
-@dataclass
-class MapInfo:
+class MapInfo(ValueClass):
     """struct bpf_map_info (the fields used here)."""
 
     type: int
@@ -164,8 +163,7 @@ def map_info_from(raw: bytes) -> MapInfo:
     return MapInfo(*fields, name=_name(raw[24:40]))
 
 
-@dataclass
-class ProgInfo:
+class ProgInfo(ValueClass):
     """struct bpf_prog_info (run statistics need kernel.bpf_stats_enabled=1)."""
 
     type: int
@@ -185,8 +183,7 @@ def prog_info_from(raw: bytes) -> ProgInfo:
     return ProgInfo(ptype, pid, raw[8:16], _name(raw[64:80]), run_time, run_cnt, verified)
 
 
-@dataclass
-class LinkInfo:
+class LinkInfo(ValueClass):
     """struct bpf_link_info; the uprobe fields are filled for perf-event and uprobe_multi links
     when the kernel reports them (`details`): uprobe_multi links always (6.8+), perf-event
     links from 6.6 (before, their info has only type and ids)."""
@@ -194,12 +191,18 @@ class LinkInfo:
     type: int
     id: int
     prog_id: int
-    path: str = ""
-    offsets: List[int] = field(default_factory=list)
-    cookies: List[int] = field(default_factory=list)
-    retprobe: bool = False
-    pid: int = 0
-    details: bool = False
+    path: str
+    offsets: List[int]
+    cookies: List[int]
+    retprobe: bool
+    pid: int
+    details: bool
+
+    def __init__(self, type: int, id: int, prog_id: int, path: str = "",
+                 offsets: Sequence[int] = (), cookies: Sequence[int] = (),
+                 retprobe: bool = False, pid: int = 0, details: bool = False) -> None:
+        super().__init__(type, id, prog_id, path, list(offsets), list(cookies), retprobe, pid,
+                         details)
 
 
 # ------------------------------------------------------------------------------------------

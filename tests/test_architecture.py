@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ebpf_cuda"
 # the same in prose: change both together.)
 WINGS: List[List[str]] = [
     # the design card's fixed points (kernel_abi, descriptors: syscalls' data and Fd)
-    ["errors", "arch", "descriptors", "kernel_abi", "syscalls", "asm"],
+    ["errors", "value_class", "arch", "descriptors", "kernel_abi", "syscalls", "asm"],
     ["spec"],                                # what is traced, as data
     ["bpf"],                                 # the kernel's objects
     ["targets"],                             # what to trace: files, symbols, processes

@@ -7,10 +7,10 @@ Field names are the JSON keys (see `Event.to_json`).
 """
 import struct
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..errors import DecodeError
+from ..value_class import ValueClass
 from ..spec import record
 from ..spec.apis import TABLE, Api, Kind, arg_cells
 from ..spec.cuda_enums import error_name
@@ -42,8 +42,7 @@ class PyFrame(NamedTuple):
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
-@dataclass
-class Event:
+class Event(ValueClass):
     """One CUDA call seen at entry or exit. `ts` is wall-clock seconds, `ts_ns` the kernel's
     CLOCK_MONOTONIC time, `wall_ns` the wall-clock time in ns when the decoder made it (JSON
     lines write `ts` from it, to the nanosecond); `args` are the entry arguments by name; at
@@ -57,19 +56,35 @@ class Event:
     api: str
     phase: str
     args: Dict[str, Any]
-    ret: Optional[int] = None
-    ret_name: Optional[str] = None
-    duration_ns: Optional[int] = None
-    outs: Dict[str, Any] = field(default_factory=dict)
-    faults: Tuple[str, ...] = ()  # out-parameters whose read failed (bad or NULL pointer)
-    stack_id: int = 0  # with --stacks: 1 + the id of the caller's user stack, else 0
-    container: Optional[str] = None  # the process's container id (containers.py), if any
-    device: Optional[int] = None  # the GPU the call targets (devices.py), when known
+    ret: Optional[int]
+    ret_name: Optional[str]
+    duration_ns: Optional[int]
+    outs: Dict[str, Any]
+    faults: Tuple[str, ...]  # out-parameters whose read failed (bad or NULL pointer)
+    stack_id: int  # with --stacks: 1 + the id of the caller's user stack, else 0
+    container: Optional[str]  # the process's container id (containers.py), if any
+    device: Optional[int]  # the GPU the call targets (devices.py), when known
     # With --py-stacks: the key of the thread's Python stack in the record (0: none) and the
     # stack itself, innermost frame first (pystacks.py sets it; None: no Python frames)
-    py_stack_id: int = 0
-    py_stack: Optional[Tuple[PyFrame, ...]] = None
-    wall_ns: Optional[int] = None
+    py_stack_id: int
+    py_stack: Optional[Tuple[PyFrame, ...]]
+    wall_ns: Optional[int]
+
+    def __init__(self, ts: float, ts_ns: int, pid: int, tid: int, comm: str, api: str,
+                 phase: str, args: Dict[str, Any], ret: Optional[int] = None,
+                 ret_name: Optional[str] = None, duration_ns: Optional[int] = None,
+                 outs: Optional[Dict[str, Any]] = None, faults: Tuple[str, ...] = (),
+                 stack_id: int = 0, container: Optional[str] = None,
+                 device: Optional[int] = None, py_stack_id: int = 0,
+                 py_stack: Optional[Tuple[PyFrame, ...]] = None,
+                 wall_ns: Optional[int] = None) -> None:
+        # (written out: one is made per event where events are decoded)
+        self.ts, self.ts_ns, self.pid, self.tid, self.comm = ts, ts_ns, pid, tid, comm
+        self.api, self.phase, self.args = api, phase, args
+        self.ret, self.ret_name, self.duration_ns = ret, ret_name, duration_ns
+        self.outs = {} if outs is None else outs
+        self.faults, self.stack_id, self.container, self.device = faults, stack_id, container, device
+        self.py_stack_id, self.py_stack, self.wall_ns = py_stack_id, py_stack, wall_ns
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this event: out-parameters become top-level keys."""

@@ -11,12 +11,12 @@ user gets the same outputs from a `Request`:
 """
 import os
 import stat
-from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 from ..decode.losses import Losses
 from ..errors import UsageError
 from ..targets.discovery import resolve_executable
+from ..value_class import ValueClass
 from . import Sink
 from .files import open_binary, open_output, trusted_symlink  # noqa: F401 (open_binary: the CLI)
 from .outputs import Outputs, lines_only
@@ -61,8 +61,7 @@ def ring_size(text: Optional[str], in_kernel: bool, default: int) -> int:
     return SUMMARY_RING_SIZE if in_kernel else default
 
 
-@dataclass
-class Request:
+class Request(ValueClass):
     """The outputs of one run, as the options name them (None: not asked for)."""
     output: Optional[str] = None  # events as text or JSON lines to this file (-o), or stdout
     as_json: bool = False
@@ -102,8 +101,7 @@ class Request:
                 ("--report", self.report_html), ("--pprof-out", self.pprof_out)]
 
 
-@dataclass
-class Plan:
+class Plan(ValueClass):
     """The outputs made from a request: `analyses` (the end-of-run reports' sinks) and the
     rest of `sinks`, the `spool` between the reader and the lines, the `saver` (--save)."""
     analyses: List[Sink]
@@ -117,6 +115,8 @@ class Plan:
     def reports(self, tracer=None) -> List[str]:
         """The reports of the analyses; live, rendered while `tracer` is still open (its
         in-kernel sums and its stack map)."""
+        if not self.analyses:  # (a plain trace's exit imports no analysis)
+            return []
         from ..analysis import LeakTracker, format_leaks
 
         reports = []

@@ -7,10 +7,10 @@ Sequences are kept as tuples (a config is frozen and hashable); `checked()` refu
 combinations that cannot work.
 """
 import os
-from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from ..errors import UsageError
+from ..value_class import ValueClass
 from . import apis, layout
 
 MAX_SAMPLE_RETURNS = 1 << 20
@@ -18,8 +18,7 @@ MAX_PROCESS_SLOTS = 1 << 14  # (~64 MB of sums: 3.9 KB a slot)
 MAX_GPU_SAMPLES = 1000  # (NVML's own counters update every 1 to 100 ms)  # (the draw's shift: 64 - log2(N) must stay positive)
 
 
-@dataclass(frozen=True)
-class TraceConfig:
+class TraceConfig(ValueClass, frozen=True):
     """What to probe and how.
 
     What is traced: `command` (an argv: started, held until the probes are on, and traced;
@@ -87,7 +86,8 @@ class TraceConfig:
     # -- progress notes --------------------------------------------------------------------
     log: Optional[Callable[[str], None]] = None  # told which files and offsets are probed
 
-    def __post_init__(self) -> None:
+    def __init__(self, *values: Any, **keywords: Any) -> None:
+        super().__init__(*values, **keywords)
         # (as tuples: a frozen config holds no list a caller could change later)
         set_ = object.__setattr__
         set_(self, "functions", tuple(self.functions) if self.functions else None)
