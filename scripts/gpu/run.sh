@@ -365,7 +365,7 @@ say "== ebpf-cuda GPU suite, $(date -u '+%Y-%m-%d %H:%M:%S UTC'); checks: ${SELE
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
 say "== host: $(uname -r); ${gpu:-no nvidia-smi answer}; $(nproc) CPUs"
 say "== $("$PY" -c 'import sys; print("python", sys.version.split()[0])' 2>&1); $("$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo 'no torch')"
-say "== zipapp $PYZ: $(sha256sum "$PYZ" | cut -c1-12); tree $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')"
+say "== zipapp $PYZ: $(sha256sum "$PYZ" | cut -c1-12); this checkout's git HEAD $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)') (the archive may have been built from other sources: its hash names it)"
 
 declare -A STATUS SECONDS_TAKEN
 failed=0
