@@ -34,8 +34,10 @@ def test_setup_cfg_declares_the_package():
     assert _lines(config["options.entry_points"]["console_scripts"]) == [
         "ebpf-cuda = ebpf_cuda.__main__:run"]
     assert _lines(config["options.extras_require"]["test"]) == [
-        "pytest", "hypothesis", "vermin", "nvidia-cuda-runtime-cu12", "opentelemetry-proto",
-        "nvidia-ml-py"]  # (nvidia-ml-py: the oracle of NVML's struct layouts, tests only)
+        "pytest", "hypothesis", "vermin", "nvidia-cuda-runtime-cu12", "nvidia-nccl-cu12",
+        "opentelemetry-proto", "nvidia-ml-py"]
+    # (nvidia-ml-py: the oracle of NVML's struct layouts; nvidia-nccl-cu12: NVIDIA's
+    # libnccl.so.2 for the NCCL tests; tests only)
 
 
 def test_runtime_dependencies_are_exactly_pyelftools_and_click():
