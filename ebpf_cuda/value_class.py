@@ -24,9 +24,10 @@ class ValueClass:
     def __init_subclass__(cls, frozen: bool = False, **keywords: Any) -> None:
         super().__init_subclass__(**keywords)  # type: ignore[call-arg]
         own = cls.__dict__.get("__annotations__")
-        if own is None:  # (3.14 evaluates a class's annotations when they are asked for)
-            own = getattr(cls, "__annotations__", {})
-        cls._fields = tuple(own)
+        if own is None:  # (3.14 evaluates a class's annotations when they are asked for;
+            own = getattr(cls, "__annotations__", {})  # before 3.10 this may be a base's)
+        inherited = cls._fields  # (a base's fields first, as a dataclass's)
+        cls._fields = inherited + tuple(name for name in own if name not in inherited)
         if frozen:
             cls.__setattr__ = ValueClass._refuse  # type: ignore[assignment]
             cls.__hash__ = ValueClass._hash  # type: ignore[assignment]

@@ -51,6 +51,15 @@ def test_equality_needs_the_same_class():
     assert Point(1) != (1, 0, None)
 
 
+def test_a_subclass_keeps_its_bases_fields_first():
+    class Labelled(Point):
+        colour: str = "red"
+
+    assert Labelled._fields == ("x", "y", "label", "colour")
+    assert Labelled(1, colour="blue") == Labelled(1, 0, None, "blue")
+    assert repr(Labelled(2)) == "Labelled(x=2, y=0, label=None, colour='red')"
+
+
 def test_a_mutable_class_is_unhashable_and_assignable():
     p = Point(1)
     p.y = 5

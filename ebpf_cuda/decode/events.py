@@ -10,10 +10,10 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..errors import DecodeError
-from ..value_class import ValueClass
 from ..spec import record
 from ..spec.apis import TABLE, Api, Kind, arg_cells
 from ..spec.cuda_enums import error_name
+from ..value_class import ValueClass
 # How values are decoded and shown lives in values.py; these names stay importable from here.
 from .values import ARGS_AT as _ARGS_AT
 from .values import LAUNCH_CONFIG_FIELDS
@@ -83,7 +83,8 @@ class Event(ValueClass):
         self.api, self.phase, self.args = api, phase, args
         self.ret, self.ret_name, self.duration_ns = ret, ret_name, duration_ns
         self.outs = {} if outs is None else outs
-        self.faults, self.stack_id, self.container, self.device = faults, stack_id, container, device
+        self.faults, self.stack_id = faults, stack_id
+        self.container, self.device = container, device
         self.py_stack_id, self.py_stack, self.wall_ns = py_stack_id, py_stack, wall_ns
 
     def to_json(self) -> Dict[str, Any]:
